@@ -1,0 +1,39 @@
+"""The one error type. Every protocol derives its own status from `InferError.kind` in one place."""
+
+from enum import Enum
+
+
+class ErrorKind(Enum):
+    INVALID_ARGUMENT = "invalid argument"
+    NOT_FOUND = "not found"
+    UNAVAILABLE = "unavailable"
+    UNIMPLEMENTED = "unimplemented"
+    RESOURCE_EXHAUSTED = "resource exhausted"
+    INTERNAL = "internal"
+
+
+class InferError(Exception):
+    """An error a client is meant to read: a kind (-> protocol status) and a message naming what failed."""
+
+    def __init__(self, kind: ErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+def invalid(message: str) -> InferError:
+    return InferError(ErrorKind.INVALID_ARGUMENT, message)
+
+
+HTTP_STATUS = {
+    ErrorKind.INVALID_ARGUMENT: 400,
+    ErrorKind.NOT_FOUND: 404,
+    ErrorKind.UNAVAILABLE: 503,
+    ErrorKind.UNIMPLEMENTED: 501,
+    ErrorKind.RESOURCE_EXHAUSTED: 413,
+    ErrorKind.INTERNAL: 500,
+}
+
+
+def http_status(kind: ErrorKind) -> int:
+    return HTTP_STATUS[kind]

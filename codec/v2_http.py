@@ -1,0 +1,269 @@
+"""KServe v2 / Open Inference Protocol over HTTP, with Triton's binary tensor data extension.
+
+decode_request: body bytes (+ the Inference-Header-Content-Length value) -> InferRequest.
+encode_response: InferResponse -> headers and body chunks (JSON, or JSON header + raw tensor bytes).
+
+The body is split with memoryview slices and numeric tensors are `np.frombuffer` views over them:
+no copy, and no per-element Python loop for numeric data in either direction.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from codec.bytes_tensor import decode_bytes, encode_bytes
+from codec.datatypes import BY_V2, DataType
+from codec.errors import invalid
+from codec.tensor import InferRequest, InferResponse, RequestedOutput, Tensor, element_count
+
+HEADER_LENGTH = "inference-header-content-length"
+JSON_CONTENT_TYPE = b"application/json"
+BINARY_CONTENT_TYPE = b"application/octet-stream"
+
+
+def parse_header_length(value: str | bytes | None, body_length: int) -> int | None:
+    """The Inference-Header-Content-Length header value, checked against the body."""
+    if value is None:
+        return None
+    try:
+        length = int(value)
+    except ValueError:
+        raise invalid(f"Inference-Header-Content-Length must be an integer, got {value!r}") from None
+    if length < 0 or length > body_length:
+        raise invalid(
+            f"Inference-Header-Content-Length {length} does not fit in the {body_length}-byte request body"
+        )
+    return length
+
+
+def loads(buffer: Any, what: str) -> Any:
+    try:
+        return orjson.loads(buffer)
+    except orjson.JSONDecodeError as e:
+        raise invalid(f"malformed JSON in {what}: {e}") from None
+
+
+def decode_request(
+    body: bytes | bytearray | memoryview, header_length: int | None, model_name: str, model_version: str = ""
+) -> InferRequest:
+    view = memoryview(body)
+    if header_length is None:
+        header, binary = view, view[len(view) :]
+    else:
+        header, binary = view[:header_length], view[header_length:]
+    what = f"the inference request for model '{model_name}'"
+    doc = loads(header, what)
+    if not isinstance(doc, dict):
+        raise invalid(f"{what} must be a JSON object")
+
+    request_id = doc.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise invalid(f"{what}: 'id' must be a string")
+    parameters = _parameters(doc.get("parameters"), what)
+    binary_output = parameters.pop("binary_data_output", False)
+    if not isinstance(binary_output, bool):
+        raise invalid(f"{what}: parameter 'binary_data_output' must be a boolean")
+
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise invalid(f"{what} must have a non-empty 'inputs' list")
+    inputs, offset = [], 0
+    for raw in raw_inputs:
+        tensor, used = _decode_input(raw, binary, offset, model_name)
+        inputs.append(tensor)
+        offset += used
+    if offset != len(binary):
+        raise invalid(
+            f"{what}: the body holds {len(binary)} bytes of binary tensor data, "
+            f"the inputs' binary_data_size add up to {offset}"
+        )
+
+    outputs = None
+    if "outputs" in doc:
+        if not isinstance(doc["outputs"], list):
+            raise invalid(f"{what}: 'outputs' must be a list")
+        outputs = [_decode_requested_output(raw, model_name) for raw in doc["outputs"]]
+
+    return InferRequest(
+        model_name=model_name,
+        model_version=model_version,
+        id=request_id,
+        inputs=inputs,
+        outputs=outputs,
+        parameters=parameters,
+        binary_output=binary_output,
+    )
+
+
+def _parameters(raw: Any, what: str) -> dict:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise invalid(f"{what}: 'parameters' must be a JSON object")
+    return dict(raw)
+
+
+def _decode_input(raw: Any, binary: memoryview, offset: int, model_name: str) -> tuple[Tensor, int]:
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+        raise invalid(f"model '{model_name}': every input needs a string 'name'")
+    name = raw["name"]
+    what = f"model '{model_name}', input '{name}'"
+    dtype = BY_V2.get(raw.get("datatype"))  # type: ignore[arg-type]
+    if dtype is None:
+        raise invalid(f"{what}: unknown datatype {raw.get('datatype')!r}")
+    shape = _shape(raw.get("shape"), what)
+    count = element_count(shape)
+    parameters = _parameters(raw.get("parameters"), what)
+    size = parameters.pop("binary_data_size", None)
+
+    if size is not None:
+        if "data" in raw:
+            raise invalid(f"{what}: has both 'data' and binary_data_size")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise invalid(f"{what}: binary_data_size must be a non-negative integer")
+        if offset + size > len(binary):
+            raise invalid(f"{what}: binary_data_size {size} runs past the end of the request body")
+        chunk = binary[offset : offset + size]
+        data = _from_binary(chunk, dtype, shape, count, what)
+        return Tensor(name, dtype.v2, shape, data, parameters), size
+
+    if "data" not in raw:
+        raise invalid(f"{what}: has neither 'data' nor binary_data_size")
+    data = _from_json(raw["data"], dtype, shape, count, what)
+    return Tensor(name, dtype.v2, shape, data, parameters), 0
+
+
+def _shape(raw: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(raw, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in raw
+    ):
+        raise invalid(f"{what}: 'shape' must be a list of non-negative integers, got {raw!r}")
+    return tuple(raw)
+
+
+def _from_binary(chunk: memoryview, dtype: DataType, shape: tuple, count: int, what: str) -> np.ndarray:
+    if dtype.v2 == "BYTES":
+        return decode_bytes(chunk, count, what).reshape(shape)
+    if len(chunk) != count * dtype.size:
+        raise invalid(
+            f"{what}: binary_data_size is {len(chunk)} bytes, "
+            f"shape {list(shape)} of {dtype.v2} needs {count * dtype.size}"
+        )
+    return np.frombuffer(chunk, dtype=dtype.numpy).reshape(shape)
+
+
+def _from_json(data: Any, dtype: DataType, shape: tuple, count: int, what: str) -> np.ndarray:
+    if dtype.v2 == "BF16":
+        raise invalid(f"{what}: BF16 data can only be sent as binary tensor data")
+    if dtype.v2 == "BYTES":
+        flat = _flatten_strings(data, what)
+        if len(flat) != count:
+            raise invalid(f"{what}: 'data' holds {len(flat)} elements, shape {list(shape)} needs {count}")
+        array = np.empty(count, dtype=object)
+        array[:] = flat
+        return array.reshape(shape)
+    try:
+        array = np.array(data, dtype=dtype.numpy)
+    except (ValueError, TypeError, OverflowError) as e:
+        raise invalid(f"{what}: 'data' is not a valid {dtype.v2} list: {e}") from None
+    if array.size != count:
+        raise invalid(f"{what}: 'data' holds {array.size} elements, shape {list(shape)} needs {count}")
+    return array.reshape(shape)
+
+
+def _flatten_strings(data: Any, what: str) -> list[bytes]:
+    out: list[bytes] = []
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, list):
+            stack.extend(reversed(item))
+        elif isinstance(item, str):
+            try:
+                out.append(item.encode("utf-8"))
+            except UnicodeEncodeError:
+                raise invalid(f"{what}: BYTES element is not valid UTF-8") from None
+        else:
+            raise invalid(f"{what}: BYTES data in JSON must be strings, got {item!r}")
+    return out
+
+
+def _decode_requested_output(raw: Any, model_name: str) -> RequestedOutput:
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+        raise invalid(f"model '{model_name}': every requested output needs a string 'name'")
+    what = f"model '{model_name}', output '{raw['name']}'"
+    parameters = _parameters(raw.get("parameters"), what)
+    binary = parameters.pop("binary_data", None)
+    if binary is not None and not isinstance(binary, bool):
+        raise invalid(f"{what}: parameter 'binary_data' must be a boolean")
+    return RequestedOutput(raw["name"], binary, parameters)
+
+
+@dataclass(slots=True)
+class EncodedResponse:
+    headers: list[tuple[bytes, bytes]]
+    chunks: list[bytes | memoryview]  # JSON header, then raw tensor bytes in output order
+
+
+def encode_response(response: InferResponse, request: InferRequest) -> EncodedResponse:
+    wanted = {o.name: o for o in request.outputs or ()}
+    outputs_json, raw_chunks = [], []
+    for tensor in response.outputs:
+        requested = wanted.get(tensor.name)
+        binary = request.binary_output if requested is None or requested.binary is None else requested.binary
+        entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
+        if tensor.parameters:
+            entry["parameters"] = dict(tensor.parameters)
+        if binary:
+            raw = _to_binary(tensor)
+            raw_chunks.append(raw)
+            entry.setdefault("parameters", {})["binary_data_size"] = len(raw)
+        else:
+            entry["data"] = _to_json(tensor, response.model_name)
+        outputs_json.append(entry)
+
+    doc: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
+    if response.id is not None:
+        doc["id"] = response.id
+    if response.parameters:
+        doc["parameters"] = response.parameters
+    doc["outputs"] = outputs_json
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    length = len(header) + sum(len(c) for c in raw_chunks)
+    headers = [(b"content-length", str(length).encode())]
+    if raw_chunks:
+        headers.append((b"content-type", BINARY_CONTENT_TYPE))
+        headers.append((HEADER_LENGTH.encode(), str(len(header)).encode()))
+    else:
+        headers.append((b"content-type", JSON_CONTENT_TYPE))
+    return EncodedResponse(headers, [header, *raw_chunks])
+
+
+def _to_binary(tensor: Tensor) -> bytes | memoryview:
+    if tensor.datatype == "BYTES":
+        return encode_bytes(np.asarray(tensor.data))
+    array = np.ascontiguousarray(tensor.data)
+    return memoryview(array.reshape(-1).view(np.uint8))
+
+
+def _to_json(tensor: Tensor, model_name: str) -> Any:
+    if tensor.datatype == "BF16":
+        raise invalid(f"model '{model_name}', output '{tensor.name}': BF16 can only be returned as binary data")
+    if tensor.datatype == "BYTES":
+        try:
+            return [
+                e.decode("utf-8") if isinstance(e, bytes) else str(e)
+                for e in np.asarray(tensor.data).reshape(-1)
+            ]
+        except UnicodeDecodeError:
+            raise invalid(
+                f"model '{model_name}', output '{tensor.name}' holds bytes that are not UTF-8: "
+                "request it with binary_data"
+            ) from None
+    return np.ascontiguousarray(tensor.data).reshape(-1)
+
+
+def error_body(message: str) -> bytes:
+    return orjson.dumps({"error": message})

@@ -1,0 +1,8 @@
+"""Everything with I/O: CLI, ASGI app and router, model repository, backends."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("tensorgate")
+except PackageNotFoundError:  # running from a source tree that was not installed
+    __version__ = "0.0.0"

@@ -1,0 +1,143 @@
+"""The ASGI application: reads the body, dispatches through the router, sends the answer.
+
+Plain ASGI 3 for hypercorn (HTTP/1.1 and HTTP/2 alike). Bodies arrive as chunks and are gathered once
+into one buffer; large response chunks go out in slices so a response never doubles in memory.
+"""
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from codec.errors import ErrorKind, InferError
+from server.router import HttpRequest, HttpResponse, MethodNotAllowed, Router
+
+log = logging.getLogger("tensorgate.http")
+
+SEND_SLICE = 1 << 20  # hypercorn copies each body message; slices keep that copy small
+METHODS_WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
+
+Receive = Callable[[], Awaitable[dict]]
+Send = Callable[[dict], Awaitable[None]]
+
+
+class BodyTooLarge(InferError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            ErrorKind.RESOURCE_EXHAUSTED,
+            f"request body exceeds the {limit}-byte limit (raise it with --max-request-bytes)",
+        )
+
+
+class ClientGone(Exception):
+    pass
+
+
+class App:
+    def __init__(
+        self, router: Router, max_request_bytes: int, on_shutdown: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        self.router = router
+        self.max_request_bytes = max_request_bytes
+        self.on_shutdown = on_shutdown
+
+    async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self._http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self.on_shutdown is not None:
+                    await self.on_shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _http(self, scope: dict, receive: Receive, send: Send) -> None:
+        method, path = scope["method"], scope["path"]
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        errors = self.router.fallback_errors
+        try:
+            route, params = self.router.match(method, path)
+            errors = route.errors
+            body = await self._read_body(receive, headers) if method in METHODS_WITH_BODY else b""
+            request = HttpRequest(method, path, scope["query_string"], headers, body, params)
+            response = await route.handler(request)
+        except ClientGone:
+            return
+        except MethodNotAllowed as e:
+            response = e.errors(e)
+            response.status = 405
+            response.headers.append((b"allow", ", ".join(e.allowed).encode()))
+        except InferError as e:
+            response = errors(e)
+        except Exception:
+            log.exception("unexpected error serving %s %s", method, path)
+            response = errors(InferError(ErrorKind.INTERNAL, f"internal error serving {method} {path}"))
+        await self._send(send, response)
+
+    async def _read_body(self, receive: Receive, headers: dict[str, str]) -> bytes | bytearray:
+        """The whole body in one buffer: as received when it came in one message, else one copy."""
+        limit = self.max_request_bytes
+        declared = headers.get("content-length")
+        expected = int(declared) if declared and declared.isdigit() else None
+        if expected is not None and expected > limit:
+            raise BodyTooLarge(limit)
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        first = message.get("body", b"")
+        if not message.get("more_body", False):
+            return first
+        buffer = bytearray(expected if expected is not None else 0)
+        view, filled = memoryview(buffer), 0
+        chunk = first
+        while True:
+            end = filled + len(chunk)
+            if end > limit:
+                raise BodyTooLarge(limit)
+            if end <= len(buffer):
+                view[filled:end] = chunk
+            else:  # no or a wrong Content-Length (chunked transfer encoding)
+                view.release()
+                buffer[filled:] = chunk
+                view = memoryview(buffer)
+            filled = end
+            if not message.get("more_body", False):
+                break
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone
+            chunk = message.get("body", b"")
+        view.release()
+        if filled < len(buffer):
+            del buffer[filled:]
+        return buffer
+
+    async def _send(self, send: Send, response: HttpResponse) -> None:
+        try:
+            await send({"type": "http.response.start", "status": response.status, "headers": response.headers})
+            chunks: Any = response.chunks
+            if isinstance(chunks, list):
+                for chunk in _slices(chunks):
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            else:
+                async for chunk in chunks:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except (OSError, RuntimeError):  # the client went away mid-response
+            return
+
+
+def _slices(chunks: list[bytes | memoryview]):
+    for chunk in chunks:
+        if len(chunk) <= SEND_SLICE:
+            yield chunk
+            continue
+        view = memoryview(chunk)
+        for start in range(0, len(view), SEND_SLICE):
+            yield view[start : start + SEND_SLICE]

@@ -1,0 +1,22 @@
+"""Backends: each loads one model version and executes one batch; they know nothing of protocols."""
+
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class Backend(Protocol):
+    is_async: bool
+
+    def execute(self, inputs: dict[str, Any]) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+def load_backend(version_dir: Path, config: dict, version: int) -> Backend:
+    """The backend named by the config, loaded for one version folder. Raises with the reason on failure."""
+    name = config.get("backend") or config.get("platform")
+    if name == "python":
+        from server.backends.python import PythonBackend
+
+        return PythonBackend(version_dir, config, version)
+    raise ValueError(f"backend {name!r} is not supported (supported: python)")

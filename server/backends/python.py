@@ -1,0 +1,69 @@
+"""The python backend: `<version>/model.py` defines a model class.
+
+The class is `TritonPythonModel` or `Model`, or else the one class in the module with an `execute` method:
+
+    class Model:
+        def initialize(self, config: dict) -> None: ...            # optional; the model config as JSON
+        def execute(self, inputs: dict[str, Array]) -> dict[str, Array]: ...
+        def finalize(self) -> None: ...                             # optional
+
+With max_batch_size > 0 every array carries the leading batch dimension. Arrays are numpy on the host;
+later device staging hands CuPy arrays or torch tensors with the same interface. Input arrays may be
+read-only views of the request: a model copies before writing in place. `execute` may be `async def`.
+"""
+
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+from typing import Any
+
+CLASS_NAMES = ("TritonPythonModel", "Model")
+
+
+class PythonBackend:
+    def __init__(self, version_dir: Path, config: dict, version: int) -> None:
+        path = version_dir / "model.py"
+        if not path.is_file():
+            raise FileNotFoundError(f"no model.py in {version_dir}")
+        module_name = f"tensorgate_models.{config['name']}.v{version}"
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module  # lets dataclasses/pickle inside model.py resolve the module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(module_name, None)
+            raise
+        self._module_name = module_name
+        self.model = _model_class(module, path)()
+        if hasattr(self.model, "initialize"):
+            self.model.initialize(config)
+        self.is_async = inspect.iscoroutinefunction(self.model.execute)
+
+    def execute(self, inputs: dict[str, Any]) -> Any:
+        """Returns the outputs dict, or an awaitable of it when the model's execute is async."""
+        return self.model.execute(inputs)
+
+    def close(self) -> None:
+        try:
+            if hasattr(self.model, "finalize"):
+                self.model.finalize()
+        finally:
+            sys.modules.pop(self._module_name, None)
+
+
+def _model_class(module: Any, path: Path) -> type:
+    for name in CLASS_NAMES:
+        cls = getattr(module, name, None)
+        if isinstance(cls, type):
+            return cls
+    candidates = [
+        obj
+        for obj in vars(module).values()
+        if isinstance(obj, type) and obj.__module__ == module.__name__ and hasattr(obj, "execute")
+    ]
+    if len(candidates) != 1:
+        raise TypeError(f"{path} must define one model class (TritonPythonModel or Model) with execute()")
+    return candidates[0]

@@ -1,0 +1,75 @@
+"""`tensorgate serve`: load the model repository, then serve HTTP until SIGINT/SIGTERM."""
+
+import argparse
+import asyncio
+import logging
+import signal
+from pathlib import Path
+
+from hypercorn.asyncio.run import worker_serve
+from hypercorn.utils import repr_socket_addr, wrap_app
+
+from server.app import App
+from server.http_config import hypercorn_config
+from server.http_v2 import V2Endpoints, error_response
+from server.repository import Repository
+from server.router import Router
+
+log = logging.getLogger("tensorgate")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tensorgate", description="A multi-protocol model server.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve a model repository")
+    serve.add_argument("--model-repository", type=Path, required=True, help="the model repository directory")
+    serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    serve.add_argument("--http-port", type=int, default=8000, help="HTTP port; 0 picks a free one (default 8000)")
+    serve.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=1 << 30,
+        help="largest request body accepted, in bytes (default 1 GiB); larger ones get 413",
+    )
+    serve.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default info"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not args.model_repository.is_dir():
+        log.error("model repository %s is not a directory", args.model_repository)
+        return 2
+    try:
+        import uvloop
+
+        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    except ImportError:
+        runner = asyncio.Runner()
+    with runner:
+        runner.run(serve(args))
+    return 0
+
+
+async def serve(args: argparse.Namespace) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+
+    repository = Repository(args.model_repository)
+    await repository.load_all()
+
+    router = Router(fallback_errors=error_response)
+    V2Endpoints(repository).install(router)
+    app = App(router, args.max_request_bytes, on_shutdown=repository.unload_all)
+
+    config = hypercorn_config(args.host, args.http_port, log_level=args.log_level)
+    sockets = config.create_sockets()
+    for sock in sockets.insecure_sockets:
+        log.info("HTTP listening on %s", repr_socket_addr(sock.family, sock.getsockname()))
+    await worker_serve(wrap_app(app, 0, "asgi"), config, sockets=sockets, shutdown_trigger=stop.wait)
+    log.info("shut down")

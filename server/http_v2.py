@@ -1,0 +1,90 @@
+"""KServe v2 REST endpoints: health, server and model metadata, model config, infer."""
+
+import orjson
+
+from codec import v2_http
+from codec.errors import ErrorKind, InferError, http_status
+from server import __version__
+from server.repository import Repository
+from server.router import HttpRequest, HttpResponse, Router
+
+EXTENSIONS = ["binary_tensor_data", "model_configuration"]
+JSON_HEADERS = [(b"content-type", v2_http.JSON_CONTENT_TYPE)]
+
+
+def json_response(doc: object, status: int = 200) -> HttpResponse:
+    body = orjson.dumps(doc)
+    return HttpResponse(status, [*JSON_HEADERS, (b"content-length", str(len(body)).encode())], [body])
+
+
+def error_response(error: InferError) -> HttpResponse:
+    return json_response({"error": error.message}, http_status(error.kind))
+
+
+class V2Endpoints:
+    def __init__(self, repository: Repository) -> None:
+        self.repository = repository
+
+    def install(self, router: Router) -> None:
+        model = "/v2/models/{model}[/versions/{version}]"
+        for method, template, handler in (
+            ("GET", "/v2", self.server_metadata),
+            ("GET", "/v2/health/live", self.live),
+            ("GET", "/v2/health/ready", self.ready),
+            ("GET", model, self.model_metadata),
+            ("GET", model + "/ready", self.model_ready),
+            ("GET", model + "/config", self.model_config),
+            ("POST", model + "/infer", self.infer),
+        ):
+            router.add(method, template, handler, error_response)
+
+    async def server_metadata(self, request: HttpRequest) -> HttpResponse:
+        return json_response({"name": "tensorgate", "version": __version__, "extensions": EXTENSIONS})
+
+    async def live(self, request: HttpRequest) -> HttpResponse:
+        return json_response({"live": True})
+
+    async def ready(self, request: HttpRequest) -> HttpResponse:
+        ready = self.repository.ready
+        return json_response({"ready": ready}, 200 if ready else 400)
+
+    async def model_ready(self, request: HttpRequest) -> HttpResponse:
+        name, version = request.params["model"], request.params.get("version", "")
+        model = self.repository.model(name)
+        try:
+            ready = model.resolve(version).ready
+        except InferError as e:
+            if e.kind is not ErrorKind.UNAVAILABLE:
+                raise
+            ready = False
+        return json_response({"name": name, "ready": ready}, 200 if ready else 400)
+
+    async def model_metadata(self, request: HttpRequest) -> HttpResponse:
+        model = self.repository.model(request.params["model"])
+        version = request.params.get("version")
+        if version is not None:
+            return json_response(model.resolve(version).metadata([version]))
+        if not model.versions:
+            raise InferError(ErrorKind.UNAVAILABLE, f"model '{model.name}' is not ready: {model.reason}")
+        ready = [str(n) for n, v in sorted(model.versions.items()) if v.ready]
+        return json_response(next(iter(model.versions.values())).metadata(ready))
+
+    async def model_config(self, request: HttpRequest) -> HttpResponse:
+        model = self.repository.model(request.params["model"])
+        version = request.params.get("version")
+        if version is not None:
+            return json_response(model.resolve(version).config)
+        if model.config is None:
+            raise InferError(ErrorKind.UNAVAILABLE, f"model '{model.name}' is not ready: {model.reason}")
+        return json_response(model.config)
+
+    async def infer(self, request: HttpRequest) -> HttpResponse:
+        name, version = request.params["model"], request.params.get("version", "")
+        model_version = self.repository.resolve(name, version)
+        header_length = v2_http.parse_header_length(
+            request.headers.get(v2_http.HEADER_LENGTH), len(request.body)
+        )
+        infer_request = v2_http.decode_request(request.body, header_length, name, version)
+        response = await model_version.infer(infer_request)
+        encoded = v2_http.encode_response(response, infer_request)
+        return HttpResponse(200, encoded.headers, encoded.chunks)

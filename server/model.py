@@ -1,0 +1,161 @@
+"""One loaded model version: checks requests against its config, runs them, shapes the response."""
+
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from batcher.scheduler import DirectScheduler
+from codec.datatypes import BY_CONFIG, DataType
+from codec.errors import ErrorKind, InferError, invalid
+from codec.tensor import InferRequest, InferResponse, Tensor
+from server.backends import Backend, load_backend
+
+
+class ModelState(Enum):
+    UNAVAILABLE = "UNAVAILABLE"
+    LOADING = "LOADING"
+    READY = "READY"
+    UNLOADING = "UNLOADING"
+
+
+class TensorSpec:
+    """An input or output of the config: its datatype and the shape a client sees (batch dim included)."""
+
+    def __init__(self, entry: dict, max_batch_size: int) -> None:
+        self.name: str = entry["name"]
+        self.dtype: DataType = BY_CONFIG[entry["data_type"]]
+        self.batched = max_batch_size > 0
+        self.dims: tuple[int, ...] = tuple(entry["dims"])
+        self.shape: tuple[int, ...] = ((-1,) if self.batched else ()) + self.dims
+        reshape = entry.get("reshape")
+        self.model_dims: tuple[int, ...] | None = tuple(reshape["shape"]) if reshape is not None else None
+        self.optional: bool = bool(entry.get("optional", False))
+
+    def metadata(self) -> dict:
+        return {"name": self.name, "datatype": self.dtype.v2, "shape": list(self.shape)}
+
+    def matches(self, shape: tuple[int, ...]) -> bool:
+        return len(shape) == len(self.shape) and all(
+            want == -1 or want == got for want, got in zip(self.shape, shape, strict=True)
+        )
+
+
+class ModelVersion:
+    def __init__(self, model_dir: Path, config: dict, version: int) -> None:
+        self.name: str = config["name"]
+        self.version = version
+        self.version_dir = model_dir / str(version)
+        self.config = config
+        self.max_batch_size: int = config.get("max_batch_size", 0)
+        self.inputs = {e["name"]: TensorSpec(e, self.max_batch_size) for e in config["input"]}
+        self.outputs = {e["name"]: TensorSpec(e, self.max_batch_size) for e in config["output"]}
+        self.state = ModelState.UNAVAILABLE
+        self.reason = ""
+        self.backend: Backend | None = None
+        self.scheduler: DirectScheduler | None = None
+
+    def load(self) -> None:
+        """Blocking: imports and initializes the backend. Sets state and reason either way."""
+        self.state = ModelState.LOADING
+        try:
+            self.backend = load_backend(self.version_dir, self.config, self.version)
+        except BaseException as e:  # a model's code may raise anything, SystemExit included
+            self.state = ModelState.UNAVAILABLE
+            self.reason = f"failed to load '{self.name}' version {self.version}: {type(e).__name__}: {e}"
+            return
+        instances = sum(g.get("count", 1) for g in self.config.get("instance_group", [{}]))
+        self.scheduler = DirectScheduler(self.backend.execute, instances)
+        self.state = ModelState.READY
+        self.reason = ""
+
+    async def unload(self) -> None:
+        self.state = ModelState.UNLOADING
+        if self.scheduler is not None:
+            await self.scheduler.drain()
+        if self.backend is not None:
+            self.backend.close()
+        self.backend = self.scheduler = None
+        self.state = ModelState.UNAVAILABLE
+        self.reason = "unloaded"
+
+    @property
+    def ready(self) -> bool:
+        return self.state is ModelState.READY
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        if self.scheduler is None or not self.ready:
+            raise InferError(
+                ErrorKind.UNAVAILABLE, f"model '{self.name}' version {self.version} is not ready"
+            )
+        arrays = self._model_inputs(request)
+        wanted = self._wanted_outputs(request)
+        produced = await self.scheduler.run(arrays)
+        return InferResponse(
+            model_name=self.name,
+            model_version=str(self.version),
+            id=request.id,
+            outputs=[self._response_tensor(name, produced) for name in wanted],
+        )
+
+    def _model_inputs(self, request: InferRequest) -> dict[str, Any]:
+        arrays: dict[str, Any] = {}
+        for tensor in request.inputs:
+            what = f"model '{self.name}', input '{tensor.name}'"
+            spec = self.inputs.get(tensor.name)
+            if spec is None:
+                raise invalid(f"{what} is unknown (expected: {', '.join(self.inputs)})")
+            if tensor.name in arrays:
+                raise invalid(f"{what} is given twice")
+            if tensor.datatype != spec.dtype.v2:
+                raise invalid(f"{what}: datatype {tensor.datatype} where the model expects {spec.dtype.v2}")
+            if not spec.matches(tensor.shape):
+                raise invalid(f"{what}: shape {list(tensor.shape)} where the model expects {list(spec.shape)}")
+            if spec.batched and tensor.shape[0] > self.max_batch_size:
+                raise invalid(
+                    f"{what}: batch size {tensor.shape[0]} exceeds the model's max_batch_size "
+                    f"{self.max_batch_size}"
+                )
+            data = tensor.data
+            if spec.model_dims is not None:
+                data = data.reshape(tensor.shape[:1] + spec.model_dims if spec.batched else spec.model_dims)
+            arrays[tensor.name] = data
+        missing = [n for n, s in self.inputs.items() if n not in arrays and not s.optional]
+        if missing:
+            raise invalid(f"model '{self.name}': missing input(s) {', '.join(repr(n) for n in missing)}")
+        if spec_batch := {t.shape[0] for t in request.inputs if self.inputs[t.name].batched}:
+            if len(spec_batch) > 1:
+                raise invalid(f"model '{self.name}': inputs disagree on the batch size {sorted(spec_batch)}")
+        return arrays
+
+    def _wanted_outputs(self, request: InferRequest) -> list[str]:
+        if request.outputs is None:
+            return list(self.outputs)
+        for requested in request.outputs:
+            if requested.name not in self.outputs:
+                raise invalid(
+                    f"model '{self.name}': unknown output '{requested.name}' "
+                    f"(expected: {', '.join(self.outputs)})"
+                )
+        return [o.name for o in request.outputs]
+
+    def _response_tensor(self, name: str, produced: Any) -> Tensor:
+        spec = self.outputs[name]
+        if not isinstance(produced, dict) or name not in produced:
+            raise InferError(ErrorKind.INTERNAL, f"model '{self.name}' did not return output '{name}'")
+        array = produced[name]
+        if not isinstance(array, np.ndarray) or array.dtype != spec.dtype.numpy:
+            array = np.asarray(array, dtype=spec.dtype.numpy)
+        if spec.model_dims is not None:
+            array = array.reshape(array.shape[:1] + spec.dims if spec.batched else spec.dims)
+        return Tensor(name, spec.dtype.v2, array.shape, array)
+
+    def metadata(self, versions: list[str]) -> dict:
+        return {
+            "name": self.name,
+            "versions": versions,
+            "platform": self.config.get("platform") or self.config.get("backend", ""),
+            "inputs": [s.metadata() for s in self.inputs.values()],
+            "outputs": [s.metadata() for s in self.outputs.values()],
+        }

@@ -1,0 +1,74 @@
+"""A small table-driven router: (method, path pattern) -> handler, and per-protocol error bodies."""
+
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+from codec.errors import ErrorKind, InferError
+
+Chunks = list[bytes | memoryview] | AsyncIterator[bytes]
+
+
+@dataclass(slots=True)
+class HttpRequest:
+    method: str
+    path: str
+    query: bytes
+    headers: dict[str, str]
+    body: bytes | bytearray = b""
+    params: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class HttpResponse:
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    chunks: Chunks  # a list is sent with its Content-Length; an async iterator is streamed
+
+
+Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
+ErrorResponder = Callable[[InferError], HttpResponse]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    method: str
+    pattern: re.Pattern
+    handler: Handler
+    errors: ErrorResponder  # the protocol's own error shape
+
+
+def compile_path(template: str) -> re.Pattern:
+    """'/v2/models/{model}[/versions/{version}]/infer' -> a regex; [...] is optional, {x} one segment."""
+    regex = re.escape(template).replace(r"\[", "(?:").replace(r"\]", ")?")
+    regex = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", regex)
+    return re.compile(f"^{regex}$")
+
+
+class Router:
+    def __init__(self, fallback_errors: ErrorResponder) -> None:
+        self.routes: list[Route] = []
+        self.fallback_errors = fallback_errors
+
+    def add(self, method: str, template: str, handler: Handler, errors: ErrorResponder) -> None:
+        self.routes.append(Route(method, compile_path(template), handler, errors))
+
+    def match(self, method: str, path: str) -> tuple[Route, dict[str, str]]:
+        allowed = []
+        for route in self.routes:
+            found = route.pattern.match(path)
+            if found is None:
+                continue
+            if route.method == method:
+                return route, {k: v for k, v in found.groupdict().items() if v is not None}
+            allowed.append(route)
+        if allowed:
+            raise MethodNotAllowed(allowed[0].errors, sorted({r.method for r in allowed}))
+        raise InferError(ErrorKind.NOT_FOUND, f"no endpoint {method} {path}")
+
+
+class MethodNotAllowed(InferError):
+    def __init__(self, errors: ErrorResponder, allowed: list[str]) -> None:
+        super().__init__(ErrorKind.INVALID_ARGUMENT, f"method not allowed here; use {', '.join(allowed)}")
+        self.errors = errors
+        self.allowed = allowed
