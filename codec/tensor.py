@@ -1,9 +1,8 @@
 """The internal currency: Tensor, InferRequest, InferResponse. Protocol details stop at codec/."""
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 
 @dataclass(slots=True)
@@ -48,4 +47,4 @@ class InferResponse:
 
 
 def element_count(shape: tuple[int, ...]) -> int:
-    return int(np.prod(shape, dtype=np.int64)) if shape else 1
+    return math.prod(shape)

@@ -213,7 +213,11 @@ def encode_response(response: InferResponse, request: InferRequest) -> EncodedRe
     for tensor in response.outputs:
         requested = wanted.get(tensor.name)
         binary = request.binary_output if requested is None or requested.binary is None else requested.binary
-        entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape)}
+        entry: dict[str, Any] = {
+            "name": tensor.name,
+            "datatype": tensor.datatype,
+            "shape": list(tensor.shape),
+        }
         if tensor.parameters:
             entry["parameters"] = dict(tensor.parameters)
         if binary:
@@ -250,7 +254,9 @@ def _to_binary(tensor: Tensor) -> bytes | memoryview:
 
 def _to_json(tensor: Tensor, model_name: str) -> Any:
     if tensor.datatype == "BF16":
-        raise invalid(f"model '{model_name}', output '{tensor.name}': BF16 can only be returned as binary data")
+        raise invalid(
+            f"model '{model_name}', output '{tensor.name}': BF16 can only be returned as binary data"
+        )
     if tensor.datatype == "BYTES":
         try:
             return [

@@ -120,14 +120,18 @@ class App:
 
     async def _send(self, send: Send, response: HttpResponse) -> None:
         try:
-            await send({"type": "http.response.start", "status": response.status, "headers": response.headers})
+            await send(
+                {"type": "http.response.start", "status": response.status, "headers": response.headers}
+            )
             chunks: Any = response.chunks
             if isinstance(chunks, list):
-                for chunk in _slices(chunks):
+                pieces = list(_slices(chunks))
+                for chunk in pieces[:-1]:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            else:
-                async for chunk in chunks:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": pieces[-1] if pieces else b""})
+                return
+            async for chunk in chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except (OSError, RuntimeError):  # the client went away mid-response
             return

@@ -16,6 +16,9 @@ from server.repository import Repository
 from server.router import Router
 
 log = logging.getLogger("tensorgate")
+# Where we listen is always said, whatever --log-level: with port 0 it is the only way to learn the port.
+listen_log = logging.getLogger("tensorgate.listen")
+listen_log.setLevel(logging.INFO)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -24,7 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve a model repository")
     serve.add_argument("--model-repository", type=Path, required=True, help="the model repository directory")
     serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
-    serve.add_argument("--http-port", type=int, default=8000, help="HTTP port; 0 picks a free one (default 8000)")
+    serve.add_argument(
+        "--http-port", type=int, default=8000, help="HTTP port; 0 picks a free one (default 8000)"
+    )
     serve.add_argument(
         "--max-request-bytes",
         type=int,
@@ -39,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if not args.model_repository.is_dir():
         log.error("model repository %s is not a directory", args.model_repository)
         return 2
@@ -70,6 +77,6 @@ async def serve(args: argparse.Namespace) -> None:
     config = hypercorn_config(args.host, args.http_port, log_level=args.log_level)
     sockets = config.create_sockets()
     for sock in sockets.insecure_sockets:
-        log.info("HTTP listening on %s", repr_socket_addr(sock.family, sock.getsockname()))
+        listen_log.info("HTTP listening on %s", repr_socket_addr(sock.family, sock.getsockname()))
     await worker_serve(wrap_app(app, 0, "asgi"), config, sockets=sockets, shutdown_trigger=stop.wait)
     log.info("shut down")

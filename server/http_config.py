@@ -2,7 +2,13 @@
 
 import logging
 
+import hypercorn.asyncio.tcp_server
 from hypercorn.config import Config
+
+# hypercorn reads sockets 64 KiB at a time; every read then travels h11/h2 and the app's receive queue.
+# Reading up to 1 MiB at once moves large tensors ~25% faster (bench/: 64 MiB binary round trip) and
+# changes nothing for small requests. It is a module global hypercorn looks up on each read.
+hypercorn.asyncio.tcp_server.MAX_RECV = 1 << 20
 
 
 def hypercorn_config(host: str, port: int, *, log_level: str = "info") -> Config:

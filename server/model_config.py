@@ -1,0 +1,394 @@
+"""Load a Triton model configuration (config.pbtxt or config.json) into a plain dict.
+
+The dict has the shape of Triton's model_config JSON (`GET /v2/models/{m}/config`): the protobuf JSON
+mapping of model_config.proto with proto field names, enums as their names, int64 fields as numbers and
+map fields as objects with string keys.
+"""
+
+import json
+import re
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from codec.datatypes import BY_CONFIG
+
+
+class ConfigError(ValueError):
+    """A model configuration that cannot be read or is invalid; the message names the model and the fault."""
+
+
+# Field names model_config.proto declares `repeated` (in any message of ModelConfig): a list even when
+# a config.pbtxt writes them once.
+_REPEATED = frozenset(
+    "input output batch_input batch_output instance_group model_warmup dims shape versions gpus "  # noqa: SIM905
+    "secondary_devices profile resources target_name source_input preferred_batch_size step "
+    "control_input control int32_false_true fp32_false_true bool_false_true state initial_state "
+    "graph_spec dim gpu_execution_accelerator cpu_execution_accelerator op_library_filename agents "
+    "metric_control buckets".split()
+)
+# map<K, V> fields: repeated `{ key: ... value: ... }` entries in pbtxt, objects with string keys in JSON.
+_MAPS = frozenset(
+    "parameters priority_queue_policy input_map output_map cc_model_filenames metric_tags inputs".split()  # noqa: SIM905
+)
+# Integer fields a config.json may spell as strings (protobuf's JSON writes 64-bit integers that way).
+_INT_FIELDS = frozenset(
+    "dims shape versions dim max_queue_delay_microseconds default_timeout_microseconds priority_levels "  # noqa: SIM905
+    "default_priority_level max_sequence_idle_microseconds model_version device_id max_batch_size count "
+    "gpus num_versions preferred_batch_size batch_size max_queue_size max_candidate_sequences".split()
+)
+_PLATFORM_BACKENDS = {
+    "tensorrt_plan": "tensorrt",
+    "tensorflow_graphdef": "tensorflow",
+    "tensorflow_savedmodel": "tensorflow",
+    "onnxruntime_onnx": "onnxruntime",
+    "pytorch_libtorch": "pytorch",
+    "python": "python",
+    "ensemble": "",  # the server runs ensembles itself; Triton requires their backend to stay empty
+}
+_MESSAGE_MAPS = ("priority_queue_policy", "inputs", "input")  # maps whose values are messages
+_GROUP_KINDS = ("KIND_AUTO", "KIND_GPU", "KIND_CPU", "KIND_MODEL")
+
+
+def _require(ok: object, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+# ---------------------------------------------------------------------------------------------- pbtxt
+
+
+class _Token(NamedTuple):
+    kind: str  # "string", "word" or "punct"
+    text: str
+    line: int
+
+
+_TOKEN_RE = re.compile(
+    r"""(?P<space>[ \t\r\f\v]+) | (?P<newline>\n) | (?P<comment>\#[^\n]*)
+    | (?P<string>"(?:[^"\\\n]|\\.)*" | '(?:[^'\\\n]|\\.)*')
+    | (?P<word>[A-Za-z0-9_.+-]+) | (?P<punct>[{}\[\]<>:,;])""",
+    re.VERBOSE,
+)
+_IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_INT_RE = re.compile(r"-?\d+")
+_HEX_RE = re.compile(r"-?0[xX][0-9a-fA-F]+")
+_FLOAT_RE = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?[fF]?")
+_ESCAPE_RE = re.compile(r"\\(x[0-9a-fA-F]{1,2}|[0-3]?[0-7]{1,2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|.)", re.S)
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "f": "\f", "v": "\v"} | {
+    c: c for c in "\\'\"?"
+}
+_BOOLS = {"true": True, "True": True, "false": False, "False": False}
+
+
+def _tokenize(text: str) -> list[_Token]:
+    tokens, line, pos = [], 1, 0
+    while pos < len(text):
+        m = _TOKEN_RE.match(text, pos)
+        if m is None:
+            what = "unterminated string" if text[pos] in "'\"" else f"unexpected character {text[pos]!r}"
+            raise ConfigError(f"line {line}: {what}")
+        if m.lastgroup == "newline":
+            line += 1
+        elif m.lastgroup in ("string", "word", "punct"):
+            tokens.append(_Token(m.lastgroup, m.group(), line))
+        pos = m.end()
+    return tokens
+
+
+def _unescape(body: str, line: int) -> bytes:
+    """The bytes of a quoted string's body with its C escapes (\\n, \\x41, \\101, \\u00e9, ...) resolved."""
+    out, pos = bytearray(), 0
+    for m in _ESCAPE_RE.finditer(body):
+        out += body[pos : m.start()].encode()
+        esc, pos = m.group(1), m.end()
+        if esc[0] == "x":
+            out.append(int(esc[1:], 16))
+        elif esc[0].isdigit():
+            out.append(int(esc, 8))
+        elif esc[0] in "uU":
+            out += chr(int(esc[1:], 16)).encode(errors="surrogatepass")  # a lone surrogate fails decode()
+        else:
+            _require(esc in _ESCAPES, f"line {line}: invalid escape '\\{esc}'")
+            out += _ESCAPES[esc].encode()
+    return bytes(out + body[pos:].encode())
+
+
+def _field_kind(name: str, parent: str | None) -> str | None:
+    # `input` is the repeated ModelInput at the top level but a map inside CUDA graph specs.
+    if name in _MAPS or (name == "input" and parent in ("graph_spec", "graph_lower_bound")):
+        return "map"
+    return "repeated" if name in _REPEATED else None
+
+
+class _Parser:
+    def __init__(self, text: str) -> None:
+        self.tokens = _tokenize(text)
+        self.pos = 0
+
+    def peek(self) -> _Token | None:
+        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
+
+    def at(self, *puncts: str) -> bool:
+        tok = self.peek()
+        return tok is not None and tok.kind == "punct" and tok.text in puncts
+
+    def take(self, punct: str) -> bool:
+        if self.at(punct):
+            self.pos += 1
+            return True
+        return False
+
+    def error(self, message: str, tok: _Token | None = None) -> ConfigError:
+        tok = tok or self.peek() or self.tokens[-1]  # at the end of the file: its last line
+        return ConfigError(f"line {tok.line}: {message}")
+
+    def message(self, parent: str | None, close: str | None) -> dict:
+        out: dict[str, Any] = {}
+        while not (close and self.take(close)):
+            tok = self.peek()
+            if tok is None:
+                if close:
+                    raise self.error(f"'{close}' missing at the end of the file")
+                return out
+            if tok.kind != "word" or not _IDENT_RE.fullmatch(tok.text):
+                raise self.error(f"expected a field name, got {tok.text!r}")
+            self.pos += 1
+            colon = self.take(":")
+            if self.at("{", "<"):
+                values, listed = [self.submessage(tok.text)], False
+            elif self.at("["):
+                values, listed = self.list(tok.text), True
+            elif colon:
+                values, listed = [self.scalar()], False
+            else:
+                raise self.error(f"expected ':' or '{{' after '{tok.text}'")
+            self.store(out, tok, parent, values, listed)
+            if not self.take(","):
+                self.take(";")
+        return out
+
+    def submessage(self, name: str) -> dict:
+        close = "}" if self.tokens[self.pos].text == "{" else ">"
+        self.pos += 1
+        return self.message(name, close)
+
+    def list(self, name: str) -> list:
+        self.pos += 1  # "["
+        items: list = []
+        while not self.take("]"):
+            items.append(self.submessage(name) if self.at("{", "<") else self.scalar())
+            if not self.take(",") and not self.at("]"):
+                raise self.error(f"expected ',' or ']' in the list of '{name}'")
+        return items
+
+    def scalar(self) -> Any:
+        tok = self.peek()
+        if tok is None or tok.kind == "punct":
+            raise self.error(f"expected a value, got {tok.text!r}" if tok else "expected a value")
+        self.pos += 1
+        if tok.kind == "string":
+            data = _unescape(tok.text[1:-1], tok.line)
+            while (more := self.peek()) is not None and more.kind == "string":  # "a" "b" is "ab"
+                data += _unescape(more.text[1:-1], more.line)
+                self.pos += 1
+            try:
+                return data.decode()
+            except UnicodeDecodeError:
+                raise self.error("string is not valid UTF-8", tok) from None
+        text = tok.text
+        if text in _BOOLS:
+            return _BOOLS[text]
+        if _INT_RE.fullmatch(text) or _HEX_RE.fullmatch(text):
+            return int(text, 16 if "x" in text.lower() else 10)
+        if _FLOAT_RE.fullmatch(text):
+            return float(text.rstrip("fF"))
+        if _IDENT_RE.fullmatch(text):
+            return text  # an enum name
+        raise self.error(f"invalid value {text!r}", tok)
+
+    def store(self, out: dict, tok: _Token, parent: str | None, values: list, listed: bool) -> None:
+        name, kind = tok.text, _field_kind(tok.text, parent)
+        if kind == "map":
+            for entry in values:
+                if not isinstance(entry, dict) or not set(entry) <= {"key", "value"}:
+                    raise self.error(f"'{name}' entries must be {{ key: ... value: ... }}", tok)
+                # An entry without a value holds the empty message, or "" in a map<string, string>.
+                empty = {} if name in _MESSAGE_MAPS or (name, parent) == ("parameters", None) else ""
+                # JSON keys are strings: priority_queue_policy's integer keys become "1", "2", ...
+                out.setdefault(name, {})[str(entry.get("key", ""))] = entry.get("value", empty)
+        elif kind == "repeated" or listed or name in out:
+            if name in out and not isinstance(out[name], list):
+                out[name] = [out[name]]  # a field the proto does not repeat, written twice
+            out.setdefault(name, []).extend(values)
+        else:
+            out[name] = values[0]
+
+
+def parse_pbtxt(text: str) -> dict:
+    """Parse protobuf text format (a config.pbtxt) into a dict shaped like model_config.proto's JSON."""
+    return _Parser(text).message(None, None)
+
+
+# ---------------------------------------------------------------------------------------- normalize
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _fix_ints(node: Any, key: str | None = None) -> Any:
+    """A copy of a parsed config with integer fields written as strings ("16") turned into ints."""
+    if isinstance(node, dict):
+        if key in _MAPS or key == "input":  # a map: its keys are not field names
+            return {k: _fix_ints(v) for k, v in node.items()}
+        return {k: _fix_ints(v, k) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_fix_ints(v, None if isinstance(v, dict) else key) for v in node]
+    if key in _INT_FIELDS and isinstance(node, str) and _INT_RE.fullmatch(node.strip()):
+        return int(node)
+    return node
+
+
+def _dims(value: Any, what: str) -> list[int]:
+    ok = isinstance(value, list) and all(_is_int(d) and (d == -1 or d >= 1) for d in value)
+    _require(ok, f"{what} must be a list of integers >= 1 or -1 (variable size), got {value!r}")
+    return value
+
+
+def _runs(shape: list[int]) -> list[int]:
+    """Element counts of the runs between -1 dims: Triton lets dims and reshape differ only within runs."""
+    counts = [1]
+    for d in shape:
+        if d == -1:
+            counts.append(1)
+        else:
+            counts[-1] *= d
+    return counts
+
+
+def _tensors(items: Any, kind: str, max_batch_size: int) -> list[dict]:
+    _require(items, f"must specify at least one {kind}")
+    _require(isinstance(items, list), f"'{kind}' must be a list")
+    out, seen = [], set()
+    for i, tensor in enumerate(items):
+        _require(isinstance(tensor, dict) and tensor.get("name"), f"{kind} #{i} must specify 'name'")
+        what = f"{kind} '{tensor['name']}'"
+        _require(tensor["name"] not in seen, f"{what} is specified more than once")
+        seen.add(tensor["name"])
+        data_type = tensor.get("data_type")
+        _require(data_type is not None, f"{what} must specify 'data_type'")
+        ok = isinstance(data_type, str) and data_type in BY_CONFIG
+        _require(ok, f"{what} has unknown data_type '{data_type}'")
+        dims = _dims(tensor.get("dims", []), f"{what} dims")
+        _require(dims, f"{what} must specify 'dims'")
+        tensor = {**tensor, "dims": dims}
+        if "reshape" in tensor:
+            _require(isinstance(tensor["reshape"], dict), f"{what} reshape must be {{ shape: [...] }}")
+            shape = _dims(tensor["reshape"].get("shape", []), f"{what} reshape shape")
+            _require(shape or max_batch_size, f"{what} cannot have an empty reshape if max_batch_size is 0")
+            _require(_runs(shape) == _runs(dims), f"{what} reshape {shape} does not fit dims {dims}")
+            tensor["reshape"] = {**tensor["reshape"], "shape": shape}
+        if kind == "input":
+            tensor.setdefault("optional", False)
+            _require(isinstance(tensor["optional"], bool), f"{what} optional must be true or false")
+        out.append(tensor)
+    return out
+
+
+def _version_policy(policy: Any) -> dict:
+    if not policy:
+        return {"latest": {"num_versions": 1}}
+    kind, body = next(iter(policy.items())) if isinstance(policy, dict) else (None, None)
+    ok = kind in ("latest", "all", "specific") and len(policy) == 1 and isinstance(body, dict)
+    _require(ok, f"version_policy must be one of latest, all or specific, got {policy!r}")
+    if kind == "latest":
+        num = body.get("num_versions", 1)
+        _require(_is_int(num) and num >= 1, f"version_policy latest num_versions must be >= 1, got {num!r}")
+        return {"latest": {"num_versions": num}}
+    if kind == "specific":
+        versions = body.get("versions", [])
+        ok = isinstance(versions, list) and all(_is_int(v) and v >= 0 for v in versions)
+        _require(ok, f"version_policy specific versions must be integers >= 0, got {versions!r}")
+        return {"specific": {"versions": versions}}
+    return {"all": {}}
+
+
+def _instance_groups(groups: Any, model: str) -> list[dict]:
+    if not groups:
+        return [{"name": model, "kind": "KIND_CPU", "count": 1}]
+    ok = isinstance(groups, list) and all(isinstance(g, dict) for g in groups)
+    _require(ok, "instance_group must be a list of messages")
+    out = []
+    for i, group in enumerate(groups):
+        name = group.get("name") or f"{model}_{i}"  # what Triton names an unnamed group
+        kind, count = group.get("kind", "KIND_AUTO"), group.get("count", 1)
+        _require(kind in _GROUP_KINDS, f"instance_group '{name}' has unknown kind {kind!r}")
+        _require(_is_int(count) and count >= 1, f"instance_group '{name}' count must be >= 1, got {count!r}")
+        out.append({**group, "name": name, "kind": kind, "count": count})
+    return out
+
+
+def _normalize(raw: Any, model: str) -> dict:
+    _require(isinstance(raw, dict), "the configuration must be a message (a JSON object)")
+    cfg = _fix_ints(raw)
+    name = cfg.get("name") or model
+    _require(name == model, f"configuration name '{name}' does not match the model directory name")
+    platform, backend = cfg.get("platform") or "", cfg.get("backend") or ""
+    _require(isinstance(platform, str) and isinstance(backend, str), "platform and backend must be strings")
+    if not backend:
+        _require(platform, "must specify 'backend' or 'platform'")
+        _require(platform in _PLATFORM_BACKENDS, f"unknown platform '{platform}'; specify 'backend'")
+        backend = _PLATFORM_BACKENDS[platform]
+    max_batch_size = cfg.get("max_batch_size", 0)
+    ok = _is_int(max_batch_size) and max_batch_size >= 0
+    _require(ok, f"max_batch_size must be an integer >= 0, got {max_batch_size!r}")
+    batching = cfg.get("dynamic_batching")
+    if batching is not None:
+        _require(isinstance(batching, dict), "dynamic_batching must be a message")
+        _require(max_batch_size > 0, "dynamic_batching requires max_batch_size > 0")
+        for size in batching.get("preferred_batch_size", []):
+            ok = _is_int(size) and 1 <= size <= max_batch_size
+            _require(ok, f"dynamic_batching preferred_batch_size {size!r} is not in 1..{max_batch_size}")
+    parameters = cfg.get("parameters", {})
+    ok = isinstance(parameters, dict) and all(isinstance(v, dict) for v in parameters.values())
+    _require(ok, "parameters must map names to { string_value: ... }")
+
+    out = {
+        "name": name,
+        "platform": platform,
+        "backend": backend,
+        "version_policy": _version_policy(cfg.get("version_policy")),
+        "max_batch_size": max_batch_size,
+        "input": _tensors(cfg.get("input"), "input", max_batch_size),
+        "output": _tensors(cfg.get("output"), "output", max_batch_size),
+    }
+    if platform != "ensemble":  # Triton gives ensembles no instance groups
+        out["instance_group"] = _instance_groups(cfg.get("instance_group"), name)
+    out["parameters"] = parameters
+    for key, value in cfg.items():  # everything else (schedulers, warmup, unknown fields) as given
+        out.setdefault(key, value)
+    return out
+
+
+def normalize_config(raw: dict, model_name: str) -> dict:
+    """Validate a parsed config (from pbtxt or JSON) and fill Triton's defaults; raises ConfigError."""
+    try:
+        return _normalize(raw, model_name)
+    except ConfigError as e:
+        raise ConfigError(f"model '{model_name}': {e}") from None
+
+
+def load_model_config(model_dir: Path) -> dict:
+    """Read model_dir/config.pbtxt (else config.json) and return the normalized config dict."""
+    model = model_dir.name
+    pbtxt, config_json = model_dir / "config.pbtxt", model_dir / "config.json"
+    path = pbtxt if pbtxt.is_file() else config_json
+    _require(path.is_file(), f"model '{model}': no config.pbtxt or config.json in {model_dir}")
+    try:
+        text = path.read_text(encoding="utf-8")
+        raw = parse_pbtxt(text) if path is pbtxt else json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"model '{model}': {path.name} is not valid JSON: {e}") from None
+    except (OSError, UnicodeDecodeError, ConfigError) as e:
+        raise ConfigError(f"model '{model}': {path.name}: {e}") from None
+    return normalize_config(raw, model)

@@ -1,0 +1,442 @@
+"""Model configs: config.pbtxt / config.json in, Triton's model_config JSON out."""
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from server.model_config import ConfigError, load_model_config, normalize_config, parse_pbtxt
+
+# Triton's own docs/examples/model_repository/simple/config.pbtxt.
+SIMPLE_PBTXT = """
+name: "simple"
+platform: "tensorflow_graphdef"
+max_batch_size: 8
+input [
+  {
+    name: "INPUT0"
+    data_type: TYPE_INT32
+    dims: [ 16 ]
+  },
+  {
+    name: "INPUT1"
+    data_type: TYPE_INT32
+    dims: [ 16 ]
+  }
+]
+output [
+  {
+    name: "OUTPUT0"
+    data_type: TYPE_INT32
+    dims: [ 16 ]
+  },
+  {
+    name: "OUTPUT1"
+    data_type: TYPE_INT32
+    dims: [ 16 ]
+  }
+]
+"""
+
+
+def _tensor(name: str, data_type: str = "TYPE_INT32", dims: list | None = None, **extra) -> dict:
+    return {"name": name, "data_type": data_type, "dims": dims or [16], **extra}
+
+
+SIMPLE_NORMALIZED = {
+    "name": "simple",
+    "platform": "tensorflow_graphdef",
+    "backend": "tensorflow",
+    "version_policy": {"latest": {"num_versions": 1}},
+    "max_batch_size": 8,
+    "input": [_tensor("INPUT0", optional=False), _tensor("INPUT1", optional=False)],
+    "output": [_tensor("OUTPUT0"), _tensor("OUTPUT1")],
+    "instance_group": [{"name": "simple", "kind": "KIND_CPU", "count": 1}],
+    "parameters": {},
+}
+
+# The features a production config.pbtxt uses, in the mixed styles people write them.
+DENSENET_PBTXT = """
+# An image classifier served by onnxruntime.
+backend: "onnxruntime"
+max_batch_size: 8
+version_policy: { specific { versions: [1, 3] } }
+input {
+  name: "data_0"
+  data_type: TYPE_FP32
+  format: FORMAT_NCHW
+  dims: [ 3, 224, 224 ]
+  reshape: { shape: [ 1, 3, 224, 224 ] }
+}
+output [{ name: "fc6_1", data_type: TYPE_FP32, dims: [ 1000 ], label_filename: "densenet_labels.txt" }]
+dynamic_batching {
+  preferred_batch_size: [ 4, 8 ]
+  max_queue_delay_microseconds: 100
+}
+instance_group [ { count: 2 kind: KIND_GPU gpus: [ 0 ] } ]
+parameters { key: "intra_op_thread_count" value { string_value: "4" } }
+parameters: {
+  key: "cudnn_conv_algo_search"  # several blocks build one map
+  value: { string_value: "HEURISTIC" }
+}
+model_warmup [{
+  name: "zeros" batch_size: 1
+  inputs { key: "data_0" value { data_type: TYPE_FP32 dims: [3, 224, 224] zero_data: true } }
+}]
+"""
+
+DENSENET_NORMALIZED = {
+    "name": "densenet_onnx",
+    "platform": "",
+    "backend": "onnxruntime",
+    "version_policy": {"specific": {"versions": [1, 3]}},
+    "max_batch_size": 8,
+    "input": [
+        {
+            "name": "data_0",
+            "data_type": "TYPE_FP32",
+            "format": "FORMAT_NCHW",
+            "dims": [3, 224, 224],
+            "reshape": {"shape": [1, 3, 224, 224]},
+            "optional": False,
+        }
+    ],
+    "output": [_tensor("fc6_1", "TYPE_FP32", [1000], label_filename="densenet_labels.txt")],
+    "instance_group": [{"name": "densenet_onnx_0", "kind": "KIND_GPU", "count": 2, "gpus": [0]}],
+    "parameters": {
+        "intra_op_thread_count": {"string_value": "4"},
+        "cudnn_conv_algo_search": {"string_value": "HEURISTIC"},
+    },
+    "dynamic_batching": {"preferred_batch_size": [4, 8], "max_queue_delay_microseconds": 100},
+    "model_warmup": [
+        {
+            "name": "zeros",
+            "batch_size": 1,
+            "inputs": {"data_0": {"data_type": "TYPE_FP32", "dims": [3, 224, 224], "zero_data": True}},
+        }
+    ],
+}
+
+
+def test_triton_simple_example_normalizes_to_its_config_json():
+    assert normalize_config(parse_pbtxt(SIMPLE_PBTXT), "simple") == SIMPLE_NORMALIZED
+
+
+def test_a_config_using_every_common_section():
+    assert normalize_config(parse_pbtxt(DENSENET_PBTXT), "densenet_onnx") == DENSENET_NORMALIZED
+
+
+def _write(directory: Path, name: str, text: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / name).write_text(text)
+    return directory
+
+
+def test_pbtxt_and_equivalent_json_load_the_same(tmp_path):
+    from_pbtxt = load_model_config(_write(tmp_path / "a" / "densenet_onnx", "config.pbtxt", DENSENET_PBTXT))
+    as_json = json.loads(json.dumps(DENSENET_NORMALIZED))
+    del as_json["name"], as_json["platform"], as_json["instance_group"][0]["name"]
+    as_json["input"][0]["dims"] = ["3", "224", "224"]  # protobuf's JSON writes int64 as strings
+    as_json["version_policy"]["specific"]["versions"] = ["1", "3"]
+    as_json["dynamic_batching"]["max_queue_delay_microseconds"] = "100"
+    from_json = load_model_config(
+        _write(tmp_path / "b" / "densenet_onnx", "config.json", json.dumps(as_json))
+    )
+    assert from_json == from_pbtxt == DENSENET_NORMALIZED
+
+
+def test_config_pbtxt_wins_over_config_json(tmp_path):
+    model = _write(tmp_path / "simple", "config.pbtxt", SIMPLE_PBTXT)
+    (model / "config.json").write_text("not even json")
+    assert load_model_config(model) == SIMPLE_NORMALIZED
+
+
+# ---------------------------------------------------------------------------------------------- pbtxt
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("dims: 1 dims: 2\ndims: [3, 4]", {"dims": [1, 2, 3, 4]}),
+        ("dims: 7", {"dims": [7]}),  # repeated in the proto: a list even when written once
+        ("dims: []", {"dims": []}),
+        ("version_policy: { all: {} }", {"version_policy": {"all": {}}}),
+        ("version_policy { all { } }", {"version_policy": {"all": {}}}),
+        ("a: 1; b: 2, c: 3", {"a": 1, "b": 2, "c": 3}),
+        ("a: -3 b: 0x1F c: -0x10", {"a": -3, "b": 31, "c": -16}),
+        ("a: 1.5 b: -2e3 c: .5 d: 2.5f", {"a": 1.5, "b": -2000.0, "c": 0.5, "d": 2.5}),
+        ("a: true b: True c: false d: False", {"a": True, "b": True, "c": False, "d": False}),
+        ("kind: KIND_GPU", {"kind": "KIND_GPU"}),
+        ("s: 'single \"quoted\"'", {"s": 'single "quoted"'}),
+        (r's: "tab\there\nline \\ \' \"q\" \x41\101 \u00e9"', {"s": 'tab\there\nline \\ \' "q" AA é'}),
+        ('s: "con" \'cat\'\n  "enated"', {"s": "concatenated"}),
+        ('s: "# not a comment" # a comment', {"s": "# not a comment"}),
+        ("unknown: 1 unknown: 2", {"unknown": [1, 2]}),  # not repeated in the proto, but written twice
+        ("unknown: [1]", {"unknown": [1]}),
+        ("m < a: 1 >", {"m": {"a": 1}}),
+    ],
+)
+def test_parse_pbtxt_syntax(text, expected):
+    assert parse_pbtxt(text) == expected
+
+
+def test_parse_pbtxt_maps():
+    text = """
+    dynamic_batching {
+      priority_levels: 2
+      priority_queue_policy { key: 1 value { timeout_action: DELAY } }
+      priority_queue_policy { key: 2 value { max_queue_size: 4 } }
+    }
+    ensemble_scheduling { step [
+      { model_name: "pre" model_version: -1 input_map { key: "RAW" value: "IMAGE" }
+        output_map [{ key: "OUT" value: "PIXELS" }, { key: "SIZE" value: "HW" }] }
+    ] }
+    optimization { cuda { graph_spec { batch_size: 4 input { key: "X" value { dim: [16] } } } } }
+    metric_tags { key: "team" value: "vision" }
+    parameters { key: "empty" }
+    """
+    assert parse_pbtxt(text) == {
+        "dynamic_batching": {
+            "priority_levels": 2,
+            "priority_queue_policy": {"1": {"timeout_action": "DELAY"}, "2": {"max_queue_size": 4}},
+        },
+        "ensemble_scheduling": {
+            "step": [
+                {
+                    "model_name": "pre",
+                    "model_version": -1,
+                    "input_map": {"RAW": "IMAGE"},
+                    "output_map": {"OUT": "PIXELS", "SIZE": "HW"},
+                }
+            ]
+        },
+        "optimization": {"cuda": {"graph_spec": [{"batch_size": 4, "input": {"X": {"dim": [16]}}}]}},
+        "metric_tags": {"team": "vision"},
+        "parameters": {"empty": {}},
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("name: 'simple'\nmax_batch_size 8", "line 2: expected ':' or '{' after 'max_batch_size'"),
+        ("input {\n  name: 'x'\n", "line 2: '}' missing at the end of the file"),
+        ("a: 1\n}", "line 2: expected a field name, got '}'"),
+        ('\n\nname: "simple', "line 3: unterminated string"),
+        ("a: 1\nb: @", "line 2: unexpected character '@'"),
+        ("a:\n\n", "line 1: expected a value"),
+        ("a: }", "line 1: expected a value, got '}'"),
+        ("a: 1\nb: 1.2.3", "line 2: invalid value '1.2.3'"),
+        ("a\n: [1 2]", "line 2: expected ',' or ']' in the list of 'a'"),
+        ("a: 'x\\qy'", "line 1: invalid escape '\\q'"),
+        ("a: '\\xff'", "line 1: string is not valid UTF-8"),
+        ("\nparameters { key: 'k' nope: 1 }", "line 2: 'parameters' entries must be { key: ... value: ... }"),
+    ],
+)
+def test_parse_pbtxt_syntax_errors_name_the_line(text, message):
+    with pytest.raises(ConfigError) as info:
+        parse_pbtxt(text)
+    assert str(info.value) == message
+
+
+@given(st.text(alphabet=st.characters(exclude_categories=["Cs"])))
+def test_any_string_survives_quoting(s):
+    assert parse_pbtxt(f"s: {json.dumps(s, ensure_ascii=False)}") == {"s": s}
+
+
+@given(st.lists(st.integers(min_value=-(2**63), max_value=2**63 - 1)))
+def test_repeated_ints_parse_the_same_in_every_spelling(values):
+    as_list = f"dims: [{', '.join(map(str, values))}]"
+    one_by_one = " ".join(f"dims: {v}" for v in values)
+    as_hex = f"dims: [{', '.join(hex(v) for v in values)}]"
+    assert parse_pbtxt(as_list)["dims"] == parse_pbtxt(as_hex)["dims"] == values
+    assert parse_pbtxt(one_by_one).get("dims", []) == values
+
+
+# ---------------------------------------------------------------------------------------- normalize
+
+
+def _base(**changes) -> dict:
+    config = {
+        "backend": "python",
+        "max_batch_size": 4,
+        "input": [_tensor("IN")],
+        "output": [_tensor("OUT")],
+    }
+    config.update(changes)
+    return {k: v for k, v in config.items() if v is not None}
+
+
+def test_defaults_filled():
+    config = normalize_config(_base(), "m")
+    assert config["name"] == "m"
+    assert config["platform"] == ""
+    assert config["version_policy"] == {"latest": {"num_versions": 1}}
+    assert config["instance_group"] == [{"name": "m", "kind": "KIND_CPU", "count": 1}]
+    assert config["parameters"] == {}
+    assert config["input"][0]["optional"] is False
+    assert "optional" not in config["output"][0]
+    assert normalize_config(_base(max_batch_size=None), "m")["max_batch_size"] == 0
+
+
+def test_instance_group_fields_default_per_group():
+    groups = [{"kind": "KIND_CPU"}, {"name": "gpus", "count": 3, "gpus": [0, 1]}]
+    assert normalize_config(_base(instance_group=groups), "m")["instance_group"] == [
+        {"name": "m_0", "kind": "KIND_CPU", "count": 1},
+        {"name": "gpus", "kind": "KIND_AUTO", "count": 3, "gpus": [0, 1]},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("platform", "backend"),
+    [
+        ("pytorch_libtorch", "pytorch"),
+        ("onnxruntime_onnx", "onnxruntime"),
+        ("tensorflow_savedmodel", "tensorflow"),
+        ("tensorflow_graphdef", "tensorflow"),
+        ("tensorrt_plan", "tensorrt"),
+        ("python", "python"),
+    ],
+)
+def test_platform_names_its_backend(platform, backend):
+    config = normalize_config(_base(backend=None, platform=platform), "m")
+    assert (config["platform"], config["backend"]) == (platform, backend)
+
+
+def test_given_backend_and_platform_are_kept():
+    config = normalize_config(_base(platform="pytorch_libtorch", backend="custom"), "m")
+    assert (config["platform"], config["backend"]) == ("pytorch_libtorch", "custom")
+
+
+def test_ensemble_has_no_backend_and_no_instance_group():
+    scheduling = {"step": [{"model_name": "a", "model_version": -1, "input_map": {"x": "IN"}}]}
+    config = normalize_config(_base(backend=None, platform="ensemble", ensemble_scheduling=scheduling), "m")
+    assert config["backend"] == ""
+    assert "instance_group" not in config
+    assert config["ensemble_scheduling"] == scheduling
+
+
+def test_other_sections_and_unknown_fields_are_kept():
+    sequence = {"max_sequence_idle_microseconds": 5000000, "control_input": [{"name": "START"}]}
+    config = normalize_config(_base(sequence_batching=sequence, runtime="model.so", future_field=[1]), "m")
+    assert config["sequence_batching"] == sequence
+    assert (config["runtime"], config["future_field"]) == ("model.so", [1])
+
+
+def test_reshape_rules_follow_triton():
+    scalar = _tensor("IN", dims=[1], reshape={"shape": []})
+    assert normalize_config(_base(input=[scalar]), "m")["input"][0]["reshape"] == {"shape": []}
+    variable = _tensor("IN", dims=[2, 4, -1, 6], reshape={"shape": [8, -1, 1, 6]})
+    assert normalize_config(_base(input=[variable]), "m")["input"][0]["dims"] == [2, 4, -1, 6]
+
+
+def test_input_is_not_modified():
+    raw = _base(dynamic_batching={"preferred_batch_size": ["2"]})
+    before = json.dumps(raw)
+    normalize_config(raw, "m")
+    assert json.dumps(raw) == before
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"name": "other"}, "configuration name 'other' does not match the model directory name"),
+        ({"backend": None}, "must specify 'backend' or 'platform'"),
+        (
+            {"backend": None, "platform": "caffe2_netdef"},
+            "unknown platform 'caffe2_netdef'; specify 'backend'",
+        ),
+        ({"max_batch_size": -1}, "max_batch_size must be an integer >= 0, got -1"),
+        ({"max_batch_size": "eight"}, "max_batch_size must be an integer >= 0, got 'eight'"),
+        ({"input": None}, "must specify at least one input"),
+        ({"output": []}, "must specify at least one output"),
+        ({"input": [{"data_type": "TYPE_FP32", "dims": [1]}]}, "input #0 must specify 'name'"),
+        ({"input": [_tensor("INPUT0", "TYPE_FOO")]}, "input 'INPUT0' has unknown data_type 'TYPE_FOO'"),
+        ({"output": [{"name": "OUT", "dims": [1]}]}, "output 'OUT' must specify 'data_type'"),
+        ({"input": [_tensor("A"), _tensor("A")]}, "input 'A' is specified more than once"),
+        ({"input": [{"name": "IN", "data_type": "TYPE_FP32"}]}, "input 'IN' must specify 'dims'"),
+        (
+            {"input": [_tensor("IN", dims=[4, 0])]},
+            "input 'IN' dims must be a list of integers >= 1 or -1 (variable size), got [4, 0]",
+        ),
+        (
+            {"output": [_tensor("OUT", dims=[-2])]},
+            "output 'OUT' dims must be a list of integers >= 1 or -1 (variable size), got [-2]",
+        ),
+        (
+            {"output": [_tensor("OUT", dims=[16], reshape={"shape": [4, 5]})]},
+            "output 'OUT' reshape [4, 5] does not fit dims [16]",
+        ),
+        (
+            {"max_batch_size": 0, "input": [_tensor("IN", dims=[1], reshape={"shape": []})]},
+            "input 'IN' cannot have an empty reshape if max_batch_size is 0",
+        ),
+        ({"input": [_tensor("IN", optional="yes")]}, "input 'IN' optional must be true or false"),
+        (
+            {"version_policy": {"latest": {"num_versions": 1}, "all": {}}},
+            "version_policy must be one of latest, all or specific, got",
+        ),
+        ({"version_policy": {"newest": {}}}, "version_policy must be one of latest, all or specific"),
+        (
+            {"version_policy": {"latest": {"num_versions": 0}}},
+            "version_policy latest num_versions must be >= 1, got 0",
+        ),
+        (
+            {"version_policy": {"specific": {"versions": [1, -2]}}},
+            "version_policy specific versions must be integers >= 0, got [1, -2]",
+        ),
+        ({"instance_group": [{"count": 0}]}, "instance_group 'm_0' count must be >= 1, got 0"),
+        ({"instance_group": [{"kind": "KIND_TPU"}]}, "instance_group 'm_0' has unknown kind 'KIND_TPU'"),
+        ({"max_batch_size": 0, "dynamic_batching": {}}, "dynamic_batching requires max_batch_size > 0"),
+        (
+            {"dynamic_batching": {"preferred_batch_size": [2, 8]}},
+            "dynamic_batching preferred_batch_size 8 is not in 1..4",
+        ),
+        ({"parameters": {"k": "v"}}, "parameters must map names to { string_value: ... }"),
+    ],
+)
+def test_invalid_configs_are_rejected_with_a_message_naming_the_model(changes, message):
+    with pytest.raises(ConfigError) as info:
+        normalize_config(_base(**changes), "m")
+    assert str(info.value).startswith(f"model 'm': {message}")
+
+
+# ------------------------------------------------------------------------------------------ loading
+
+
+def test_missing_config_is_an_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"^model 'empty': no config.pbtxt or config.json"):
+        load_model_config(tmp_path / "empty")
+
+
+def test_unreadable_json_is_an_error(tmp_path):
+    model = _write(tmp_path / "broken", "config.json", '{"backend": "python",')
+    with pytest.raises(ConfigError, match=r"^model 'broken': config.json is not valid JSON: .*line 1"):
+        load_model_config(model)
+
+
+def test_json_that_is_not_an_object_is_an_error(tmp_path):
+    model = _write(tmp_path / "listy", "config.json", "[1, 2]")
+    with pytest.raises(ConfigError, match=r"^model 'listy': the configuration must be a message"):
+        load_model_config(model)
+
+
+def test_pbtxt_syntax_error_names_model_file_and_line(tmp_path):
+    model = _write(
+        tmp_path / "simple", "config.pbtxt", SIMPLE_PBTXT.replace("max_batch_size:", "max_batch_size")
+    )
+    with pytest.raises(ConfigError) as info:
+        load_model_config(model)
+    assert (
+        str(info.value) == "model 'simple': config.pbtxt: line 4: expected ':' or '{' after 'max_batch_size'"
+    )
+
+
+def test_validation_error_names_the_model_directory(tmp_path):
+    model = _write(tmp_path / "simple", "config.pbtxt", SIMPLE_PBTXT.replace("TYPE_INT32", "TYPE_FOO", 1))
+    with pytest.raises(ConfigError) as info:
+        load_model_config(model)
+    assert str(info.value) == "model 'simple': input 'INPUT0' has unknown data_type 'TYPE_FOO'"
