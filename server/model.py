@@ -111,7 +111,9 @@ class ModelVersion:
             if tensor.datatype != spec.dtype.v2:
                 raise invalid(f"{what}: datatype {tensor.datatype} where the model expects {spec.dtype.v2}")
             if not spec.matches(tensor.shape):
-                raise invalid(f"{what}: shape {list(tensor.shape)} where the model expects {list(spec.shape)}")
+                raise invalid(
+                    f"{what}: shape {list(tensor.shape)} where the model expects {list(spec.shape)}"
+                )
             if spec.batched and tensor.shape[0] > self.max_batch_size:
                 raise invalid(
                     f"{what}: batch size {tensor.shape[0]} exceeds the model's max_batch_size "
@@ -124,9 +126,9 @@ class ModelVersion:
         missing = [n for n, s in self.inputs.items() if n not in arrays and not s.optional]
         if missing:
             raise invalid(f"model '{self.name}': missing input(s) {', '.join(repr(n) for n in missing)}")
-        if spec_batch := {t.shape[0] for t in request.inputs if self.inputs[t.name].batched}:
-            if len(spec_batch) > 1:
-                raise invalid(f"model '{self.name}': inputs disagree on the batch size {sorted(spec_batch)}")
+        batch_sizes = {t.shape[0] for t in request.inputs if self.inputs[t.name].batched}
+        if len(batch_sizes) > 1:
+            raise invalid(f"model '{self.name}': inputs disagree on the batch size {sorted(batch_sizes)}")
         return arrays
 
     def _wanted_outputs(self, request: InferRequest) -> list[str]:

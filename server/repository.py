@@ -60,7 +60,8 @@ class Model:
             ready = [v for n, v in sorted(self.versions.items()) if v.ready]
             if not ready:
                 raise InferError(
-                    ErrorKind.UNAVAILABLE, f"model '{self.name}' is not ready: {self.reason or 'no ready version'}"
+                    ErrorKind.UNAVAILABLE,
+                    f"model '{self.name}' is not ready: {self.reason or 'no ready version'}",
                 )
             return ready[-1]
         try:
