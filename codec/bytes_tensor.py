@@ -34,7 +34,8 @@ def encode_bytes(elements: np.ndarray) -> bytes:
     """Object/bytes/str array (any shape, row-major) -> length-prefixed bytes."""
     parts = []
     for element in elements.reshape(-1):
-        raw = element.encode() if isinstance(element, str) else bytes(element)
+        # str, and numbers a model returned, go as their text, as the JSON answer has them
+        raw = bytes(element) if isinstance(element, bytes | bytearray | memoryview) else str(element).encode()
         parts.append(_LENGTH.pack(len(raw)))
         parts.append(raw)
     return b"".join(parts)

@@ -27,11 +27,11 @@ def parse_header_length(value: str | bytes | None, body_length: int) -> int | No
     """The Inference-Header-Content-Length header value, checked against the body."""
     if value is None:
         return None
-    try:
-        length = int(value)
-    except ValueError:
-        raise invalid(f"Inference-Header-Content-Length must be an integer, got {value!r}") from None
-    if length < 0 or length > body_length:
+    text = value.decode("latin-1") if isinstance(value, bytes) else value
+    if not (text.isascii() and text.isdigit() and len(text) <= 19):
+        raise invalid(f"Inference-Header-Content-Length must be a non-negative integer, got {text!r}")
+    length = int(text)
+    if length > body_length:
         raise invalid(
             f"Inference-Header-Content-Length {length} does not fit in the {body_length}-byte request body"
         )
@@ -110,7 +110,8 @@ def _decode_input(raw: Any, binary: memoryview, offset: int, model_name: str) ->
         raise invalid(f"model '{model_name}': every input needs a string 'name'")
     name = raw["name"]
     what = f"model '{model_name}', input '{name}'"
-    dtype = BY_V2.get(raw.get("datatype"))  # type: ignore[arg-type]
+    datatype = raw.get("datatype")
+    dtype = BY_V2.get(datatype) if isinstance(datatype, str) else None
     if dtype is None:
         raise invalid(f"{what}: unknown datatype {raw.get('datatype')!r}")
     shape = _shape(raw.get("shape"), what)
@@ -135,16 +136,30 @@ def _decode_input(raw: Any, binary: memoryview, offset: int, model_name: str) ->
     return Tensor(name, dtype.v2, shape, data, parameters), 0
 
 
+MAX_DIMS = 32  # numpy allows 64; no model has more than a handful
+MAX_DIM = 2**62
+
+
 def _shape(raw: Any, what: str) -> tuple[int, ...]:
-    if not isinstance(raw, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in raw
+    if (
+        not isinstance(raw, list)
+        or len(raw) > MAX_DIMS
+        or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIM for d in raw)
     ):
-        raise invalid(f"{what}: 'shape' must be a list of non-negative integers, got {raw!r}")
+        raise invalid(
+            f"{what}: 'shape' must be a list of at most {MAX_DIMS} non-negative integers, got {raw!r}"
+        )
+    if element_count(tuple(raw)) > MAX_DIM:
+        raise invalid(f"{what}: shape {raw} holds too many elements")
     return tuple(raw)
 
 
 def _from_binary(chunk: memoryview, dtype: DataType, shape: tuple, count: int, what: str) -> np.ndarray:
     if dtype.v2 == "BYTES":
+        if count > len(chunk) // 4:  # every element has a 4-byte length prefix
+            raise invalid(
+                f"{what}: {len(chunk)} bytes of BYTES data cannot hold the {count} elements of its shape"
+            )
         return decode_bytes(chunk, count, what).reshape(shape)
     if len(chunk) != count * dtype.size:
         raise invalid(
@@ -165,28 +180,55 @@ def _from_json(data: Any, dtype: DataType, shape: tuple, count: int, what: str) 
         array[:] = flat
         return array.reshape(shape)
     try:
-        array = np.array(data, dtype=dtype.numpy)
-    except (ValueError, TypeError, OverflowError) as e:
-        raise invalid(f"{what}: 'data' is not a valid {dtype.v2} list: {e}") from None
-    if array.size != count:
-        raise invalid(f"{what}: 'data' holds {array.size} elements, shape {list(shape)} needs {count}")
-    return array.reshape(shape)
+        parsed = np.array(data)  # numpy infers bool, int64/uint64, float64, or str/object for anything else
+    except ValueError as e:
+        raise invalid(f"{what}: 'data' is not a {dtype.v2} array: {e}") from None
+    if parsed.size != count:
+        raise invalid(f"{what}: 'data' holds {parsed.size} elements, shape {list(shape)} needs {count}")
+    if parsed.dtype.kind == "f" and dtype.v2 == "UINT64":  # numpy infers float64 for ints past 2**63
+        parsed = _uint64_exactly(data, parsed, what)
+    if count and parsed.dtype.kind not in _JSON_KINDS[dtype.numpy.kind]:
+        raise invalid(f"{what}: 'data' holds {_KIND_NAMES.get(parsed.dtype.kind, 'values')}, not {dtype.v2}")
+    if dtype.numpy.kind in "iu" and count and not _fits(parsed, dtype.numpy):
+        raise invalid(f"{what}: 'data' holds values outside the range of {dtype.v2}")
+    return parsed.astype(dtype.numpy, copy=False).reshape(shape)
+
+
+# Which JSON-inferred numpy kinds each target kind accepts: integers fill float tensors, nothing else mixes.
+_JSON_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
+_KIND_NAMES = {"b": "booleans", "i": "integers", "u": "integers", "f": "non-integer numbers", "U": "strings"}
+
+
+def _uint64_exactly(data: Any, inferred: np.ndarray, what: str) -> np.ndarray:
+    try:
+        exact = np.array(data, dtype=np.uint64)
+    except (ValueError, OverflowError):
+        raise invalid(f"{what}: 'data' holds values outside the range of UINT64") from None
+    if not np.array_equal(exact.astype(np.float64), inferred):
+        raise invalid(f"{what}: 'data' holds non-integer numbers, not UINT64")
+    return exact
+
+
+def _fits(values: np.ndarray, target: np.dtype) -> bool:
+    info = np.iinfo(target)
+    return int(values.min()) >= info.min and int(values.max()) <= info.max
 
 
 def _flatten_strings(data: Any, what: str) -> list[bytes]:
-    out: list[bytes] = []
-    stack = [data]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, list):
-            stack.extend(reversed(item))
-        elif isinstance(item, str):
-            try:
-                out.append(item.encode("utf-8"))
-            except UnicodeEncodeError:
-                raise invalid(f"{what}: BYTES element is not valid UTF-8") from None
-        else:
+    """Nested lists of strings -> their utf-8 bytes in row-major order; ragged nesting is an error."""
+    level = data if isinstance(data, list) else [data]
+    while level and isinstance(level[0], list):
+        if any(not isinstance(item, list) or len(item) != len(level[0]) for item in level):
+            raise invalid(f"{what}: BYTES data is ragged: nested lists must all have the same length")
+        level = [element for item in level for element in item]
+    out = []
+    for item in level:
+        if not isinstance(item, str):
             raise invalid(f"{what}: BYTES data in JSON must be strings, got {item!r}")
+        try:
+            out.append(item.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise invalid(f"{what}: BYTES element is not valid UTF-8") from None
     return out
 
 
@@ -245,11 +287,15 @@ def encode_response(response: InferResponse, request: InferRequest) -> EncodedRe
     return EncodedResponse(headers, [header, *raw_chunks])
 
 
+def _host_array(tensor: Tensor) -> np.ndarray:
+    """The tensor as a C-contiguous little-endian array of its datatype (a no-op when it already is)."""
+    return np.ascontiguousarray(tensor.data, dtype=BY_V2[tensor.datatype].numpy)
+
+
 def _to_binary(tensor: Tensor) -> bytes | memoryview:
     if tensor.datatype == "BYTES":
         return encode_bytes(np.asarray(tensor.data))
-    array = np.ascontiguousarray(tensor.data)
-    return memoryview(array.reshape(-1).view(np.uint8))
+    return memoryview(_host_array(tensor).reshape(-1).view(np.uint8))
 
 
 def _to_json(tensor: Tensor, model_name: str) -> Any:
@@ -268,7 +314,7 @@ def _to_json(tensor: Tensor, model_name: str) -> Any:
                 f"model '{model_name}', output '{tensor.name}' holds bytes that are not UTF-8: "
                 "request it with binary_data"
             ) from None
-    return np.ascontiguousarray(tensor.data).reshape(-1)
+    return _host_array(tensor).reshape(-1)
 
 
 def error_body(message: str) -> bytes:
