@@ -185,13 +185,17 @@ def _from_json(data: Any, dtype: DataType, shape: tuple, count: int, what: str) 
         raise invalid(f"{what}: 'data' is not a {dtype.v2} array: {e}") from None
     if parsed.size != count:
         raise invalid(f"{what}: 'data' holds {parsed.size} elements, shape {list(shape)} needs {count}")
-    if parsed.dtype.kind == "f" and dtype.v2 == "UINT64":  # numpy infers float64 for ints past 2**63
+    target = dtype.numpy
+    if target == np.uint64 and parsed.dtype.kind == "f":  # numpy infers float64 for ints past 2**63
         parsed = _uint64_exactly(data, parsed, what)
-    if count and parsed.dtype.kind not in _JSON_KINDS[dtype.numpy.kind]:
+    if count and parsed.dtype.kind not in _JSON_KINDS[target.kind]:
         raise invalid(f"{what}: 'data' holds {_KIND_NAMES.get(parsed.dtype.kind, 'values')}, not {dtype.v2}")
-    if dtype.numpy.kind in "iu" and count and not _fits(parsed, dtype.numpy):
-        raise invalid(f"{what}: 'data' holds values outside the range of {dtype.v2}")
-    return parsed.astype(dtype.numpy, copy=False).reshape(shape)
+    if target.kind in "iu" and parsed.dtype != target:
+        try:  # converting the Python ints again checks their range (numpy raises OverflowError)
+            parsed = np.array(data, dtype=target)
+        except OverflowError:
+            raise invalid(f"{what}: 'data' holds values outside the range of {dtype.v2}") from None
+    return parsed.astype(target, copy=False).reshape(shape)
 
 
 # Which JSON-inferred numpy kinds each target kind accepts: integers fill float tensors, nothing else mixes.
@@ -207,11 +211,6 @@ def _uint64_exactly(data: Any, inferred: np.ndarray, what: str) -> np.ndarray:
     if not np.array_equal(exact.astype(np.float64), inferred):
         raise invalid(f"{what}: 'data' holds non-integer numbers, not UINT64")
     return exact
-
-
-def _fits(values: np.ndarray, target: np.dtype) -> bool:
-    info = np.iinfo(target)
-    return int(values.min()) >= info.min and int(values.max()) <= info.max
 
 
 def _flatten_strings(data: Any, what: str) -> list[bytes]:
