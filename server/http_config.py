@@ -4,11 +4,28 @@ import logging
 
 import hypercorn.asyncio.tcp_server
 from hypercorn.config import Config
+from hypercorn.events import Closed
+from hypercorn.protocol.h2 import H2Protocol
 
 # hypercorn reads sockets 64 KiB at a time; every read then travels h11/h2 and the app's receive queue.
 # Reading up to 1 MiB at once moves large tensors ~25% faster (bench/: 64 MiB binary round trip) and
 # changes nothing for small requests. It is a module global hypercorn looks up on each read.
 hypercorn.asyncio.tcp_server.MAX_RECV = 1 << 20
+
+_h2_handle = H2Protocol.handle
+
+
+async def _h2_handle_closing_buffers(self: H2Protocol, event: object) -> None:
+    """hypercorn 0.18 leaves a stream's send buffer open when its HTTP/2 connection drops: a handler
+    waiting to flush its answer then waits forever, leaking the stream and holding up shutdown for
+    graceful_timeout. Closing the buffers once the connection is closed releases those handlers."""
+    await _h2_handle(self, event)
+    if isinstance(event, Closed):
+        for buffer in list(self.stream_buffers.values()):
+            await buffer.close()
+
+
+H2Protocol.handle = _h2_handle_closing_buffers
 
 
 def hypercorn_config(host: str, port: int, *, log_level: str = "info") -> Config:

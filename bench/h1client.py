@@ -1,0 +1,131 @@
+"""HTTP/1.1 load generator: keep-alive connections on raw asyncio protocols, one request in flight each.
+
+The request is serialised once; per response the client finds the end of the head, reads the status and
+Content-Length (or walks the chunks), records the latency and writes the next request. Nothing else.
+"""
+
+import asyncio
+import time
+from typing import cast
+
+from bench.stats import Recorder
+
+
+def build_request(
+    method: str, path: str, host: str, body: bytes = b"", headers: dict[str, str] | None = None
+) -> bytes:
+    """One complete HTTP/1.1 request, head and body, ready to write as is."""
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}"]
+    lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
+    if body or method in ("POST", "PUT"):
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def parse_head(head: bytes) -> tuple[int, int | None]:
+    """Status code and body length of a response head (None: chunked). Raises ValueError when malformed."""
+    if not head.startswith(b"HTTP/1."):
+        raise ValueError(f"not an HTTP/1.x response: {head[:40]!r}")
+    status = int(head[9:12])
+    lower = head.lower()
+    i = lower.find(b"\r\ncontent-length:")
+    if i >= 0:
+        j = lower.find(b"\r\n", i + 17)
+        return status, int(lower[i + 17 : j if j >= 0 else None])
+    if b"\r\ntransfer-encoding:" in lower and b"chunked" in lower:
+        return status, None
+    return status, 0
+
+
+def chunked_end(buf: bytes, pos: int) -> int:
+    """Offset just past a chunked body starting at `pos`, or -1 while it is incomplete."""
+    while True:
+        eol = buf.find(b"\r\n", pos)
+        if eol < 0:
+            return -1
+        size = int(buf[pos:eol].split(b";", 1)[0], 16)
+        if size == 0:  # last chunk; the body ends at the blank line after any trailers
+            end = buf.find(b"\r\n\r\n", eol)
+            return -1 if end < 0 else end + 4
+        pos = eol + 2 + size + 2
+        if pos > len(buf):
+            return -1
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, request: bytes, rec: Recorder, closed: "asyncio.Future[None]") -> None:
+        self.request = request
+        self.rec = rec
+        self.closed = closed
+        self.transport: asyncio.Transport
+        self.buf = b""
+        self.head_end = -1  # offset of the body once the head is parsed
+        self.status = 0
+        self.length: int | None = 0
+        self.t0 = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.send()
+
+    def send(self) -> None:
+        self.t0 = time.perf_counter()
+        self.transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf + data if self.buf else data
+        try:
+            if self.head_end < 0:
+                i = buf.find(b"\r\n\r\n")
+                if i < 0:
+                    self.buf = buf
+                    return
+                self.status, self.length = parse_head(buf[:i])
+                self.head_end = i + 4
+            end = self.head_end + self.length if self.length is not None else chunked_end(buf, self.head_end)
+        except ValueError:
+            self.rec.error()
+            self.transport.close()
+            return
+        if end < 0 or len(buf) < end:
+            self.buf = buf
+            return
+        self.rec.record(time.perf_counter() - self.t0, 200 <= self.status < 300)
+        self.buf = buf[end:]  # empty: one request is in flight at a time
+        self.head_end = -1
+        self.send()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+async def run_h1(host: str, port: int, request: bytes, concurrency: int, rec: Recorder) -> None:
+    """Keep `concurrency` connections busy until cancelled; a lost connection is an error, then reconnects."""
+    loop = asyncio.get_running_loop()
+
+    async def connection() -> None:
+        while True:
+            closed: asyncio.Future[None] = loop.create_future()
+            try:
+                transport, _ = await loop.create_connection(
+                    lambda closed=closed: _Connection(request, rec, closed), host, port
+                )
+            except OSError:
+                rec.error()
+                await asyncio.sleep(0.1)
+                continue
+            try:
+                await closed
+            finally:
+                transport.close()
+            rec.error()  # the server closed it with a request in flight
+            await asyncio.sleep(0.01)
+
+    tasks = [asyncio.create_task(connection()) for _ in range(concurrency)]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,256 @@
+"""Runs the scenarios in order against the bare ceiling app and our server, and collects their numbers."""
+
+import asyncio
+import os
+import sys
+import time
+import urllib.parse
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+
+from bench import crosscheck
+from bench.binary import run_binary
+from bench.h1client import build_request, run_h1
+from bench.h2client import build_headers, run_h2
+from bench.procs import ServerProcess, exit_note, memory_kib, reset_peak_rss
+from bench.stats import Recorder, drive, show_progress, summarize
+
+SCENARIOS = ("bare-h1", "bare-h2", "json-h1", "json-h2", "binary-h1")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JSON_PATH = "/v2/models/simple/infer"
+BINARY_PATH = "/v2/models/identity_fp32/infer"
+JSON_BODY = orjson.dumps(
+    {
+        "inputs": [
+            {"name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": list(range(16))},
+            {"name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": [1] * 16},
+        ]
+    }
+)
+
+
+@dataclass
+class Options:
+    url: str | None = None
+    duration: float = 10.0
+    warmup: float = 1.0
+    concurrency: int = 16
+    h2_connections: int = 4
+    only: list[str] = field(default_factory=lambda: list(SCENARIOS))
+    cross_check: bool = False
+    binary_mib: int = 64
+    rounds: int = 10
+    model_repository: str = "examples/model_repository"
+    server_args: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Result:
+    name: str
+    target: str  # "bare" or "server"
+    http: str
+    concurrency: int
+    requests: int = 0
+    errors: int = 0
+    seconds: float = 0.0
+    rps: float = float("nan")
+    p50_ms: float = float("nan")
+    p90_ms: float = float("nan")
+    p99_ms: float = float("nan")
+    cpu: dict[str, float] = field(default_factory=dict)  # cores busy during the measured part
+    vs_ceiling: float | None = None
+    gb_per_s: float | None = None
+    payload_bytes: int | None = None
+    rss: dict[str, Any] | None = None
+    cross_check: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def cpu_clock(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+async def _load(name: str, host: str, port: int, opts: Options, pid: int | None) -> Result:
+    http = "2" if name.endswith("h2") else "1.1"
+    result = Result(name, "bare" if name.startswith("bare") else "server", http, opts.concurrency)
+    rec = Recorder()
+    authority = f"{host}:{port}"
+    if http == "1.1":
+        request = build_request("POST", JSON_PATH, authority, JSON_BODY, {"Content-Type": "application/json"})
+        load = asyncio.create_task(run_h1(host, port, request, opts.concurrency, rec))
+    else:
+        headers = build_headers("POST", JSON_PATH, authority, JSON_BODY, {"content-type": "application/json"})
+        load = asyncio.create_task(
+            run_h2(host, port, headers, JSON_BODY, opts.concurrency, rec, opts.h2_connections)
+        )
+    clocks = {"client": time.process_time}
+    if pid is not None:
+        clocks["server"] = lambda: cpu_clock(pid)
+    summary, result.cpu = await drive(name, rec, load, opts.warmup, opts.duration, clocks)
+    for key, value in asdict(summary).items():
+        setattr(result, key, value)
+    if summary.requests == 0:
+        result.notes.append("no request completed")
+    return result
+
+
+async def _binary(host: str, port: int, opts: Options, pid: int | None) -> Result:
+    result = Result("binary-h1", "server", "1.1", 1)
+    nbytes = opts.binary_mib * 1024 * 1024
+    rec = Recorder()
+    before: dict[str, int] = {}
+    if pid is not None:
+        if not reset_peak_rss(pid):
+            result.notes.append("could not reset the peak RSS; growth may include an earlier peak")
+        before = memory_kib(pid)
+    t0 = time.perf_counter()
+    cpu0 = {"client": time.process_time(), "server": cpu_clock(pid) if pid is not None else 0.0}
+    progress = asyncio.create_task(show_progress("binary-h1", rec, t0))
+    try:
+        out = await run_binary(
+            host, port, BINARY_PATH, nbytes, opts.rounds, rec, max_seconds=6 * opts.duration + 60
+        )
+    finally:
+        progress.cancel()
+        await asyncio.gather(progress, return_exceptions=True)
+    wall = time.perf_counter() - t0
+    result.cpu = {"client": (time.process_time() - cpu0["client"]) / wall}
+    if pid is not None:
+        result.cpu["server"] = (cpu_clock(pid) - cpu0["server"]) / wall
+        after = memory_kib(pid)
+        growth = (after["VmHWM"] - before["VmRSS"]) * 1024
+        result.rss = {
+            "before_rss_kib": before["VmRSS"],
+            "after_rss_kib": after["VmRSS"],
+            "peak_kib": after["VmHWM"],
+            "peak_growth_bytes": growth,
+            "ratio_to_payload": growth / nbytes,
+        }
+    result.requests, result.seconds = out.round_trips, out.seconds
+    result.rps = out.round_trips / out.seconds if out.seconds else float("nan")
+    summary = summarize(rec)
+    result.p50_ms, result.p90_ms, result.p99_ms = summary.p50_ms, summary.p90_ms, summary.p99_ms
+    result.errors = max(rec.errors, 1 if out.problem else 0)  # a failed warm-up is not in `rec`
+    result.gb_per_s, result.payload_bytes = out.gb_per_s, nbytes
+    if out.problem:
+        result.notes.append(out.problem)
+    if out.chunked:
+        result.notes.append("response had no Content-Length (chunked)")
+    return result
+
+
+def verify_json(host: str, port: int, http2: bool) -> str:
+    """'' when one `simple` infer answers the right sums and differences, else what went wrong."""
+    try:
+        import httpx
+    except ImportError:
+        return ""
+    try:
+        with httpx.Client(http1=not http2, http2=http2, timeout=10) as client:
+            response = client.post(f"http://{host}:{port}{JSON_PATH}", content=JSON_BODY)
+        if response.status_code != 200:
+            return f"HTTP {response.status_code}: {response.text[:200]}"
+        outputs = {out["name"]: out["data"] for out in response.json()["outputs"]}
+        if outputs.get("OUTPUT0") != list(range(1, 17)) or outputs.get("OUTPUT1") != list(range(-1, 15)):
+            return f"wrong outputs: {response.text[:200]}"
+    except Exception as exc:  # report, don't crash the run
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
+def _cross_check(result: Result, host: str, port: int, opts: Options) -> None:
+    tools = crosscheck.available()
+    url = f"http://{host}:{port}{JSON_PATH}"
+    if result.http == "1.1" and tools["wrk"]:
+        rps, note = crosscheck.run_wrk(url, JSON_BODY, "application/json", opts.concurrency, opts.duration)
+        result.cross_check = {"tool": "wrk", "rps": rps, "note": note}
+    elif result.http == "2" and tools["h2load"]:
+        requests = max(1000, int(result.rps * opts.duration)) if result.requests else 1000  # ~ as long
+        rps, note = crosscheck.run_h2load(
+            url, JSON_BODY, "application/json", opts.concurrency, requests, opts.h2_connections
+        )
+        result.cross_check = {"tool": "h2load", "rps": rps, "note": note}
+
+
+def _failed(name: str, opts: Options, why: str) -> Result:
+    binary = name.startswith("binary")
+    http = "2" if name.endswith("h2") else "1.1"
+    target = "bare" if name.startswith("bare") else "server"
+    return Result(name, target, http, 1 if binary else opts.concurrency, errors=1, notes=[why])
+
+
+def _run_on(
+    names: list[str], host: str, port: int, opts: Options, proc: ServerProcess | None
+) -> list[Result]:
+    results = []
+    pid = proc.pid if proc is not None else None
+    with asyncio.Runner(loop_factory=new_event_loop) as runner:
+        for name in names:
+            if proc is not None and proc.proc.poll() is not None:
+                results.append(_failed(name, opts, f"server had exited ({proc.proc.returncode})"))
+                continue
+            try:
+                if name == "binary-h1":
+                    result = runner.run(_binary(host, port, opts, pid))
+                else:
+                    problem = verify_json(host, port, name.endswith("h2")) if name.startswith("json") else ""
+                    result = runner.run(_load(name, host, port, opts, pid))
+                    if problem:
+                        result.notes.insert(0, f"check failed: {problem}")
+                    if opts.cross_check:
+                        _cross_check(result, host, port, opts)
+            except Exception as exc:
+                result = _failed(name, opts, f"failed: {type(exc).__name__}: {exc}")
+            results.append(result)
+            print(f"{name}: {result.rps:.0f}/s, {result.errors} errors", file=sys.stderr)
+    return results
+
+
+def run_all(opts: Options) -> tuple[list[Result], list[str]]:
+    """Every selected scenario, in SCENARIOS order: the bare app first, then our server.
+
+    Also returns the last lines our server wrote to stderr besides its listening line (at log level
+    warning, anything there is worth a look).
+    """
+    bare = [name for name in SCENARIOS if name in opts.only and name.startswith("bare")]
+    ours = [name for name in SCENARIOS if name in opts.only and not name.startswith("bare")]
+    results: list[Result] = []
+    log: list[str] = []
+    if bare:
+        with ServerProcess([sys.executable, "-m", "bench.bare_app"], cwd=ROOT) as proc:
+            results += _run_on(bare, proc.host, proc.port, opts, proc)
+    if ours and opts.url:
+        parts = urllib.parse.urlsplit(opts.url)
+        results += _run_on(ours, parts.hostname or "127.0.0.1", parts.port or 80, opts, None)
+    elif ours:
+        argv = [sys.executable, "-m", "server", "serve", "--model-repository", opts.model_repository]
+        argv += ["--host", "127.0.0.1", "--http-port", "0", "--log-level", "warning", *opts.server_args]
+        try:
+            proc = ServerProcess(argv, cwd=ROOT)
+        except RuntimeError as exc:
+            results += [_failed(name, opts, "server did not start") for name in ours]
+            log = str(exc).splitlines()[-20:]
+        else:
+            with proc:
+                results += _run_on(ours, "127.0.0.1", proc.port, opts, proc)
+            if note := exit_note(proc.proc.returncode):
+                results[-1].notes.append(note)
+            log = [line.rstrip() for line in proc.tail if "HTTP listening on" not in line]
+    ceilings = {r.http: r.rps for r in results if r.target == "bare" and r.requests}
+    for r in results:
+        if r.name.startswith("json") and r.http in ceilings:
+            r.vs_ceiling = r.rps / ceilings[r.http]
+    return results, log

@@ -1,0 +1,106 @@
+"""Servers under test as subprocesses: start, find the port in the log, stop, and read their memory."""
+
+import collections
+import re
+import signal
+import subprocess
+import threading
+import time
+
+_LISTENING = re.compile(r"HTTP listening on (\S+):(\d+)")
+
+
+class ServerProcess:
+    """A server started with `argv`; `port` is parsed from its `HTTP listening on HOST:PORT` log line.
+
+    Its stderr keeps being drained by a thread (so the pipe never fills); the last lines are kept for
+    error messages. Use as a context manager: leaving it sends SIGTERM, then SIGKILL after `grace` s.
+    """
+
+    def __init__(
+        self, argv: list[str], *, cwd: str | None = None, timeout: float = 60.0, grace: float = 15.0
+    ):
+        self.argv = argv
+        self.grace = grace
+        self.tail: collections.deque[str] = collections.deque(maxlen=40)
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self._found = threading.Event()
+        self.host = ""
+        self.port = 0
+        self._thread = threading.Thread(target=self._drain, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._found.wait(0.1):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                why = (
+                    f"exited with {self.proc.returncode}" if self.proc.returncode is not None else "timed out"
+                )
+                raise RuntimeError(f"{' '.join(argv)}: {why} before logging its port:\n" + "".join(self.tail))
+
+    def _drain(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.tail.append(line)
+            if not self._found.is_set():
+                match = _LISTENING.search(line)
+                if match:
+                    self.host, self.port = match.group(1), int(match.group(2))
+                    self._found.set()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> int | None:
+        """SIGTERM, wait up to `grace` s, then SIGKILL. Returns the exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(self.grace)
+            except subprocess.TimeoutExpired:
+                self.tail.append(f"[bench] no exit {self.grace:.0f} s after SIGTERM: killed\n")
+                self.proc.kill()
+                self.proc.wait()
+        self._thread.join(2)  # let the drain thread take the last lines before anyone reads `tail`
+        return self.proc.returncode
+
+    def __enter__(self) -> "ServerProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def memory_kib(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM (peak RSS) of a process, in KiB, from /proc/<pid>/status."""
+    values: dict[str, int] = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                name, value = line.split(":", 1)
+                values[name] = int(value.split()[0])
+    return values
+
+
+def reset_peak_rss(pid: int) -> bool:
+    """Reset VmHWM to the current RSS (Linux: write 5 to clear_refs). False where that is not allowed."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def exit_note(status: int | None) -> str:
+    if status is None or status == 0 or status == -signal.SIGTERM:
+        return ""
+    return f"server exited with status {status} after SIGTERM"

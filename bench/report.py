@@ -1,0 +1,175 @@
+"""The side-by-side table, the targets, and the results files (markdown and JSON with the same numbers)."""
+
+import datetime
+import math
+import os
+import platform
+import re
+import socket
+from dataclasses import asdict
+from importlib import metadata
+from typing import Any
+
+import orjson
+
+from bench.harness import Options, Result
+
+WHAT = {
+    "bare-h1": "bare hypercorn app (ceiling)",
+    "bare-h2": "bare hypercorn app (ceiling)",
+    "json-h1": "JSON infer `simple`",
+    "json-h2": "JSON infer `simple`",
+    "binary-h1": "64 MiB FP32 round trip `identity_fp32`",
+}
+JSON_RATIO, BINARY_GBPS, RSS_RATIO = 0.75, 1.0, 3.0
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            models = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        cpu = models[0] if models else cpu
+    except OSError:
+        pass
+
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "-"
+
+    return {
+        "host": socket.gethostname(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "hypercorn": version("hypercorn"),
+        "h2": version("h2"),
+        "uvloop": version("uvloop"),
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "loadavg_1min": os.getloadavg()[0],  # other work on the machine skews every number here
+    }
+
+
+def targets(results: list[Result]) -> list[dict[str, Any]]:
+    """Each target with its measured value and met / NOT met / not measured.
+
+    A scenario that ran but failed (errors, or nothing completed) does not meet its target.
+    """
+    by_name = {r.name: r for r in results}
+    rows = []
+
+    def add(label: str, r: Result | None, value: float | None, shown: str, passed: bool) -> None:
+        if r is not None and (r.errors or not r.requests):
+            status = "NOT met"
+        elif r is None or value is None:
+            status = "not measured"
+        else:
+            status = "met" if passed else "NOT met"
+        rows.append({"target": label, "value": value, "shown": shown, "status": status})
+
+    for name, http in (("json-h1", "HTTP/1.1"), ("json-h2", "HTTP/2")):
+        r = by_name.get(name)
+        ratio = r.vs_ceiling if r and r.vs_ceiling is not None and not math.isnan(r.vs_ceiling) else None
+        if ratio is not None:
+            shown = f"{ratio:.2f} x"
+        else:
+            shown = "no ceiling in this run" if r and r.requests else "-"
+        label = f"JSON infer {http} >= {JSON_RATIO} x ceiling, no errors"
+        add(label, r, ratio, shown, (ratio or 0) >= JSON_RATIO)
+    r = by_name.get("binary-h1")
+    gbps = r.gb_per_s if r else None
+    label = f"binary round trip >= {BINARY_GBPS} GB/s, bytes intact"
+    add(label, r, gbps, _num(gbps, "{:.2f} GB/s"), (gbps or 0) >= BINARY_GBPS)
+    ratio = r.rss["ratio_to_payload"] if r and r.rss else None
+    shown = "skipped: the harness did not start the server" if r and r.requests and not r.rss else "-"
+    rows.append(
+        {
+            "target": f"server peak RSS growth < {RSS_RATIO} x payload",
+            "value": ratio,
+            "shown": _num(ratio, "{:.2f} x") if ratio is not None else shown,
+            "status": "not measured" if ratio is None else ("met" if ratio < RSS_RATIO else "NOT met"),
+        }
+    )
+    return rows
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "-" if value is None or math.isnan(value) else fmt.format(value)
+
+
+def _result_cell(r: Result) -> str:
+    if r.target == "bare":
+        return "ceiling"
+    if r.gb_per_s is not None:
+        cell = f"{r.gb_per_s:.2f} GB/s"
+        if r.rss:
+            growth, ratio = r.rss["peak_growth_bytes"] / 2**20, r.rss["ratio_to_payload"]
+            cell += f"; peak RSS +{growth:.0f} MiB = {ratio:.2f} x payload"
+        return cell
+    return _num(r.vs_ceiling, "{:.2f} x ceiling")
+
+
+def render(results: list[Result], opts: Options, info: dict[str, Any], log: list[str]) -> str:
+    lines = [
+        f"# tensorgate bench, {info['date'][:10]}",
+        "",
+        f"Machine: {info['cpu']}, {info['cores']} cores; Python {info['python']};"
+        f" hypercorn {info['hypercorn']}, h2 {info['h2']}, uvloop {info['uvloop']}; host `{info['host']}`.",
+        f"Load: {opts.duration:g} s per scenario after {opts.warmup:g} s warmup;"
+        f" concurrency {opts.concurrency} (HTTP/2: {opts.h2_connections} connections);"
+        f" client and server share the machine (load average {info['loadavg_1min']:.2f} before the run).",
+        "",
+        "| scenario | what | HTTP | conc | req/s | p50 ms | p90 ms | p99 ms | errors | CPU server / client"
+        " | result | cross-check req/s | notes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        cpu = f"{_num(r.cpu.get('server'), '{:.2f}')} / {_num(r.cpu.get('client'), '{:.2f}')}"
+        cross = f"{r.cross_check['tool']} {_num(r.cross_check['rps'], '{:.0f}')}" if r.cross_check else "-"
+        if r.cross_check and r.cross_check["note"]:
+            cross += f" ({r.cross_check['note'].strip()[:80]})"
+        notes = "; ".join(n.replace("|", "/").replace("\n", " ")[:300] for n in r.notes) or "-"
+        lines.append(
+            f"| {r.name} | {WHAT.get(r.name, r.name)} | {r.http} | {r.concurrency} | {_num(r.rps, '{:.0f}')}"
+            f" | {_num(r.p50_ms, '{:.2f}')} | {_num(r.p90_ms, '{:.2f}')} | {_num(r.p99_ms, '{:.2f}')}"
+            f" | {r.errors} | {cpu} | {_result_cell(r)} | {cross} | {notes} |"
+        )
+    lines += [
+        "",
+        "How it is counted: req/s and latencies cover the measured part only (after the warmup); errors are"
+        " non-2xx answers plus lost or refused connections. CPU is cores kept busy (server process / load"
+        " generator). For binary-h1, req/s is round trips/s and GB/s = tensor bytes sent + tensor bytes"
+        f" received ({opts.binary_mib} MiB each way per round trip; HTTP and JSON headers not counted) / wall"
+        " time of the sequential timed round trips, 1 GB = 10^9 bytes. Peak RSS growth = server VmHWM after"
+        " the scenario - VmRSS before it (VmHWM reset first through /proc/PID/clear_refs), divided by the"
+        " payload size.",
+        "",
+        "| target | measured | status |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {t['target']} | {t['shown']} | {t['status']} |" for t in targets(results)]
+    if log:
+        lines += ["", "Server stderr during the run (last lines):", "", "```", *log[-20:], "```"]
+    return "\n".join(lines) + "\n"
+
+
+def write(results: list[Result], opts: Options, info: dict[str, Any], log: list[str], out_dir: str) -> str:
+    """Writes <out_dir>/<date>-<host>.md and .json; returns the path without extension."""
+    os.makedirs(out_dir, exist_ok=True)
+    tag = re.sub(r"[^A-Za-z0-9_.-]+", "-", info["host"] or info["cpu"]).strip("-") or "machine"
+    base = os.path.join(out_dir, f"{info['date'][:10]}-{tag}")
+    with open(base + ".md", "w") as f:
+        f.write(render(results, opts, info, log))
+    document = {
+        "machine": info,
+        "options": asdict(opts),
+        "results": [asdict(r) for r in results],
+        "targets": targets(results),
+        "server_log": log,
+    }
+    with open(base + ".json", "wb") as f:
+        f.write(orjson.dumps(document, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    return base
