@@ -60,11 +60,18 @@ class App:
     async def _http(self, scope: dict, receive: Receive, send: Send) -> None:
         method, path = scope["method"], scope["path"]
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        if "content-length" in headers and "transfer-encoding" in headers:
+            await self._send(send, _ambiguous_framing(self.router.fallback_errors))
+            return
         errors = self.router.fallback_errors
+        body_pending = True  # an early answer reads the body first, so the connection stays usable
         try:
             route, params = self.router.match(method, path)
             errors = route.errors
-            body = await self._read_body(receive, headers) if method in METHODS_WITH_BODY else b""
+            body = b""
+            if method in METHODS_WITH_BODY:
+                body_pending = False  # _read_body consumes the body, also when it refuses it
+                body = await self._read_body(receive, headers)
             request = HttpRequest(method, path, scope["query_string"], headers, body, params)
             response = await route.handler(request)
         except ClientGone:
@@ -78,6 +85,8 @@ class App:
         except Exception:
             log.exception("unexpected error serving %s %s", method, path)
             response = errors(InferError(ErrorKind.INTERNAL, f"internal error serving {method} {path}"))
+        if body_pending and response.status >= 400 and not await _discard_body(receive):
+            return
         await self._send(send, response)
 
     async def _read_body(self, receive: Receive, headers: dict[str, str]) -> bytes | bytearray:
@@ -86,6 +95,7 @@ class App:
         declared = headers.get("content-length")
         expected = int(declared) if declared and declared.isdigit() else None
         if expected is not None and expected > limit:
+            await _discard_body(receive)
             raise BodyTooLarge(limit)
         message = await receive()
         if message["type"] == "http.disconnect":
@@ -99,6 +109,8 @@ class App:
         while True:
             end = filled + len(chunk)
             if end > limit:
+                if message.get("more_body", False):
+                    await _discard_body(receive)
                 raise BodyTooLarge(limit)
             if end <= len(buffer):
                 view[filled:end] = chunk
@@ -135,6 +147,27 @@ class App:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except (OSError, RuntimeError):  # the client went away mid-response
             return
+
+
+async def _discard_body(receive: Receive) -> bool:
+    """Reads the rest of a request body and drops it; False when the client went away instead."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return False
+        if not message.get("more_body", False):
+            return True
+
+
+def _ambiguous_framing(errors: Callable[[InferError], HttpResponse]) -> HttpResponse:
+    """Content-Length beside Transfer-Encoding: answered, then the connection is closed (RFC 9112 6.1)."""
+    response = errors(
+        InferError(
+            ErrorKind.INVALID_ARGUMENT, "a request must not carry both Content-Length and Transfer-Encoding"
+        )
+    )
+    response.headers.append((b"connection", b"close"))
+    return response
 
 
 def _slices(chunks: list[bytes | memoryview]):

@@ -64,10 +64,10 @@ class V2Endpoints:
         version = request.params.get("version")
         if version is not None:
             return json_response(model.resolve(version).metadata([version]))
-        if not model.versions:
+        ready = [v for _, v in sorted(model.versions.items()) if v.ready]
+        if not ready:
             raise InferError(ErrorKind.UNAVAILABLE, f"model '{model.name}' is not ready: {model.reason}")
-        ready = [str(n) for n, v in sorted(model.versions.items()) if v.ready]
-        return json_response(next(iter(model.versions.values())).metadata(ready))
+        return json_response(ready[-1].metadata([str(v.version) for v in ready]))
 
     async def model_config(self, request: HttpRequest) -> HttpResponse:
         model = self.repository.model(request.params["model"])

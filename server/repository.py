@@ -23,7 +23,7 @@ class Model:
         self.directory = directory
         self.config: dict | None = None
         self.versions: dict[int, ModelVersion] = {}
-        self.reason = ""  # why the model as a whole is unavailable (bad config, no versions)
+        self.reason = ""  # why the model, or some of its versions, failed to load
 
     @property
     def ready(self) -> bool:
@@ -102,9 +102,10 @@ class Repository:
         await asyncio.gather(*(asyncio.to_thread(m.load) for m in self.models.values()))
         for model in self.models.values():
             if model.ready:
-                log.info("model '%s' ready, versions %s", model.name, sorted(model.versions))
-            else:
-                log.warning("model '%s' unavailable: %s", model.name, model.reason)
+                ready = sorted(n for n, v in model.versions.items() if v.ready)
+                log.info("model '%s' ready, versions %s", model.name, ready)
+            if model.reason:
+                log.warning("model '%s': %s", model.name, model.reason)
 
     async def unload_all(self) -> None:
         for model in self.models.values():

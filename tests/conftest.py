@@ -1,0 +1,76 @@
+"""End-to-end fixtures: real server processes on 127.0.0.1, port 0, logs shown when a test fails."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from e2e_helpers import EXAMPLES, LOG_TAIL, ServerProcess, make_client, stop_all
+
+ServerFactory = Callable[..., ServerProcess]
+
+
+@pytest.fixture(scope="session")
+def v2_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One server on examples/model_repository, shared by every test that only reads from it."""
+    log = tmp_path_factory.mktemp("v2_server") / "server.log"
+    server = ServerProcess(EXAMPLES, log).start()
+    yield server
+    stop_all([server])
+
+
+@pytest.fixture
+def start_server(tmp_path: Path) -> Iterator[ServerFactory]:
+    """start_server(repository, extra_args=(), log_level="info") -> a started ServerProcess.
+
+    Servers still running at teardown get SIGTERM and must exit 0.
+    """
+    servers: list[ServerProcess] = []
+
+    def start(
+        repository: Path, *, extra_args: tuple[str, ...] = (), log_level: str = "info"
+    ) -> ServerProcess:
+        log = tmp_path / f"server-{len(servers)}.log"
+        server = ServerProcess(repository, log, extra_args=extra_args, log_level=log_level)
+        servers.append(server)
+        return server.start()
+
+    start.servers = servers  # type: ignore[attr-defined]
+    yield start
+    stop_all(servers)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    path = tmp_path / "models"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture(params=["http1", "http2"])
+def http_version(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def client(v2_server: ServerProcess, http_version: str) -> Iterator[httpx.Client]:
+    with make_client(v2_server.base_url, http_version) as c:
+        yield c
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """On failure, attach the log of every server the test used (the tail of it)."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed:
+        return
+    servers: list[ServerProcess] = []
+    for value in getattr(item, "funcargs", {}).values():
+        if isinstance(value, ServerProcess):
+            servers.append(value)
+        servers.extend(getattr(value, "servers", ()))
+    for server in servers:
+        report.sections.append((f"server log {server.log_path}", server.log_text()[-LOG_TAIL:]))
