@@ -141,17 +141,14 @@ MAX_DIM = 2**62
 
 
 def _shape(raw: Any, what: str) -> tuple[int, ...]:
-    if (
-        not isinstance(raw, list)
-        or len(raw) > MAX_DIMS
-        or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIM for d in raw)
-    ):
+    if not isinstance(raw, list) or len(raw) > MAX_DIMS or not all(type(d) is int and d >= 0 for d in raw):
         raise invalid(
             f"{what}: 'shape' must be a list of at most {MAX_DIMS} non-negative integers, got {raw!r}"
         )
-    if element_count(tuple(raw)) > MAX_DIM:
+    shape = tuple(raw)
+    if element_count(shape) > MAX_DIM or (shape and max(shape) > MAX_DIM):
         raise invalid(f"{what}: shape {raw} holds too many elements")
-    return tuple(raw)
+    return shape
 
 
 def _from_binary(chunk: memoryview, dtype: DataType, shape: tuple, count: int, what: str) -> np.ndarray:
@@ -195,7 +192,9 @@ def _from_json(data: Any, dtype: DataType, shape: tuple, count: int, what: str) 
             parsed = np.array(data, dtype=target)
         except OverflowError:
             raise invalid(f"{what}: 'data' holds values outside the range of {dtype.v2}") from None
-    return parsed.astype(target, copy=False).reshape(shape)
+    if parsed.dtype != target:
+        parsed = parsed.astype(target)
+    return parsed if parsed.shape == shape else parsed.reshape(shape)
 
 
 # Which JSON-inferred numpy kinds each target kind accepts: integers fill float tensors, nothing else mixes.
@@ -286,15 +285,18 @@ def encode_response(response: InferResponse, request: InferRequest) -> EncodedRe
     return EncodedResponse(headers, [header, *raw_chunks])
 
 
-def _host_array(tensor: Tensor) -> np.ndarray:
-    """The tensor as a C-contiguous little-endian array of its datatype (a no-op when it already is)."""
-    return np.ascontiguousarray(tensor.data, dtype=BY_V2[tensor.datatype].numpy)
+def _flat_host_array(tensor: Tensor) -> np.ndarray:
+    """The tensor as a flat C-order little-endian array of its datatype: a view when it already is one."""
+    array, target = tensor.data, BY_V2[tensor.datatype].numpy
+    if not isinstance(array, np.ndarray) or array.dtype != target:
+        array = np.asarray(array, dtype=target)
+    return array.ravel()
 
 
 def _to_binary(tensor: Tensor) -> bytes | memoryview:
     if tensor.datatype == "BYTES":
         return encode_bytes(np.asarray(tensor.data))
-    return memoryview(_host_array(tensor).reshape(-1).view(np.uint8))
+    return memoryview(_flat_host_array(tensor).view(np.uint8))
 
 
 def _to_json(tensor: Tensor, model_name: str) -> Any:
@@ -313,8 +315,4 @@ def _to_json(tensor: Tensor, model_name: str) -> Any:
                 f"model '{model_name}', output '{tensor.name}' holds bytes that are not UTF-8: "
                 "request it with binary_data"
             ) from None
-    return _host_array(tensor).reshape(-1)
-
-
-def error_body(message: str) -> bytes:
-    return orjson.dumps({"error": message})
+    return _flat_host_array(tensor)

@@ -103,6 +103,16 @@ class App:
         first = message.get("body", b"")
         if not message.get("more_body", False):
             return first
+        if expected == len(first):  # all of it in one chunk: only empty messages up to the end are left
+            while message.get("more_body", False):
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientGone
+                if message.get("body"):  # hypercorn enforces Content-Length; this is defence only
+                    raise InferError(
+                        ErrorKind.INVALID_ARGUMENT, "request body longer than its Content-Length"
+                    )
+            return first
         buffer = bytearray(expected if expected is not None else 0)
         view, filled = memoryview(buffer), 0
         chunk = first

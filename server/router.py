@@ -47,21 +47,24 @@ def compile_path(template: str) -> re.Pattern:
 
 class Router:
     def __init__(self, fallback_errors: ErrorResponder) -> None:
-        self.routes: list[Route] = []
+        self.routes: dict[str, list[Route]] = {}  # by method: a request tries only its method's routes
         self.fallback_errors = fallback_errors
 
     def add(self, method: str, template: str, handler: Handler, errors: ErrorResponder) -> None:
-        self.routes.append(Route(method, compile_path(template), handler, errors))
+        self.routes.setdefault(method, []).append(Route(method, compile_path(template), handler, errors))
 
     def match(self, method: str, path: str) -> tuple[Route, dict[str, str]]:
-        allowed = []
-        for route in self.routes:
+        for route in self.routes.get(method, ()):
             found = route.pattern.match(path)
-            if found is None:
-                continue
-            if route.method == method:
+            if found is not None:
                 return route, {k: v for k, v in found.groupdict().items() if v is not None}
-            allowed.append(route)
+        allowed = [
+            route
+            for other, routes in self.routes.items()
+            if other != method
+            for route in routes
+            if route.pattern.match(path)
+        ]
         if allowed:
             raise MethodNotAllowed(allowed[0].errors, sorted({r.method for r in allowed}))
         raise InferError(ErrorKind.NOT_FOUND, f"no endpoint {method} {path}")
