@@ -19,6 +19,7 @@ from codec.errors import invalid
 from codec.tensor import InferRequest, InferResponse, RequestedOutput, Tensor, element_count
 
 HEADER_LENGTH = "inference-header-content-length"
+HEADER_LENGTH_BYTES = HEADER_LENGTH.encode()
 JSON_CONTENT_TYPE = b"application/json"
 BINARY_CONTENT_TYPE = b"application/octet-stream"
 
@@ -248,11 +249,10 @@ class EncodedResponse:
 
 
 def encode_response(response: InferResponse, request: InferRequest) -> EncodedResponse:
-    wanted = {o.name: o for o in request.outputs or ()}
+    wanted = {o.name: o.binary for o in request.outputs if o.binary is not None} if request.outputs else {}
     outputs_json, raw_chunks = [], []
     for tensor in response.outputs:
-        requested = wanted.get(tensor.name)
-        binary = request.binary_output if requested is None or requested.binary is None else requested.binary
+        binary = wanted.get(tensor.name, request.binary_output)
         entry: dict[str, Any] = {
             "name": tensor.name,
             "datatype": tensor.datatype,
@@ -279,7 +279,7 @@ def encode_response(response: InferResponse, request: InferRequest) -> EncodedRe
     headers = [(b"content-length", str(length).encode())]
     if raw_chunks:
         headers.append((b"content-type", BINARY_CONTENT_TYPE))
-        headers.append((HEADER_LENGTH.encode(), str(len(header)).encode()))
+        headers.append((HEADER_LENGTH_BYTES, str(len(header)).encode()))
     else:
         headers.append((b"content-type", JSON_CONTENT_TYPE))
     return EncodedResponse(headers, [header, *raw_chunks])

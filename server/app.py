@@ -147,7 +147,9 @@ class App:
             )
             chunks: Any = response.chunks
             if isinstance(chunks, list):
-                pieces = list(_slices(chunks))
+                pieces = (
+                    chunks if len(chunks) == 1 and len(chunks[0]) <= SEND_SLICE else list(_slices(chunks))
+                )
                 for chunk in pieces[:-1]:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 await send({"type": "http.response.body", "body": pieces[-1] if pieces else b""})

@@ -46,6 +46,7 @@ class ModelVersion:
     def __init__(self, model_dir: Path, config: dict, version: int) -> None:
         self.name: str = config["name"]
         self.version = version
+        self.version_str = str(version)
         self.version_dir = model_dir / str(version)
         self.config = config
         self.max_batch_size: int = config.get("max_batch_size", 0)
@@ -66,7 +67,7 @@ class ModelVersion:
             self.reason = f"failed to load '{self.name}' version {self.version}: {type(e).__name__}: {e}"
             return
         instances = sum(g.get("count", 1) for g in self.config.get("instance_group", [{}]))
-        self.scheduler = DirectScheduler(self.backend.execute, instances)
+        self.scheduler = DirectScheduler(self.backend.execute, self.backend.is_async, instances)
         self.state = ModelState.READY
         self.reason = ""
 
@@ -94,13 +95,14 @@ class ModelVersion:
         produced = await self.scheduler.run(arrays)
         return InferResponse(
             model_name=self.name,
-            model_version=str(self.version),
+            model_version=self.version_str,
             id=request.id,
             outputs=[self._response_tensor(name, produced) for name in wanted],
         )
 
     def _model_inputs(self, request: InferRequest) -> dict[str, Any]:
         arrays: dict[str, Any] = {}
+        batch = None
         for tensor in request.inputs:
             what = f"model '{self.name}', input '{tensor.name}'"
             spec = self.inputs.get(tensor.name)
@@ -114,21 +116,23 @@ class ModelVersion:
                 raise invalid(
                     f"{what}: shape {list(tensor.shape)} where the model expects {list(spec.shape)}"
                 )
-            if spec.batched and tensor.shape[0] > self.max_batch_size:
-                raise invalid(
-                    f"{what}: batch size {tensor.shape[0]} exceeds the model's max_batch_size "
-                    f"{self.max_batch_size}"
-                )
             data = tensor.data
+            if spec.batched:
+                if tensor.shape[0] > self.max_batch_size:
+                    raise invalid(
+                        f"{what}: batch size {tensor.shape[0]} exceeds the model's max_batch_size "
+                        f"{self.max_batch_size}"
+                    )
+                if batch is not None and tensor.shape[0] != batch:
+                    raise invalid(f"model '{self.name}': inputs disagree on the batch size")
+                batch = tensor.shape[0]
             if spec.model_dims is not None:
                 data = data.reshape(tensor.shape[:1] + spec.model_dims if spec.batched else spec.model_dims)
             arrays[tensor.name] = data
-        missing = [n for n, s in self.inputs.items() if n not in arrays and not s.optional]
-        if missing:
-            raise invalid(f"model '{self.name}': missing input(s) {', '.join(repr(n) for n in missing)}")
-        batch_sizes = {t.shape[0] for t in request.inputs if self.inputs[t.name].batched}
-        if len(batch_sizes) > 1:
-            raise invalid(f"model '{self.name}': inputs disagree on the batch size {sorted(batch_sizes)}")
+        if len(arrays) < len(self.inputs):
+            missing = [n for n, s in self.inputs.items() if n not in arrays and not s.optional]
+            if missing:
+                raise invalid(f"model '{self.name}': missing input(s) {', '.join(repr(n) for n in missing)}")
         return arrays
 
     def _wanted_outputs(self, request: InferRequest) -> list[str]:

@@ -15,6 +15,7 @@ read-only views of the request: a model copies before writing in place. `execute
 import importlib.util
 import inspect
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +42,8 @@ class PythonBackend:
         if hasattr(self.model, "initialize"):
             self.model.initialize(config)
         self.is_async = inspect.iscoroutinefunction(self.model.execute)
-
-    def execute(self, inputs: dict[str, Any]) -> Any:
-        """Returns the outputs dict, or an awaitable of it when the model's execute is async."""
-        return self.model.execute(inputs)
+        # inputs -> outputs dict (an awaitable of it when async); bound directly: one call less per batch
+        self.execute: Callable[[dict[str, Any]], Any] = self.model.execute
 
     def close(self) -> None:
         try:
