@@ -115,8 +115,7 @@ def _decode_input(raw: Any, binary: memoryview, offset: int, model_name: str) ->
     dtype = BY_V2.get(datatype) if isinstance(datatype, str) else None
     if dtype is None:
         raise invalid(f"{what}: unknown datatype {raw.get('datatype')!r}")
-    shape = _shape(raw.get("shape"), what)
-    count = element_count(shape)
+    shape, count = _shape(raw.get("shape"), what)
     parameters = _parameters(raw.get("parameters"), what)
     size = parameters.pop("binary_data_size", None)
 
@@ -141,15 +140,22 @@ MAX_DIMS = 32  # numpy allows 64; no model has more than a handful
 MAX_DIM = 2**62
 
 
-def _shape(raw: Any, what: str) -> tuple[int, ...]:
-    if not isinstance(raw, list) or len(raw) > MAX_DIMS or not all(type(d) is int and d >= 0 for d in raw):
+def _shape(raw: Any, what: str) -> tuple[tuple[int, ...], int]:
+    """The shape and its element count."""
+    if type(raw) is not list or len(raw) > MAX_DIMS:
         raise invalid(
             f"{what}: 'shape' must be a list of at most {MAX_DIMS} non-negative integers, got {raw!r}"
         )
+    for dim in raw:
+        if type(dim) is not int or dim < 0:
+            raise invalid(f"{what}: 'shape' must hold non-negative integers, got {raw!r}")
+        if dim > MAX_DIM:
+            raise invalid(f"{what}: shape {raw} holds too many elements")
     shape = tuple(raw)
-    if element_count(shape) > MAX_DIM or (shape and max(shape) > MAX_DIM):
+    count = element_count(shape)
+    if count > MAX_DIM:
         raise invalid(f"{what}: shape {raw} holds too many elements")
-    return shape
+    return shape, count
 
 
 def _from_binary(chunk: memoryview, dtype: DataType, shape: tuple, count: int, what: str) -> np.ndarray:

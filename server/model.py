@@ -29,6 +29,7 @@ class TensorSpec:
         self.batched = max_batch_size > 0
         self.dims: tuple[int, ...] = tuple(entry["dims"])
         self.shape: tuple[int, ...] = ((-1,) if self.batched else ()) + self.dims
+        self.fixed = -1 not in self.dims  # then a shape check is one tuple comparison
         reshape = entry.get("reshape")
         self.model_dims: tuple[int, ...] | None = tuple(reshape["shape"]) if reshape is not None else None
         self.optional: bool = bool(entry.get("optional", False))
@@ -37,8 +38,11 @@ class TensorSpec:
         return {"name": self.name, "datatype": self.dtype.v2, "shape": list(self.shape)}
 
     def matches(self, shape: tuple[int, ...]) -> bool:
-        return len(shape) == len(self.shape) and all(
-            want == -1 or want == got for want, got in zip(self.shape, shape, strict=True)
+        dims = shape[1:] if self.batched else shape
+        if self.fixed:
+            return dims == self.dims and len(shape) == len(self.shape)
+        return len(dims) == len(self.dims) and all(
+            want == -1 or want == got for want, got in zip(self.dims, dims, strict=True)
         )
 
 
