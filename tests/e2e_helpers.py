@@ -471,3 +471,15 @@ class RawH2:
                     self.flush()
                     return status, body
             self.flush()
+
+
+# The inputs of the `simple` example model, as the e2e tests send them.
+A = list(range(16))
+B = [3 * i - 20 for i in range(16)]
+
+
+def simple_inputs(a: list, b: list, shape: list[int]) -> list[dict]:
+    return [
+        {"name": "INPUT0", "datatype": "INT32", "shape": shape, "data": a},
+        {"name": "INPUT1", "datatype": "INT32", "shape": shape, "data": b},
+    ]
