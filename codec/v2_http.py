@@ -21,6 +21,7 @@ from codec.tensor import InferRequest, InferResponse, RequestedOutput, Tensor, e
 HEADER_LENGTH = "inference-header-content-length"
 HEADER_LENGTH_BYTES = HEADER_LENGTH.encode()
 JSON_CONTENT_TYPE = b"application/json"
+_NO_BINARY = memoryview(b"")
 BINARY_CONTENT_TYPE = b"application/octet-stream"
 
 
@@ -49,10 +50,10 @@ def loads(buffer: Any, what: str) -> Any:
 def decode_request(
     body: bytes | bytearray | memoryview, header_length: int | None, model_name: str, model_version: str = ""
 ) -> InferRequest:
-    view = memoryview(body)
     if header_length is None:
-        header, binary = view, view[len(view) :]
+        header, binary = body, _NO_BINARY
     else:
+        view = memoryview(body)
         header, binary = view[:header_length], view[header_length:]
     what = f"the inference request for model '{model_name}'"
     doc = loads(header, what)
@@ -183,13 +184,22 @@ def _from_json(data: Any, dtype: DataType, shape: tuple, count: int, what: str) 
         array = np.empty(count, dtype=object)
         array[:] = flat
         return array.reshape(shape)
+    target = dtype.numpy
+    # The common case, a flat list of the right JSON type (checked in C): one conversion.
+    if type(data) is list and data and set(map(type, data)) <= _JSON_TYPES[target.kind]:
+        if len(data) != count:
+            raise invalid(f"{what}: 'data' holds {len(data)} elements, shape {list(shape)} needs {count}")
+        try:
+            array = np.array(data, dtype=target)
+        except OverflowError:
+            raise invalid(f"{what}: 'data' holds values outside the range of {dtype.v2}") from None
+        return array if array.shape == shape else array.reshape(shape)
     try:
         parsed = np.array(data)  # numpy infers bool, int64/uint64, float64, or str/object for anything else
     except ValueError as e:
         raise invalid(f"{what}: 'data' is not a {dtype.v2} array: {e}") from None
     if parsed.size != count:
         raise invalid(f"{what}: 'data' holds {parsed.size} elements, shape {list(shape)} needs {count}")
-    target = dtype.numpy
     if target == np.uint64 and parsed.dtype.kind == "f":  # numpy infers float64 for ints past 2**63
         parsed = _uint64_exactly(data, parsed, what)
     if count and parsed.dtype.kind not in _JSON_KINDS[target.kind]:
@@ -204,7 +214,9 @@ def _from_json(data: Any, dtype: DataType, shape: tuple, count: int, what: str) 
     return parsed if parsed.shape == shape else parsed.reshape(shape)
 
 
-# Which JSON-inferred numpy kinds each target kind accepts: integers fill float tensors, nothing else mixes.
+# What JSON values each target kind accepts: integers fill float tensors, nothing else mixes; as the
+# Python types orjson decodes them to, and as the numpy kinds numpy infers for them.
+_JSON_TYPES = {"b": {bool}, "i": {int}, "u": {int}, "f": {int, float}}
 _JSON_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
 _KIND_NAMES = {"b": "booleans", "i": "integers", "u": "integers", "f": "non-integer numbers", "U": "strings"}
 

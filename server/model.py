@@ -56,6 +56,7 @@ class ModelVersion:
         self.max_batch_size: int = config.get("max_batch_size", 0)
         self.inputs = {e["name"]: TensorSpec(e, self.max_batch_size) for e in config["input"]}
         self.outputs = {e["name"]: TensorSpec(e, self.max_batch_size) for e in config["output"]}
+        self.output_names = list(self.outputs)
         self.state = ModelState.UNAVAILABLE
         self.reason = ""
         self.backend: Backend | None = None
@@ -140,8 +141,9 @@ class ModelVersion:
         return arrays
 
     def _wanted_outputs(self, request: InferRequest) -> list[str]:
+        """The outputs to answer, in order: those requested, else all (a shared list: do not modify)."""
         if request.outputs is None:
-            return list(self.outputs)
+            return self.output_names
         for requested in request.outputs:
             if requested.name not in self.outputs:
                 raise invalid(

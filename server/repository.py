@@ -23,6 +23,7 @@ class Model:
         self.directory = directory
         self.config: dict | None = None
         self.versions: dict[int, ModelVersion] = {}
+        self.newest_first: list[ModelVersion] = []  # a request without a version takes the first ready
         self.reason = ""  # why the model, or some of its versions, failed to load
 
     @property
@@ -49,6 +50,7 @@ class Model:
             self.reason = f"failed to load '{self.name}': no version folder matches its version_policy"
             return
         self.versions = {n: ModelVersion(self.directory, self.config, n) for n in numbers}
+        self.newest_first = [self.versions[n] for n in sorted(numbers, reverse=True)]
         for version in self.versions.values():
             version.load()
         failed = [v.reason for v in self.versions.values() if not v.ready]
@@ -57,13 +59,13 @@ class Model:
     def resolve(self, version: str) -> ModelVersion:
         """The version a request names, or the highest ready one for ""."""
         if not version:
-            ready = [v for n, v in sorted(self.versions.items()) if v.ready]
-            if not ready:
-                raise InferError(
-                    ErrorKind.UNAVAILABLE,
-                    f"model '{self.name}' is not ready: {self.reason or 'no ready version'}",
-                )
-            return ready[-1]
+            for candidate in self.newest_first:
+                if candidate.ready:
+                    return candidate
+            raise InferError(
+                ErrorKind.UNAVAILABLE,
+                f"model '{self.name}' is not ready: {self.reason or 'no ready version'}",
+            )
         try:
             found = self.versions[int(version)]
         except (ValueError, KeyError):
