@@ -88,15 +88,7 @@ def decode_request(
             raise invalid(f"{what}: 'outputs' must be a list")
         outputs = [_decode_requested_output(raw, model_name) for raw in doc["outputs"]]
 
-    return InferRequest(
-        model_name=model_name,
-        model_version=model_version,
-        id=request_id,
-        inputs=inputs,
-        outputs=outputs,
-        parameters=parameters,
-        binary_output=binary_output,
-    )
+    return InferRequest(model_name, model_version, request_id, inputs, outputs, parameters, binary_output)
 
 
 def _parameters(raw: Any, what: str) -> dict:
@@ -274,7 +266,7 @@ def encode_response(response: InferResponse, request: InferRequest) -> EncodedRe
         entry: dict[str, Any] = {
             "name": tensor.name,
             "datatype": tensor.datatype,
-            "shape": list(tensor.shape),
+            "shape": tensor.shape,  # orjson writes tuples as arrays
         }
         if tensor.parameters:
             entry["parameters"] = dict(tensor.parameters)

@@ -98,12 +98,8 @@ class ModelVersion:
         arrays = self._model_inputs(request)
         wanted = self._wanted_outputs(request)
         produced = await self.scheduler.run(arrays)
-        return InferResponse(
-            model_name=self.name,
-            model_version=self.version_str,
-            id=request.id,
-            outputs=[self._response_tensor(name, produced) for name in wanted],
-        )
+        outputs = [self._response_tensor(name, produced) for name in wanted]
+        return InferResponse(self.name, self.version_str, outputs, request.id)
 
     def _model_inputs(self, request: InferRequest) -> dict[str, Any]:
         arrays: dict[str, Any] = {}
