@@ -51,7 +51,7 @@ class ModelVersion:
         self.name: str = config["name"]
         self.version = version
         self.version_str = str(version)
-        self.version_dir = model_dir / str(version)
+        self.version_dir = model_dir / self.version_str
         self.config = config
         self.max_batch_size: int = config.get("max_batch_size", 0)
         self.inputs = {e["name"]: TensorSpec(e, self.max_batch_size) for e in config["input"]}

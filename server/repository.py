@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 
 from codec.errors import ErrorKind, InferError
-from server.model import ModelState, ModelVersion
+from server.model import ModelVersion
 from server.model_config import ConfigError, load_model_config
 
 log = logging.getLogger("tensorgate.repository")
@@ -29,14 +29,6 @@ class Model:
     @property
     def ready(self) -> bool:
         return any(v.ready for v in self.versions.values())
-
-    @property
-    def state(self) -> ModelState:
-        if self.ready:
-            return ModelState.READY
-        if any(v.state is ModelState.LOADING for v in self.versions.values()):
-            return ModelState.LOADING
-        return ModelState.UNAVAILABLE
 
     def load(self) -> None:
         """Blocking: reads the config and loads every selected version."""
