@@ -59,8 +59,8 @@ class App:
 
     async def _http(self, scope: dict, receive: Receive, send: Send) -> None:
         method, path = scope["method"], scope["path"]
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        if "content-length" in headers and "transfer-encoding" in headers:
+        headers = dict(scope["headers"])  # lowercased names, as hypercorn gives them
+        if b"content-length" in headers and b"transfer-encoding" in headers:
             await self._send(send, _ambiguous_framing(self.router.fallback_errors))
             return
         errors = self.router.fallback_errors
@@ -89,10 +89,10 @@ class App:
             return
         await self._send(send, response)
 
-    async def _read_body(self, receive: Receive, headers: dict[str, str]) -> bytes | bytearray:
+    async def _read_body(self, receive: Receive, headers: dict[bytes, bytes]) -> bytes | bytearray:
         """The whole body in one buffer: as received when it came in one message, else one copy."""
         limit = self.max_request_bytes
-        declared = headers.get("content-length")
+        declared = headers.get(b"content-length")
         expected = int(declared) if declared and declared.isdigit() else None
         if expected is not None and expected > limit:
             await _discard_body(receive)

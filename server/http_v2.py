@@ -82,7 +82,7 @@ class V2Endpoints:
         name, version = request.params["model"], request.params.get("version", "")
         model_version = self.repository.resolve(name, version)
         header_length = v2_http.parse_header_length(
-            request.headers.get(v2_http.HEADER_LENGTH), len(request.body)
+            request.headers.get(v2_http.HEADER_LENGTH_BYTES), len(request.body)
         )
         infer_request = v2_http.decode_request(request.body, header_length, name, version)
         response = await model_version.infer(infer_request)

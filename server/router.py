@@ -14,7 +14,7 @@ class HttpRequest:
     method: str
     path: str
     query: bytes
-    headers: dict[str, str]
+    headers: dict[bytes, bytes]  # lowercased names
     body: bytes | bytearray = b""
     params: dict[str, str] = field(default_factory=dict)
 
