@@ -49,7 +49,7 @@ class V2Endpoints:
         return json_response({"ready": ready}, 200 if ready else 400)
 
     async def model_ready(self, request: HttpRequest) -> HttpResponse:
-        name, version = request.params["model"], request.params.get("version", "")
+        name, version = request.params["model"], request.params["version"] or ""
         model = self.repository.model(name)
         try:
             ready = model.resolve(version).ready
@@ -61,7 +61,7 @@ class V2Endpoints:
 
     async def model_metadata(self, request: HttpRequest) -> HttpResponse:
         model = self.repository.model(request.params["model"])
-        version = request.params.get("version")
+        version = request.params["version"]
         if version is not None:
             return json_response(model.resolve(version).metadata([version]))
         ready = [v for _, v in sorted(model.versions.items()) if v.ready]
@@ -71,7 +71,7 @@ class V2Endpoints:
 
     async def model_config(self, request: HttpRequest) -> HttpResponse:
         model = self.repository.model(request.params["model"])
-        version = request.params.get("version")
+        version = request.params["version"]
         if version is not None:
             return json_response(model.resolve(version).config)
         if model.config is None:
@@ -79,7 +79,7 @@ class V2Endpoints:
         return json_response(model.config)
 
     async def infer(self, request: HttpRequest) -> HttpResponse:
-        name, version = request.params["model"], request.params.get("version", "")
+        name, version = request.params["model"], request.params["version"] or ""
         model_version = self.repository.resolve(name, version)
         header_length = v2_http.parse_header_length(
             request.headers.get(v2_http.HEADER_LENGTH_BYTES), len(request.body)

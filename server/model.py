@@ -105,24 +105,26 @@ class ModelVersion:
         arrays: dict[str, Any] = {}
         batch = None
         for tensor in request.inputs:
-            what = f"model '{self.name}', input '{tensor.name}'"
             spec = self.inputs.get(tensor.name)
             if spec is None:
-                raise invalid(f"{what} is unknown (expected: {', '.join(self.inputs)})")
+                raise self._input_error(tensor, f"is unknown (expected: {', '.join(self.inputs)})")
             if tensor.name in arrays:
-                raise invalid(f"{what} is given twice")
+                raise self._input_error(tensor, "is given twice")
             if tensor.datatype != spec.dtype.v2:
-                raise invalid(f"{what}: datatype {tensor.datatype} where the model expects {spec.dtype.v2}")
+                raise self._input_error(
+                    tensor, f"has datatype {tensor.datatype} where the model expects {spec.dtype.v2}"
+                )
             if not spec.matches(tensor.shape):
-                raise invalid(
-                    f"{what}: shape {list(tensor.shape)} where the model expects {list(spec.shape)}"
+                raise self._input_error(
+                    tensor, f"has shape {list(tensor.shape)} where the model expects {list(spec.shape)}"
                 )
             data = tensor.data
             if spec.batched:
                 if tensor.shape[0] > self.max_batch_size:
-                    raise invalid(
-                        f"{what}: batch size {tensor.shape[0]} exceeds the model's max_batch_size "
-                        f"{self.max_batch_size}"
+                    raise self._input_error(
+                        tensor,
+                        f"has batch size {tensor.shape[0]}, "
+                        f"over the model's max_batch_size {self.max_batch_size}",
                     )
                 if batch is not None and tensor.shape[0] != batch:
                     raise invalid(f"model '{self.name}': inputs disagree on the batch size")
@@ -135,6 +137,9 @@ class ModelVersion:
             if missing:
                 raise invalid(f"model '{self.name}': missing input(s) {', '.join(repr(n) for n in missing)}")
         return arrays
+
+    def _input_error(self, tensor: Tensor, problem: str) -> InferError:
+        return invalid(f"model '{self.name}', input '{tensor.name}' {problem}")
 
     def _wanted_outputs(self, request: InferRequest) -> list[str]:
         """The outputs to answer, in order: those requested, else all (a shared list: do not modify)."""

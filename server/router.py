@@ -16,7 +16,7 @@ class HttpRequest:
     query: bytes
     headers: dict[bytes, bytes]  # lowercased names
     body: bytes | bytearray = b""
-    params: dict[str, str] = field(default_factory=dict)
+    params: dict[str, str | None] = field(default_factory=dict)  # path parameters; None when left out
 
 
 @dataclass(slots=True)
@@ -53,11 +53,11 @@ class Router:
     def add(self, method: str, template: str, handler: Handler, errors: ErrorResponder) -> None:
         self.routes.setdefault(method, []).append(Route(method, compile_path(template), handler, errors))
 
-    def match(self, method: str, path: str) -> tuple[Route, dict[str, str]]:
+    def match(self, method: str, path: str) -> tuple[Route, dict[str, str | None]]:
         for route in self.routes.get(method, ()):
             found = route.pattern.match(path)
             if found is not None:
-                return route, {k: v for k, v in found.groupdict().items() if v is not None}
+                return route, found.groupdict()
         allowed = [
             route
             for other, routes in self.routes.items()
