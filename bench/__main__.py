@@ -20,6 +20,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[Options, str]:
     parser.add_argument("--cross-check", action="store_true", help="also run wrk / h2load where installed")
     parser.add_argument("--binary-mib", type=int, default=64, help="binary payload size, MiB")
     parser.add_argument("--rounds", type=int, default=10, help="timed binary round trips")
+    parser.add_argument(
+        "--ratio-rounds", type=int, default=5, help="rounds ceiling and JSON loads alternate in"
+    )
     parser.add_argument("--model-repository", default="examples/model_repository")
     parser.add_argument("--server-arg", action="append", default=[], help="extra argument for the server")
     args = parser.parse_args(argv)
@@ -35,6 +38,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Options, str]:
         cross_check=args.cross_check,
         binary_mib=args.binary_mib,
         rounds=args.rounds,
+        ratio_rounds=max(1, args.ratio_rounds),
         model_repository=args.model_repository,
         server_args=args.server_arg,
     )

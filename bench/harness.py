@@ -2,10 +2,11 @@
 
 import asyncio
 import os
+import statistics
 import sys
 import time
 import urllib.parse
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -42,6 +43,7 @@ class Options:
     cross_check: bool = False
     binary_mib: int = 64
     rounds: int = 10
+    ratio_rounds: int = 5
     model_repository: str = "examples/model_repository"
     server_args: list[str] = field(default_factory=list)
 
@@ -60,7 +62,8 @@ class Result:
     p90_ms: float = float("nan")
     p99_ms: float = float("nan")
     cpu: dict[str, float] = field(default_factory=dict)  # cores busy during the measured part
-    vs_ceiling: float | None = None
+    vs_ceiling: float | None = None  # median over the rounds of (our req/s / the ceiling's) in that round
+    ratios: list[float] = field(default_factory=list)  # that ratio, round by round
     gb_per_s: float | None = None
     payload_bytes: int | None = None
     rss: dict[str, Any] | None = None
@@ -220,37 +223,85 @@ def _run_on(
 
 
 def run_all(opts: Options) -> tuple[list[Result], list[str]]:
-    """Every selected scenario, in SCENARIOS order: the bare app first, then our server.
+    """Every selected scenario: the load scenarios of the ceiling and of our server interleaved round by
+    round (both processes up at once), then the binary round trip on our server.
 
     Also returns the last lines our server wrote to stderr besides its listening line (at log level
     warning, anything there is worth a look).
     """
-    bare = [name for name in SCENARIOS if name in opts.only and name.startswith("bare")]
-    ours = [name for name in SCENARIOS if name in opts.only and not name.startswith("bare")]
+    selected = [name for name in SCENARIOS if name in opts.only]
+    if opts.url:  # a server of the user's: the ceiling first, then that server, not interleaved
+        parts = urllib.parse.urlsplit(opts.url)
+        host, port = parts.hostname or "127.0.0.1", parts.port or 80
+        results = []
+        if bare_names := [name for name in selected if name.startswith("bare")]:
+            with ServerProcess([sys.executable, "-m", "bench.bare_app"], cwd=ROOT) as bare:
+                results += _run_on(bare_names, "127.0.0.1", bare.port, opts, bare)
+        ours = [name for name in selected if not name.startswith("bare")]
+        return _with_ratios(results + _run_on(ours, host, port, opts, None)), []
     results: list[Result] = []
     log: list[str] = []
-    if bare:
-        with ServerProcess([sys.executable, "-m", "bench.bare_app"], cwd=ROOT) as proc:
-            results += _run_on(bare, proc.host, proc.port, opts, proc)
-    if ours and opts.url:
-        parts = urllib.parse.urlsplit(opts.url)
-        results += _run_on(ours, parts.hostname or "127.0.0.1", parts.port or 80, opts, None)
-    elif ours:
-        argv = [sys.executable, "-m", "server", "serve", "--model-repository", opts.model_repository]
-        argv += ["--host", "127.0.0.1", "--http-port", "0", "--log-level", "warning", *opts.server_args]
+    argv = [sys.executable, "-m", "server", "serve", "--model-repository", opts.model_repository]
+    argv += ["--host", "127.0.0.1", "--http-port", "0", "--log-level", "warning", *opts.server_args]
+    with ServerProcess([sys.executable, "-m", "bench.bare_app"], cwd=ROOT) as bare:
         try:
-            proc = ServerProcess(argv, cwd=ROOT)
+            server = ServerProcess(argv, cwd=ROOT)
         except RuntimeError as exc:
-            results += [_failed(name, opts, "server did not start") for name in ours]
-            log = str(exc).splitlines()[-20:]
-        else:
-            with proc:
-                results += _run_on(ours, "127.0.0.1", proc.port, opts, proc)
-            if note := exit_note(proc.proc.returncode):
-                results[-1].notes.append(note)
-            log = [line.rstrip() for line in proc.tail if "HTTP listening on" not in line]
+            results = [_failed(name, opts, "server did not start") for name in selected]
+            return results, str(exc).splitlines()[-20:]
+        with server:
+            procs = {name: bare if name.startswith("bare") else server for name in selected}
+            loads = [name for name in selected if name != "binary-h1"]
+            results = _interleaved(loads, procs, opts)
+            if "binary-h1" in selected:
+                results += _run_on(["binary-h1"], "127.0.0.1", server.port, opts, server)
+        if note := exit_note(server.proc.returncode):
+            results[-1].notes.append(note)
+        log = [line.rstrip() for line in server.tail if "HTTP listening on" not in line]
+    return _with_ratios(results), log
+
+
+def _interleaved(names: list[str], procs: dict[str, ServerProcess], opts: Options) -> list[Result]:
+    """`opts.ratio_rounds` rounds, each running every scenario for duration / rounds: the ceiling and our
+    server then share the same moments of a machine whose speed drifts (other work on these cores), and
+    each round gives one ratio."""
+    short = replace(opts, duration=opts.duration / opts.ratio_rounds, cross_check=False)
+    rounds: dict[str, list[Result]] = {name: [] for name in names}
+    for _ in range(opts.ratio_rounds):
+        for name in names:
+            proc = procs[name]
+            rounds[name] += _run_on([name], "127.0.0.1", proc.port, short, proc)
+    merged = [_merge(rounds[name]) for name in names]
+    for name, result in zip(names, merged, strict=True):
+        if opts.cross_check and result.requests:
+            _cross_check(result, "127.0.0.1", procs[name].port, opts)
+        if name.startswith("json"):
+            ceiling = rounds.get("bare-" + name.split("-")[1], [])
+            result.ratios = [
+                ours.rps / bare.rps for ours, bare in zip(rounds[name], ceiling, strict=False) if bare.rps > 0
+            ]
+    return merged
+
+
+def _merge(rounds: list[Result]) -> Result:
+    """One scenario's rounds as one result: counts added up, latency percentiles and CPU as medians."""
+    merged = replace(rounds[0], notes=list(dict.fromkeys(n for r in rounds for n in r.notes)))
+    merged.requests = sum(r.requests for r in rounds)
+    merged.errors = sum(r.errors for r in rounds)
+    merged.seconds = sum(r.seconds for r in rounds)
+    merged.rps = merged.requests / merged.seconds if merged.seconds else float("nan")
+    for attr in ("p50_ms", "p90_ms", "p99_ms"):
+        setattr(merged, attr, statistics.median(getattr(r, attr) for r in rounds))
+    merged.cpu = {key: statistics.median(r.cpu.get(key, 0.0) for r in rounds) for key in rounds[0].cpu}
+    return merged
+
+
+def _with_ratios(results: list[Result]) -> list[Result]:
+    """vs_ceiling: the median per-round ratio where rounds were interleaved, else the plain ratio."""
     ceilings = {r.http: r.rps for r in results if r.target == "bare" and r.requests}
     for r in results:
-        if r.name.startswith("json") and r.http in ceilings:
+        if r.ratios:
+            r.vs_ceiling = statistics.median(r.ratios)
+        elif r.name.startswith("json") and r.http in ceilings:
             r.vs_ceiling = r.rps / ceilings[r.http]
-    return results, log
+    return results

@@ -109,7 +109,10 @@ def _result_cell(r: Result) -> str:
             growth, ratio = r.rss["peak_growth_bytes"] / 2**20, r.rss["ratio_to_payload"]
             cell += f"; peak RSS +{growth:.0f} MiB = {ratio:.2f} x payload"
         return cell
-    return _num(r.vs_ceiling, "{:.2f} x ceiling")
+    cell = _num(r.vs_ceiling, "{:.2f} x ceiling")
+    if len(r.ratios) > 1:
+        cell += f" (median of {len(r.ratios)} rounds, {min(r.ratios):.2f}-{max(r.ratios):.2f})"
+    return cell
 
 
 def render(results: list[Result], opts: Options, info: dict[str, Any], log: list[str]) -> str:
@@ -140,7 +143,11 @@ def render(results: list[Result], opts: Options, info: dict[str, Any], log: list
     lines += [
         "",
         "How it is counted: req/s and latencies cover the measured part only (after the warmup); errors are"
-        " non-2xx answers plus lost or refused connections. CPU is cores kept busy (server process / load"
+        f" non-2xx answers plus lost or refused connections. The ceiling and the JSON scenarios run in"
+        f" {opts.ratio_rounds} alternating rounds of {opts.duration / opts.ratio_rounds:g} s each, both"
+        " processes up (the speed of these shared cores drifts between moments): req/s is over all rounds,"
+        " latencies and CPU are medians of the rounds, and the ratio to the ceiling is the median of the"
+        " per-round ratios. CPU is cores kept busy (server process / load"
         " generator). For binary-h1, req/s is round trips/s and GB/s = tensor bytes sent + tensor bytes"
         f" received ({opts.binary_mib} MiB each way per round trip; HTTP and JSON headers not counted) / wall"
         " time of the sequential timed round trips, 1 GB = 10^9 bytes. Peak RSS growth = server VmHWM after"
