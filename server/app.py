@@ -8,6 +8,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import numpy as np
+
 from codec.errors import ErrorKind, InferError
 from server.router import HttpRequest, HttpResponse, MethodNotAllowed, Router
 
@@ -89,56 +91,50 @@ class App:
             return
         await self._send(send, response)
 
-    async def _read_body(self, receive: Receive, headers: dict[bytes, bytes]) -> bytes | bytearray:
-        """The whole body in one buffer: as received when it came in one message, else one copy."""
+    async def _read_body(self, receive: Receive, headers: dict[bytes, bytes]) -> bytes | memoryview:
+        """The whole body: the one chunk it came in, else one copy into a buffer of its Content-Length,
+        else (chunked, no length) the chunks joined."""
         limit = self.max_request_bytes
         declared = headers.get(b"content-length")
         expected = int(declared) if declared and declared.isdigit() else None
         if expected is not None and expected > limit:
             await _discard_body(receive)
             raise BodyTooLarge(limit)
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientGone
-        first = message.get("body", b"")
-        if not message.get("more_body", False):
-            return first
-        if expected == len(first):  # all of it in one chunk: only empty messages up to the end are left
-            while message.get("more_body", False):
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    raise ClientGone
-                if message.get("body"):  # hypercorn enforces Content-Length; this is defence only
-                    raise InferError(
-                        ErrorKind.INVALID_ARGUMENT, "request body longer than its Content-Length"
-                    )
-            return first
-        buffer = bytearray(expected if expected is not None else 0)
-        view, filled = memoryview(buffer), 0
-        chunk = first
-        while True:
-            end = filled + len(chunk)
-            if end > limit:
-                if message.get("more_body", False):
-                    await _discard_body(receive)
-                raise BodyTooLarge(limit)
-            if end <= len(buffer):
-                view[filled:end] = chunk
-            else:  # no or a wrong Content-Length (chunked transfer encoding)
-                view.release()
-                buffer[filled:] = chunk
-                view = memoryview(buffer)
-            filled = end
-            if not message.get("more_body", False):
-                break
+        first: bytes | None = None
+        view: memoryview | None = None
+        parts: list[bytes] = []
+        received, more = 0, True
+        while more:
             message = await receive()
             if message["type"] == "http.disconnect":
                 raise ClientGone
-            chunk = message.get("body", b"")
-        view.release()
-        if filled < len(buffer):
-            del buffer[filled:]
-        return buffer
+            chunk, more = message.get("body", b""), message.get("more_body", False)
+            if not chunk:
+                continue
+            end = received + len(chunk)
+            if end > limit:
+                if more:
+                    await _discard_body(receive)
+                raise BodyTooLarge(limit)
+            if first is None:
+                first = chunk
+            elif expected is None:
+                parts.append(chunk)
+            elif end > expected:  # hypercorn enforces Content-Length; this is defence only
+                raise InferError(ErrorKind.INVALID_ARGUMENT, "request body longer than its Content-Length")
+            else:
+                if view is None:
+                    # numpy's allocator asks for transparent huge pages: a large body then costs a few
+                    # hundred page faults instead of one per 4 KiB (about 5x faster to fill).
+                    view = memoryview(np.empty(expected, dtype=np.uint8))
+                    view[: len(first)] = first
+                view[received:end] = chunk
+            received = end
+        if view is not None:
+            return view[:received]
+        if parts:
+            return b"".join([first, *parts])
+        return first if first is not None else b""
 
     async def _send(self, send: Send, response: HttpResponse) -> None:
         try:

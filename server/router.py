@@ -15,7 +15,7 @@ class HttpRequest:
     path: str
     query: bytes
     headers: dict[bytes, bytes]  # lowercased names
-    body: bytes | bytearray = b""
+    body: bytes | memoryview = b""
     params: dict[str, str | None] = field(default_factory=dict)  # path parameters; None when left out
 
 
