@@ -21,8 +21,8 @@ from codec.tensor import InferRequest, InferResponse, RequestedOutput, Tensor, e
 HEADER_LENGTH = "inference-header-content-length"
 HEADER_LENGTH_BYTES = HEADER_LENGTH.encode()
 JSON_CONTENT_TYPE = b"application/json"
-_NO_BINARY = memoryview(b"")
 BINARY_CONTENT_TYPE = b"application/octet-stream"
+_NO_BINARY = memoryview(b"")
 
 
 def parse_header_length(value: str | bytes | None, body_length: int) -> int | None:
