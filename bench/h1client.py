@@ -8,6 +8,7 @@ import asyncio
 import time
 from typing import cast
 
+from bench.connections import connect, run_until_cancelled
 from bench.stats import Recorder
 
 
@@ -107,14 +108,9 @@ async def run_h1(host: str, port: int, request: bytes, concurrency: int, rec: Re
     async def connection() -> None:
         while True:
             closed: asyncio.Future[None] = loop.create_future()
-            try:
-                transport, _ = await loop.create_connection(
-                    lambda closed=closed: _Connection(request, rec, closed), host, port
-                )
-            except OSError:
-                rec.error()
-                await asyncio.sleep(0.1)
-                continue
+            transport, _ = await connect(
+                lambda closed=closed: _Connection(request, rec, closed), host, port, rec
+            )
             try:
                 await closed
             finally:
@@ -122,10 +118,4 @@ async def run_h1(host: str, port: int, request: bytes, concurrency: int, rec: Re
             rec.error()  # the server closed it with a request in flight
             await asyncio.sleep(0.01)
 
-    tasks = [asyncio.create_task(connection()) for _ in range(concurrency)]
-    try:
-        await asyncio.gather(*tasks)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    await run_until_cancelled(connection() for _ in range(concurrency))

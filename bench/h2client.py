@@ -21,6 +21,7 @@ from h2.events import (
 )
 from h2.settings import SettingCodes
 
+from bench.connections import connect, run_until_cancelled
 from bench.stats import Recorder
 
 _CONFIG = H2Configuration(
@@ -181,14 +182,9 @@ async def run_h2(
     async def connection(streams: int) -> None:
         while True:
             closed: asyncio.Future[None] = loop.create_future()
-            try:
-                transport, proto = await loop.create_connection(
-                    lambda closed=closed: _Connection(headers, body, streams, rec, closed), host, port
-                )
-            except OSError:
-                rec.error()
-                await asyncio.sleep(0.1)
-                continue
+            _, proto = await connect(
+                lambda closed=closed: _Connection(headers, body, streams, rec, closed), host, port, rec
+            )
             try:
                 await closed
             except asyncio.CancelledError:
@@ -198,10 +194,4 @@ async def run_h2(
                 rec.error()
             await asyncio.sleep(0.01)
 
-    tasks = [asyncio.create_task(connection(n)) for n in shares]
-    try:
-        await asyncio.gather(*tasks)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    await run_until_cancelled(connection(n) for n in shares)

@@ -64,10 +64,10 @@ class V2Endpoints:
         version = request.params["version"]
         if version is not None:
             return json_response(model.resolve(version).metadata([version]))
-        ready = [v for _, v in sorted(model.versions.items()) if v.ready]
+        ready = [v for v in model.newest_first if v.ready]
         if not ready:
             raise InferError(ErrorKind.UNAVAILABLE, f"model '{model.name}' is not ready: {model.reason}")
-        return json_response(ready[-1].metadata([str(v.version) for v in ready]))
+        return json_response(ready[0].metadata([v.version_str for v in reversed(ready)]))
 
     async def model_config(self, request: HttpRequest) -> HttpResponse:
         model = self.repository.model(request.params["model"])
