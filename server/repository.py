@@ -88,6 +88,9 @@ class Repository:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.models: dict[str, Model] = {}
+        # grps Offline clears this: every protocol's readiness probe then says not ready (so load
+        # balancers drain the server) while requests are still served; Online sets it again.
+        self.online = True
 
     async def load_all(self) -> None:
         """Loads every model folder, each in a worker thread, concurrently."""
@@ -118,4 +121,4 @@ class Repository:
 
     @property
     def ready(self) -> bool:
-        return all(m.ready for m in self.models.values())
+        return self.online and all(m.ready for m in self.models.values())

@@ -18,6 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "model_repository"
 LISTEN_RE = re.compile(rb"HTTP listening on 127\.0\.0\.1:(\d+)")
+GRPC_LISTEN_RE = re.compile(rb"gRPC listening on 127\.0\.0\.1:(\d+)")
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 15.0
 LOG_TAIL = 20_000
@@ -40,6 +41,7 @@ class ServerProcess:
         self.log_level = log_level
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
+        self.grpc_port: int | None = None
         self.returncode: int | None = None
         self.killed = False  # set when wait() had to kill it: the failure was already raised there
 
@@ -56,6 +58,8 @@ class ServerProcess:
             "127.0.0.1",
             "--http-port",
             "0",
+            "--grpc-port",
+            "0",
             "--log-level",
             self.log_level,
             *self.extra_args,
@@ -68,9 +72,11 @@ class ServerProcess:
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            found = LISTEN_RE.search(self.log_path.read_bytes())
-            if found:
+            log_bytes = self.log_path.read_bytes()
+            found = LISTEN_RE.search(log_bytes)
+            if found:  # gRPC listens before HTTP, so its line is there by now
                 self.port = int(found.group(1))
+                self.grpc_port = int(GRPC_LISTEN_RE.search(log_bytes).group(1))
                 return self
             if self.proc.poll() is not None:
                 self.returncode = self.proc.returncode
