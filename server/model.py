@@ -1,5 +1,7 @@
 """One loaded model version: checks requests against its config, runs them, shapes the response."""
 
+from collections.abc import AsyncIterator
+from contextlib import aclosing
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -172,3 +174,26 @@ class ModelVersion:
             "inputs": [s.metadata() for s in self.inputs.values()],
             "outputs": [s.metadata() for s in self.outputs.values()],
         }
+
+    def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """One response per yield of the model's `execute_stream`. Bad requests raise here, at the call;
+        what the model raises comes out of the iteration. Closing the iterator closes the model's."""
+        backend = self.backend
+        if backend is None or not self.ready:
+            raise InferError(
+                ErrorKind.UNAVAILABLE, f"model '{self.name}' version {self.version} is not ready"
+            )
+        execute_stream = getattr(backend, "execute_stream", None)
+        if execute_stream is None:
+            raise invalid(f"model '{self.name}' does not stream its answers: use plain infer")
+        arrays = self._model_inputs(request)
+        wanted = self._wanted_outputs(request)
+        return self._stream(execute_stream(arrays), wanted, request.id)
+
+    async def _stream(
+        self, produced_stream: AsyncIterator[Any], wanted: list[str], request_id: str | None
+    ) -> AsyncIterator[InferResponse]:
+        async with aclosing(produced_stream):
+            async for produced in produced_stream:
+                outputs = [self._response_tensor(name, produced) for name in wanted]
+                yield InferResponse(self.name, self.version_str, outputs, request_id)

@@ -1,23 +1,30 @@
 """The python backend: `<version>/model.py` defines a model class.
 
-The class is `TritonPythonModel` or `Model`, or else the one class in the module with an `execute` method:
+The class is `TritonPythonModel` or `Model`, or else the one class in the module with `execute` or `execute_stream`:
 
     class Model:
         def initialize(self, config: dict) -> None: ...            # optional; the model config as JSON
         def execute(self, inputs: dict[str, Array]) -> dict[str, Array]: ...
         def finalize(self) -> None: ...                             # optional
+        async def execute_stream(self, inputs): yield {...}        # optional: one answer per yield
 
 With max_batch_size > 0 every array carries the leading batch dimension. Arrays are numpy on the host;
 later device staging hands CuPy arrays or torch tensors with the same interface. Input arrays may be
 read-only views of the request: a model copies before writing in place. `execute` may be `async def`.
+
+A streaming model defines the async generator `execute_stream`: streaming clients (grps streaming, v2
+ModelStreamInfer) receive each yield as it comes; a client that goes away closes the generator. Such a
+model may omit `execute`; plain infer then answers 400.
 """
 
 import importlib.util
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
+
+from codec.errors import ErrorKind, InferError
 
 CLASS_NAMES = ("TritonPythonModel", "Model")
 
@@ -41,9 +48,14 @@ class PythonBackend:
         self.model = _model_class(module, path)()
         if hasattr(self.model, "initialize"):
             self.model.initialize(config)
-        self.is_async = inspect.iscoroutinefunction(self.model.execute)
+        execute = getattr(self.model, "execute", None) or _no_execute(config["name"])
+        self.is_async = inspect.iscoroutinefunction(execute)
         # inputs -> outputs dict (an awaitable of it when async); bound directly: one call less per batch
-        self.execute: Callable[[dict[str, Any]], Any] = self.model.execute
+        self.execute: Callable[[dict[str, Any]], Any] = execute
+        stream = getattr(self.model, "execute_stream", None)
+        if stream is not None and not inspect.isasyncgenfunction(stream):
+            raise TypeError(f"{path}: execute_stream must be an async generator (async def with yield)")
+        self.execute_stream: Callable[[dict[str, Any]], AsyncIterator[Any]] | None = stream
 
     def close(self) -> None:
         try:
@@ -61,8 +73,23 @@ def _model_class(module: Any, path: Path) -> type:
     candidates = [
         obj
         for obj in vars(module).values()
-        if isinstance(obj, type) and obj.__module__ == module.__name__ and hasattr(obj, "execute")
+        if isinstance(obj, type)
+        and obj.__module__ == module.__name__
+        and (hasattr(obj, "execute") or hasattr(obj, "execute_stream"))
     ]
     if len(candidates) != 1:
-        raise TypeError(f"{path} must define one model class (TritonPythonModel or Model) with execute()")
+        raise TypeError(
+            f"{path} must define one model class (TritonPythonModel or Model) with execute() "
+            "or execute_stream()"
+        )
     return candidates[0]
+
+
+def _no_execute(model: str) -> Callable[[dict[str, Any]], Any]:
+    def execute(inputs: dict[str, Any]) -> Any:
+        raise InferError(
+            ErrorKind.INVALID_ARGUMENT,
+            f"model '{model}' only streams its answers: use grps streaming or gRPC ModelStreamInfer",
+        )
+
+    return execute
