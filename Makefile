@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 REPO ?= examples/model_repository
 ARGS ?=
 
-.PHONY: serve test lint format bench clean
+.PHONY: serve test lint format bench proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ format: $(STAMP)
 # Starts a server on ephemeral ports, drives it, and prints the side-by-side table (see bench/README.md).
 bench: $(STAMP)
 	$(BIN)/python -m bench $(ARGS)
+
+# Regenerates the betterproto2 modules in proto/ from proto/*.proto (commit the result; a test checks it).
+proto: $(STAMP)
+	$(BIN)/python -m proto.generate
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

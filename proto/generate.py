@@ -1,0 +1,50 @@
+"""Regenerate the betterproto2 modules in proto/ from the .proto sources beside them.
+
+`make proto` runs `python -m proto.generate`; tests/test_proto.py calls `generate(tmp_dir)` and compares
+the result with the committed files. Needs the `proto` extra (grpcio-tools, betterproto2-compiler).
+
+The betterproto2 plugin formats its output with the `ruff` it finds on PATH, configured by the
+pyproject.toml of the working directory, so this always runs protoc from the repository root with the
+interpreter's bin directory first on PATH: the output depends only on the sources and the pinned tools.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+PROTO_DIR = Path(__file__).resolve().parent
+REPO_ROOT = PROTO_DIR.parent
+SOURCES = ("grpc_service.proto", "model_config.proto", "grps.proto")
+PLUGIN_OPTIONS = "server_generation=async,client_generation=async"
+# What the plugin writes: modules and the py.typed marker (this script and the sources are not).
+GENERATED_SUFFIXES = (".py", ".typed")
+
+
+def generate(out_dir: Path) -> list[Path]:
+    """Compile SOURCES into out_dir; returns the Python files now in out_dir, relative to it."""
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    command = [
+        sys.executable,
+        "-m",
+        "grpc_tools.protoc",
+        f"-I{PROTO_DIR.relative_to(REPO_ROOT)}",
+        f"--python_betterproto2_out={out_dir}",
+        f"--python_betterproto2_opt={PLUGIN_OPTIONS}",
+        *(str((PROTO_DIR / name).relative_to(REPO_ROOT)) for name in SOURCES),
+    ]
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"protoc failed ({result.returncode}):\n{result.stderr}")
+    return sorted(
+        p.relative_to(out_dir)
+        for p in out_dir.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix in GENERATED_SUFFIXES
+    )
+
+
+if __name__ == "__main__":
+    generate(PROTO_DIR)
