@@ -1,42 +1,93 @@
-"""How a model version's requests reach its backend.
-
-This is the batcher's entry point. Without `dynamic_batching` every request executes alone, which is
-all this module does for now; batch forming is built on the same interface.
+"""How a model version's requests reach its backend: `DirectScheduler` without `dynamic_batching` (each
+request executes alone), `batcher.dynamic.DynamicBatcher` with it. Both answer `run(inputs, rows,
+priority, timeout_us) -> outputs` and `drain()`, and count statistics in a `ModelStats`.
 """
 
 import asyncio
-from collections.abc import Callable
+from time import perf_counter_ns
 from typing import Any
 
-Arrays = dict[str, Any]
+from batcher.execution import Arrays, Executor
+from batcher.stats import ModelStats
+from codec.errors import InferError
 
 
 class DirectScheduler:
     """Executes each request alone.
 
-    A plain `execute` runs to completion on the event loop, so requests never overlap: that suits the
-    small numpy models the python backend serves, and costs no thread hand-off. An `async def execute`
-    runs with at most `instances` (instance_group count) in flight at once.
+    A plain `execute` runs to completion on the event loop, so requests never overlap and there is
+    nothing to wait for. An `async def execute`, or a backend that runs in a worker thread, runs with at
+    most `instances` (instance_group count) requests in flight; the others wait their turn.
     """
 
-    def __init__(self, execute: Callable[[Arrays], Any], is_async: bool, instances: int = 1) -> None:
-        self._execute = execute
-        self._is_async = is_async
-        self._slots = asyncio.Semaphore(instances)
+    def __init__(self, executor: Executor, stats: ModelStats | None = None) -> None:
+        self.executor = executor
+        self.stats = stats if stats is not None else ModelStats()
+        self._slots = asyncio.Semaphore(executor.instances)
         self._in_flight = 0
         self._drained: asyncio.Event | None = None
 
-    async def run(self, inputs: Arrays) -> Arrays:
-        if not self._is_async:
-            return self._execute(inputs)
-        self._in_flight += 1
+    async def run(self, inputs: Arrays, rows: int = 1, priority: int = 0, timeout_us: int = 0) -> Any:
+        """The model's outputs for one request (`rows`: its batch size, 1 without batching).
+        priority and timeout_us matter only to the dynamic batcher."""
+        if not self.executor.inline:
+            return await self._run_waiting(inputs, rows)
+        start = perf_counter_ns()
         try:
-            async with self._slots:
-                return await self._execute(inputs)
+            outputs, input_ns, infer_ns, output_ns = self.executor.run_one(inputs)
+        except InferError:
+            self.stats.record_failure(1, perf_counter_ns() - start)
+            raise
+        self._record(rows, perf_counter_ns() - start, 0, input_ns, infer_ns, output_ns)
+        return outputs
+
+    async def _run_waiting(self, inputs: Arrays, rows: int) -> Any:
+        executor = self.executor
+        self._in_flight += 1
+        handed_off = False  # once a worker thread has the request, its completion ends it
+        start = perf_counter_ns()
+        try:
+            await self._slots.acquire()
+            queue_ns = perf_counter_ns() - start
+            if executor.in_thread:
+                work = asyncio.get_running_loop().run_in_executor(executor.pool, executor.run_one, inputs)
+                work.add_done_callback(self._thread_done)
+                handed_off = True
+                # A caller that goes away does not stop the thread: its slot frees when the thread ends.
+                outputs, input_ns, infer_ns, output_ns = await asyncio.shield(work)
+            else:
+                try:
+                    outputs, input_ns, infer_ns, output_ns = await executor.run_async(
+                        {name: [array] for name, array in inputs.items()}
+                    )
+                finally:
+                    self._slots.release()
+        except InferError:
+            self.stats.record_failure(1, perf_counter_ns() - start)
+            raise
         finally:
-            self._in_flight -= 1
-            if not self._in_flight and self._drained is not None:
-                self._drained.set()
+            if not handed_off:
+                self._end_one()
+        self._record(rows, perf_counter_ns() - start, queue_ns, input_ns, infer_ns, output_ns)
+        return outputs
+
+    def _record(
+        self, rows: int, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int
+    ) -> None:
+        rows = max(1, rows)  # a request of no rows still counts as one, as in Triton
+        self.stats.record_batch(rows, input_ns, infer_ns, output_ns)
+        self.stats.record_success(1, total_ns, queue_ns, input_ns, infer_ns, output_ns)
+
+    def _thread_done(self, work: asyncio.Future) -> None:
+        if not work.cancelled():
+            work.exception()  # retrieved here: the caller may be gone
+        self._slots.release()
+        self._end_one()
+
+    def _end_one(self) -> None:
+        self._in_flight -= 1
+        if not self._in_flight and self._drained is not None:
+            self._drained.set()
 
     async def drain(self) -> None:
         """Waits until no request is executing or waiting to execute."""

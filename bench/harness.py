@@ -1,6 +1,7 @@
 """Runs the scenarios in order against the bare ceiling app and our server, and collects their numbers."""
 
 import asyncio
+import contextlib
 import os
 import statistics
 import sys
@@ -13,12 +14,28 @@ import orjson
 
 from bench import crosscheck
 from bench.binary import run_binary
+from bench.grpc_load import GRPC_MODES, run_grpc
+from bench.grpc_load import verify as verify_grpc
 from bench.h1client import build_request, run_h1
 from bench.h2client import build_headers, run_h2
 from bench.procs import ServerProcess, exit_note, memory_kib, reset_peak_rss
 from bench.stats import Recorder, drive, show_progress, summarize
 
-SCENARIOS = ("bare-h1", "bare-h2", "json-h1", "json-h2", "binary-h1")
+SCENARIOS = (
+    "bare-h1",
+    "bare-h2",
+    "json-h1",
+    "json-h2",
+    "hpt-v2-h1",
+    "hpt-tf-h1",
+    "hpt-v2-h2",
+    "hpt-tf-h2",
+    "bare-grpc",
+    "infer-grpc",
+    "bare-grpcstream",
+    "infer-grpcstream",
+    "binary-h1",
+)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JSON_PATH = "/v2/models/simple/infer"
 BINARY_PATH = "/v2/models/identity_fp32/infer"
@@ -30,6 +47,26 @@ JSON_BODY = orjson.dumps(
         ]
     }
 )
+# The same three numbers through half_plus_two, as a KServe v2 JSON infer and as a TF Serving predict.
+HPT_V2_PATH = "/v2/models/half_plus_two/infer"
+HPT_V2_BODY = orjson.dumps(
+    {"inputs": [{"name": "x", "datatype": "FP32", "shape": [3, 1], "data": [1.0, 2.0, 5.0]}]}
+)
+HPT_TF_PATH = "/v1/models/half_plus_two:predict"
+HPT_TF_BODY = orjson.dumps({"instances": [1.0, 2.0, 5.0]})
+# A load scenario's family (its name less -h1 / -h2) -> the request it repeats.
+REQUESTS = {
+    "bare": (JSON_PATH, JSON_BODY),
+    "json": (JSON_PATH, JSON_BODY),
+    "hpt-v2": (HPT_V2_PATH, HPT_V2_BODY),
+    "hpt-tf": (HPT_TF_PATH, HPT_TF_BODY),
+}
+# Families measured against another, round by round, on the same HTTP version.
+BASELINES = {"json": "bare", "hpt-tf": "hpt-v2", "infer": "bare"}  # infer-grpc*: our gRPC vs grpclib echo
+
+
+def family(name: str) -> str:
+    return name.rsplit("-", 1)[0]
 
 
 @dataclass
@@ -63,6 +100,7 @@ class Result:
     p99_ms: float = float("nan")
     cpu: dict[str, float] = field(default_factory=dict)  # cores busy during the measured part
     vs_ceiling: float | None = None  # median over the rounds of (our req/s / the ceiling's) in that round
+    vs_v2: float | None = None  # hpt-tf: the same median ratio, to the v2 JSON infer on half_plus_two
     ratios: list[float] = field(default_factory=list)  # that ratio, round by round
     gb_per_s: float | None = None
     payload_bytes: int | None = None
@@ -91,13 +129,18 @@ async def _load(name: str, host: str, port: int, opts: Options, pid: int | None)
     result = Result(name, "bare" if name.startswith("bare") else "server", http, opts.concurrency)
     rec = Recorder()
     authority = f"{host}:{port}"
-    if http == "1.1":
-        request = build_request("POST", JSON_PATH, authority, JSON_BODY, {"Content-Type": "application/json"})
+    path, body = REQUESTS.get(family(name), REQUESTS["json"])
+    if name in GRPC_MODES:  # our server's gRPC port, or the bare grpclib echo service (bench/grpc_echo.py)
+        result.http = "gRPC"
+        mode = GRPC_MODES[name]
+        load = asyncio.create_task(run_grpc(host, port, mode, opts.concurrency, rec, opts.h2_connections))
+    elif http == "1.1":
+        request = build_request("POST", path, authority, body, {"Content-Type": "application/json"})
         load = asyncio.create_task(run_h1(host, port, request, opts.concurrency, rec))
     else:
-        headers = build_headers("POST", JSON_PATH, authority, JSON_BODY, {"content-type": "application/json"})
+        headers = build_headers("POST", path, authority, body, {"content-type": "application/json"})
         load = asyncio.create_task(
-            run_h2(host, port, headers, JSON_BODY, opts.concurrency, rec, opts.h2_connections)
+            run_h2(host, port, headers, body, opts.concurrency, rec, opts.h2_connections)
         )
     clocks = {"client": time.process_time}
     if pid is not None:
@@ -155,19 +198,30 @@ async def _binary(host: str, port: int, opts: Options, pid: int | None) -> Resul
     return result
 
 
-def verify_json(host: str, port: int, http2: bool) -> str:
-    """'' when one `simple` infer answers the right sums and differences, else what went wrong."""
+def verify_json(host: str, port: int, http2: bool, kind: str = "json") -> str:
+    """'' when one request of the family `kind` gets the right answer (the sums and differences of
+    `simple`, or 2.5, 3.0, 4.5 from half_plus_two), else what went wrong."""
     try:
         import httpx
     except ImportError:
         return ""
+    path, body = REQUESTS[kind]
     try:
         with httpx.Client(http1=not http2, http2=http2, timeout=10) as client:
-            response = client.post(f"http://{host}:{port}{JSON_PATH}", content=JSON_BODY)
+            response = client.post(f"http://{host}:{port}{path}", content=body)
         if response.status_code != 200:
             return f"HTTP {response.status_code}: {response.text[:200]}"
-        outputs = {out["name"]: out["data"] for out in response.json()["outputs"]}
-        if outputs.get("OUTPUT0") != list(range(1, 17)) or outputs.get("OUTPUT1") != list(range(-1, 15)):
+        doc = response.json()
+        if kind == "hpt-tf":
+            right = doc.get("predictions") == [2.5, 3.0, 4.5]
+        elif kind == "hpt-v2":
+            right = [out["data"] for out in doc["outputs"]] == [[2.5, 3.0, 4.5]]
+        else:
+            outputs = {out["name"]: out["data"] for out in doc["outputs"]}
+            right = outputs.get("OUTPUT0") == list(range(1, 17)) and outputs.get("OUTPUT1") == list(
+                range(-1, 15)
+            )
+        if not right:
             return f"wrong outputs: {response.text[:200]}"
     except Exception as exc:  # report, don't crash the run
         return f"{type(exc).__name__}: {exc}"
@@ -175,22 +229,25 @@ def verify_json(host: str, port: int, http2: bool) -> str:
 
 
 def _cross_check(result: Result, host: str, port: int, opts: Options) -> None:
+    if result.name in GRPC_MODES:
+        return
     tools = crosscheck.available()
-    url = f"http://{host}:{port}{JSON_PATH}"
+    path, body = REQUESTS[family(result.name)]
+    url = f"http://{host}:{port}{path}"
     if result.http == "1.1" and tools["wrk"]:
-        rps, note = crosscheck.run_wrk(url, JSON_BODY, "application/json", opts.concurrency, opts.duration)
+        rps, note = crosscheck.run_wrk(url, body, "application/json", opts.concurrency, opts.duration)
         result.cross_check = {"tool": "wrk", "rps": rps, "note": note}
     elif result.http == "2" and tools["h2load"]:
         requests = max(1000, int(result.rps * opts.duration)) if result.requests else 1000  # ~ as long
         rps, note = crosscheck.run_h2load(
-            url, JSON_BODY, "application/json", opts.concurrency, requests, opts.h2_connections
+            url, body, "application/json", opts.concurrency, requests, opts.h2_connections
         )
         result.cross_check = {"tool": "h2load", "rps": rps, "note": note}
 
 
 def _failed(name: str, opts: Options, why: str) -> Result:
     binary = name.startswith("binary")
-    http = "2" if name.endswith("h2") else "1.1"
+    http = "gRPC" if name in GRPC_MODES else "2" if name.endswith("h2") else "1.1"
     target = "bare" if name.startswith("bare") else "server"
     return Result(name, target, http, 1 if binary else opts.concurrency, errors=1, notes=[why])
 
@@ -209,7 +266,11 @@ def _run_on(
                 if name == "binary-h1":
                     result = runner.run(_binary(host, port, opts, pid))
                 else:
-                    problem = verify_json(host, port, name.endswith("h2")) if name.startswith("json") else ""
+                    kind = family(name)
+                    if name in GRPC_MODES:
+                        problem = runner.run(verify_grpc(host, port)) if kind != "bare" else ""
+                    else:
+                        problem = verify_json(host, port, name.endswith("h2"), kind) if kind != "bare" else ""
                     result = runner.run(_load(name, host, port, opts, pid))
                     if problem:
                         result.notes.insert(0, f"check failed: {problem}")
@@ -230,6 +291,8 @@ def run_all(opts: Options) -> tuple[list[Result], list[str]]:
     warning, anything there is worth a look).
     """
     selected = [name for name in SCENARIOS if name in opts.only]
+    if opts.url:  # gRPC scenarios need the harness's own server (and its gRPC port): not run here
+        selected = [name for name in selected if name not in GRPC_MODES]
     if opts.url:  # a server of the user's: the ceiling first, then that server, not interleaved
         parts = urllib.parse.urlsplit(opts.url)
         host, port = parts.hostname or "127.0.0.1", parts.port or 80
@@ -242,8 +305,26 @@ def run_all(opts: Options) -> tuple[list[Result], list[str]]:
     results: list[Result] = []
     log: list[str] = []
     argv = [sys.executable, "-m", "server", "serve", "--model-repository", opts.model_repository]
-    argv += ["--host", "127.0.0.1", "--http-port", "0", "--log-level", "warning", *opts.server_args]
-    with ServerProcess([sys.executable, "-m", "bench.bare_app"], cwd=ROOT) as bare:
+    argv += [
+        "--host",
+        "127.0.0.1",
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--metrics-port",
+        "0",
+        "--log-level",
+        "warning",
+    ]
+    argv += opts.server_args
+    echo = None
+    if any(name.startswith("bare") and name in GRPC_MODES for name in selected):
+        echo = ServerProcess([sys.executable, "-m", "bench.grpc_echo"], cwd=ROOT, listens="gRPC")
+    with (
+        echo or contextlib.nullcontext(),
+        ServerProcess([sys.executable, "-m", "bench.bare_app"], cwd=ROOT) as bare,
+    ):
         try:
             server = ServerProcess(argv, cwd=ROOT)
         except RuntimeError as exc:
@@ -251,13 +332,14 @@ def run_all(opts: Options) -> tuple[list[Result], list[str]]:
             return results, str(exc).splitlines()[-20:]
         with server:
             procs = {name: bare if name.startswith("bare") else server for name in selected}
+            procs.update({name: echo for name in selected if name.startswith("bare") and name in GRPC_MODES})
             loads = [name for name in selected if name != "binary-h1"]
             results = _interleaved(loads, procs, opts)
             if "binary-h1" in selected:
                 results += _run_on(["binary-h1"], "127.0.0.1", server.port, opts, server)
         if note := exit_note(server.proc.returncode):
             results[-1].notes.append(note)
-        log = [line.rstrip() for line in server.tail if "HTTP listening on" not in line]
+        log = [line.rstrip() for line in server.tail if "listening on" not in line]
     return _with_ratios(results), log
 
 
@@ -270,15 +352,18 @@ def _interleaved(names: list[str], procs: dict[str, ServerProcess], opts: Option
     for _ in range(opts.ratio_rounds):
         for name in names:
             proc = procs[name]
-            rounds[name] += _run_on([name], "127.0.0.1", proc.port, short, proc)
+            port = proc.grpc_port if name in GRPC_MODES else proc.port
+            rounds[name] += _run_on([name], "127.0.0.1", port, short, proc)
     merged = [_merge(rounds[name]) for name in names]
     for name, result in zip(names, merged, strict=True):
         if opts.cross_check and result.requests:
             _cross_check(result, "127.0.0.1", procs[name].port, opts)
-        if name.startswith("json"):
-            ceiling = rounds.get("bare-" + name.split("-")[1], [])
+        if family(name) in BASELINES:
+            baseline = rounds.get(BASELINES[family(name)] + "-" + name.rsplit("-", 1)[1], [])
             result.ratios = [
-                ours.rps / bare.rps for ours, bare in zip(rounds[name], ceiling, strict=False) if bare.rps > 0
+                ours.rps / base.rps
+                for ours, base in zip(rounds[name], baseline, strict=False)
+                if base.rps > 0
             ]
     return merged
 
@@ -297,11 +382,17 @@ def _merge(rounds: list[Result]) -> Result:
 
 
 def _with_ratios(results: list[Result]) -> list[Result]:
-    """vs_ceiling: the median per-round ratio where rounds were interleaved, else the plain ratio."""
-    ceilings = {r.http: r.rps for r in results if r.target == "bare" and r.requests}
+    """vs_ceiling (json-*) and vs_v2 (hpt-tf-*): the median per-round ratio to the baseline where rounds
+    were interleaved, else the plain ratio."""
+    rates = {r.name: r.rps for r in results if r.requests}
     for r in results:
-        if r.ratios:
-            r.vs_ceiling = statistics.median(r.ratios)
-        elif r.name.startswith("json") and r.http in ceilings:
-            r.vs_ceiling = r.rps / ceilings[r.http]
+        base = BASELINES.get(family(r.name))
+        if base is None:
+            continue
+        baseline = rates.get(base + "-" + r.name.rsplit("-", 1)[1])
+        ratio = statistics.median(r.ratios) if r.ratios else (r.rps / baseline if baseline else None)
+        if base == "bare":
+            r.vs_ceiling = ratio
+        else:
+            r.vs_v2 = ratio
     return results

@@ -7,18 +7,25 @@ import subprocess
 import threading
 import time
 
-_LISTENING = re.compile(r"HTTP listening on (\S+):(\d+)")
+_LISTENING = re.compile(r"(HTTP|gRPC) listening on (\S+):(\d+)")
 
 
 class ServerProcess:
-    """A server started with `argv`; `port` is parsed from its `HTTP listening on HOST:PORT` log line.
+    """A server started with `argv`; `port` is parsed from its `HTTP listening on HOST:PORT` log line, and
+    `grpc_port` from `gRPC listening on HOST:PORT` (`listens`: the line to wait for, "HTTP" or "gRPC").
 
     Its stderr keeps being drained by a thread (so the pipe never fills); the last lines are kept for
     error messages. Use as a context manager: leaving it sends SIGTERM, then SIGKILL after `grace` s.
     """
 
     def __init__(
-        self, argv: list[str], *, cwd: str | None = None, timeout: float = 60.0, grace: float = 15.0
+        self,
+        argv: list[str],
+        *,
+        cwd: str | None = None,
+        timeout: float = 60.0,
+        grace: float = 15.0,
+        listens: str = "HTTP",
     ):
         self.argv = argv
         self.grace = grace
@@ -34,6 +41,8 @@ class ServerProcess:
         self._found = threading.Event()
         self.host = ""
         self.port = 0
+        self.grpc_port = 0
+        self.listens = listens
         self._thread = threading.Thread(target=self._drain, daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout
@@ -52,8 +61,13 @@ class ServerProcess:
             if not self._found.is_set():
                 match = _LISTENING.search(line)
                 if match:
-                    self.host, self.port = match.group(1), int(match.group(2))
-                    self._found.set()
+                    if match.group(1) == "gRPC":
+                        self.grpc_port = int(match.group(3))
+                    else:
+                        self.port = int(match.group(3))
+                    if match.group(1) == self.listens:
+                        self.host = match.group(2)
+                        self._found.set()
 
     @property
     def pid(self) -> int:

@@ -12,16 +12,26 @@ from typing import Any
 
 import orjson
 
-from bench.harness import Options, Result
+from bench.harness import Options, Result, family
 
 WHAT = {
     "bare-h1": "bare hypercorn app (ceiling)",
     "bare-h2": "bare hypercorn app (ceiling)",
     "json-h1": "JSON infer `simple`",
     "json-h2": "JSON infer `simple`",
+    "hpt-v2-h1": "v2 JSON infer `half_plus_two`",
+    "hpt-v2-h2": "v2 JSON infer `half_plus_two`",
+    "hpt-tf-h1": "TF Serving `:predict` `half_plus_two`",
+    "hpt-tf-h2": "TF Serving `:predict` `half_plus_two`",
+    "bare-grpc": "bare grpclib echo, unary (ceiling)",
+    "infer-grpc": "gRPC ModelInfer `simple`",
+    "bare-grpcstream": "bare grpclib echo, stream (ceiling)",
+    "infer-grpcstream": "gRPC ModelStreamInfer `simple`",
     "binary-h1": "64 MiB FP32 round trip `identity_fp32`",
 }
 JSON_RATIO, BINARY_GBPS, RSS_RATIO = 0.75, 1.0, 3.0
+GRPC_RATIO = 0.7  # gRPC ModelInfer against the bare grpclib echo service
+TF_RATIO = 0.85  # TF Serving predict within 15% of the v2 JSON infer on the same model
 
 
 def machine() -> dict[str, Any]:
@@ -79,6 +89,25 @@ def targets(results: list[Result]) -> list[dict[str, Any]]:
             shown = "no ceiling in this run" if r and r.requests else "-"
         label = f"JSON infer {http} >= {JSON_RATIO} x ceiling, no errors"
         add(label, r, ratio, shown, (ratio or 0) >= JSON_RATIO)
+    for name, http in (("hpt-tf-h1", "HTTP/1.1"), ("hpt-tf-h2", "HTTP/2")):
+        r = by_name.get(name)
+        if r is None:
+            continue
+        ratio = r.vs_v2 if r.vs_v2 is not None and not math.isnan(r.vs_v2) else None
+        shown = f"{ratio:.2f} x" if ratio is not None else "no v2 run beside it"
+        add(
+            f"TF predict {http} >= {TF_RATIO} x v2 JSON infer (half_plus_two)",
+            r,
+            ratio,
+            shown,
+            (ratio or 0) >= TF_RATIO,
+        )
+    r = by_name.get("infer-grpc")
+    if r is not None:
+        ratio = r.vs_ceiling if r.vs_ceiling is not None and not math.isnan(r.vs_ceiling) else None
+        shown = f"{ratio:.2f} x" if ratio is not None else "no echo run beside it"
+        label = f"gRPC ModelInfer >= {GRPC_RATIO} x grpclib echo, no errors"
+        add(label, r, ratio, shown, (ratio or 0) >= GRPC_RATIO)
     r = by_name.get("binary-h1")
     gbps = r.gb_per_s if r else None
     label = f"binary round trip >= {BINARY_GBPS} GB/s, bytes intact"
@@ -109,7 +138,12 @@ def _result_cell(r: Result) -> str:
             growth, ratio = r.rss["peak_growth_bytes"] / 2**20, r.rss["ratio_to_payload"]
             cell += f"; peak RSS +{growth:.0f} MiB = {ratio:.2f} x payload"
         return cell
-    cell = _num(r.vs_ceiling, "{:.2f} x ceiling")
+    if r.vs_v2 is not None:
+        cell = _num(r.vs_v2, "{:.2f} x v2 JSON")
+    elif family(r.name) == "hpt-v2":
+        return "baseline of hpt-tf"
+    else:
+        cell = _num(r.vs_ceiling, "{:.2f} x ceiling")
     if len(r.ratios) > 1:
         cell += f" (median of {len(r.ratios)} rounds, {min(r.ratios):.2f}-{max(r.ratios):.2f})"
     return cell
@@ -147,7 +181,8 @@ def render(results: list[Result], opts: Options, info: dict[str, Any], log: list
         f" {opts.ratio_rounds} alternating rounds of {opts.duration / opts.ratio_rounds:g} s each, both"
         " processes up (the speed of these shared cores drifts between moments): req/s is over all rounds,"
         " latencies and CPU are medians of the rounds, and the ratio to the ceiling is the median of the"
-        " per-round ratios. CPU is cores kept busy (server process / load"
+        " per-round ratios (hpt-tf: to hpt-v2, the same three numbers through half_plus_two as a v2 JSON"
+        " infer). CPU is cores kept busy (server process / load"
         " generator). For binary-h1, req/s is round trips/s and GB/s = tensor bytes sent + tensor bytes"
         f" received ({opts.binary_mib} MiB each way per round trip; HTTP and JSON headers not counted) / wall"
         " time of the sequential timed round trips, 1 GB = 10^9 bytes. Peak RSS growth = server VmHWM after"

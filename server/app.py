@@ -4,9 +4,10 @@ Plain ASGI 3 for hypercorn (HTTP/1.1 and HTTP/2 alike). Bodies arrive as chunks 
 into one buffer; large response chunks go out in slices so a response never doubles in memory.
 """
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -18,6 +19,7 @@ log = logging.getLogger("tensorgate.http")
 SEND_SLICE = 1 << 20  # hypercorn copies each body message; slices keep that copy small
 METHODS_WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
 
+T = TypeVar("T")
 Receive = Callable[[], Awaitable[dict]]
 Send = Callable[[dict], Awaitable[None]]
 
@@ -63,7 +65,7 @@ class App:
         method, path = scope["method"], scope["path"]
         headers = dict(scope["headers"])  # lowercased names, as hypercorn gives them
         if b"content-length" in headers and b"transfer-encoding" in headers:
-            await self._send(send, _ambiguous_framing(self.router.fallback_errors))
+            await self._send(send, _ambiguous_framing(self.router.fallback_errors), receive)
             return
         errors = self.router.fallback_errors
         body_pending = True  # an early answer reads the body first, so the connection stays usable
@@ -74,7 +76,7 @@ class App:
             if method in METHODS_WITH_BODY:
                 body_pending = False  # _read_body consumes the body, also when it refuses it
                 body = await self._read_body(receive, headers)
-            request = HttpRequest(method, path, scope["query_string"], headers, body, params)
+            request = HttpRequest(method, path, scope["query_string"], headers, body, params, receive)
             response = await route.handler(request)
         except ClientGone:
             return
@@ -89,7 +91,7 @@ class App:
             response = errors(InferError(ErrorKind.INTERNAL, f"internal error serving {method} {path}"))
         if body_pending and response.status >= 400 and not await _discard_body(receive):
             return
-        await self._send(send, response)
+        await self._send(send, response, receive)
 
     async def _read_body(self, receive: Receive, headers: dict[bytes, bytes]) -> bytes | memoryview:
         """The whole body: the one chunk it came in, else one copy into a buffer of its Content-Length,
@@ -136,7 +138,7 @@ class App:
             return b"".join([first, *parts])
         return first if first is not None else b""
 
-    async def _send(self, send: Send, response: HttpResponse) -> None:
+    async def _send(self, send: Send, response: HttpResponse, receive: Receive) -> None:
         try:
             await send(
                 {"type": "http.response.start", "status": response.status, "headers": response.headers}
@@ -150,11 +152,68 @@ class App:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 await send({"type": "http.response.body", "body": pieces[-1] if pieces else b""})
                 return
-            async for chunk in chunks:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await _stream(send, receive, chunks)
         except (OSError, RuntimeError):  # the client went away mid-response
             return
+
+
+async def _stream(send: Send, receive: Receive, chunks: Any) -> None:
+    """Sends chunks as the iterator yields them. A client that goes away (hypercorn then says
+    http.disconnect, and drops what is still sent) stops the iterator at once and closes it."""
+
+    async def pump() -> None:
+        async for chunk in chunks:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    pumping = asyncio.ensure_future(pump())
+    watching = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait({pumping, watching}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watching.cancel()
+        pumping.cancel()
+        try:
+            await pumping
+        except asyncio.CancelledError:
+            pass
+        finally:
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+async def unless_client_leaves(work: Awaitable[T], receive: Receive | None) -> T:
+    """Awaits `work`, cancelled when the client disconnects first (then raises ClientGone).
+
+    hypercorn only reports a disconnect on `receive`, it does not cancel the handler: a request queued
+    for its batch would be executed for nobody. The watch costs a task (~10 us), so only work that may
+    wait (a model with a queue) uses it."""
+    if receive is None:
+        return await work
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(receive))
+    try:
+        done, _ = await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+    if task in done:
+        return task.result()
+    raise ClientGone
+
+
+async def infer_watching(version: Any, request: Any, receive: Receive | None) -> Any:
+    """`version.infer(request)` (a ModelVersion), watching for the client to leave when it may queue."""
+    if version.queues:
+        return await unless_client_leaves(version.infer(request), receive)
+    return await version.infer(request)
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _discard_body(receive: Receive) -> bool:

@@ -1,14 +1,22 @@
-"""KServe v2 REST endpoints: health, server and model metadata, model config, infer."""
+"""KServe v2 REST endpoints: health, server and model metadata, model config, statistics, infer."""
 
 import orjson
 
 from codec import v2_http
 from codec.errors import ErrorKind, InferError, http_status
 from server import __version__
+from server.app import infer_watching
 from server.repository import Repository
 from server.router import HttpRequest, HttpResponse, Router
+from server.statistics import model_statistics
 
-EXTENSIONS = ["binary_tensor_data", "model_configuration"]
+EXTENSIONS = [
+    "binary_tensor_data",
+    "model_configuration",
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "statistics",
+]
 JSON_HEADERS = [(b"content-type", v2_http.JSON_CONTENT_TYPE)]
 
 
@@ -31,6 +39,8 @@ class V2Endpoints:
             ("GET", "/v2", self.server_metadata),
             ("GET", "/v2/health/live", self.live),
             ("GET", "/v2/health/ready", self.ready),
+            # before the model routes: /v2/models/stats is the statistics of all models, as in Triton
+            ("GET", "/v2/models[/{model}[/versions/{version}]]/stats", self.model_stats),
             ("GET", model, self.model_metadata),
             ("GET", model + "/ready", self.model_ready),
             ("GET", model + "/config", self.model_config),
@@ -78,6 +88,12 @@ class V2Endpoints:
             raise InferError(ErrorKind.UNAVAILABLE, f"model '{model.name}' is not ready: {model.reason}")
         return json_response(model.config)
 
+    async def model_stats(self, request: HttpRequest) -> HttpResponse:
+        params = request.params
+        return json_response(
+            model_statistics(self.repository, params["model"] or "", params["version"] or "")
+        )
+
     async def infer(self, request: HttpRequest) -> HttpResponse:
         name, version = request.params["model"], request.params["version"] or ""
         model_version = self.repository.resolve(name, version)
@@ -85,6 +101,6 @@ class V2Endpoints:
             request.headers.get(v2_http.HEADER_LENGTH_BYTES), len(request.body)
         )
         infer_request = v2_http.decode_request(request.body, header_length, name, version)
-        response = await model_version.infer(infer_request)
+        response = await infer_watching(model_version, infer_request, request.receive)
         encoded = v2_http.encode_response(response, infer_request)
         return HttpResponse(200, encoded.headers, encoded.chunks)

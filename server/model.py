@@ -1,5 +1,7 @@
 """One loaded model version: checks requests against its config, runs them, shapes the response."""
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from enum import Enum
@@ -8,7 +10,11 @@ from typing import Any
 
 import numpy as np
 
+from batcher.dynamic import DynamicBatcher
+from batcher.execution import Executor
 from batcher.scheduler import DirectScheduler
+from batcher.staging import make_staging
+from batcher.stats import ModelStats
 from codec.datatypes import BY_CONFIG, DataType
 from codec.errors import ErrorKind, InferError, invalid
 from codec.tensor import InferRequest, InferResponse, Tensor
@@ -62,29 +68,54 @@ class ModelVersion:
         self.state = ModelState.UNAVAILABLE
         self.reason = ""
         self.backend: Backend | None = None
-        self.scheduler: DirectScheduler | None = None
+        self.scheduler: DirectScheduler | DynamicBatcher | None = None
+        self.executor: Executor | None = None
+        self.stats = ModelStats()  # Triton's statistics for this version (batcher/stats.py)
+        self._open_streams = 0  # infer_stream answers in progress: unload waits for them too
+        self._streams_closed: asyncio.Event | None = None
 
     def load(self) -> None:
         """Blocking: imports and initializes the backend. Sets state and reason either way."""
         self.state = ModelState.LOADING
         try:
             self.backend = load_backend(self.version_dir, self.config, self.version)
+            self.executor = Executor(
+                self.backend.execute,
+                label=f"model '{self.name}' version {self.version}",
+                is_async=self.backend.is_async,
+                in_thread=getattr(self.backend, "in_thread", False),
+                instances=sum(g.get("count", 1) for g in self.config.get("instance_group", [{}])),
+                staging=make_staging(self.config),
+            )
         except BaseException as e:  # a model's code may raise anything, SystemExit included
+            if self.backend is not None:  # loaded, but no staging for it (e.g. a GPU id not present)
+                with contextlib.suppress(Exception):
+                    self.backend.close()
+            self.backend = None
             self.state = ModelState.UNAVAILABLE
             self.reason = f"failed to load '{self.name}' version {self.version}: {type(e).__name__}: {e}"
             return
-        instances = sum(g.get("count", 1) for g in self.config.get("instance_group", [{}]))
-        self.scheduler = DirectScheduler(self.backend.execute, self.backend.is_async, instances)
+        if "dynamic_batching" in self.config:
+            self.scheduler = DynamicBatcher(self.executor, self.config, self.stats)
+        else:
+            self.scheduler = DirectScheduler(self.executor, self.stats)
         self.state = ModelState.READY
         self.reason = ""
 
     async def unload(self) -> None:
         self.state = ModelState.UNLOADING
+        if self._open_streams:
+            self._streams_closed = asyncio.Event()
+            await self._streams_closed.wait()
         if self.scheduler is not None:
             await self.scheduler.drain()
+            if isinstance(self.scheduler, DynamicBatcher):
+                self.scheduler.close()
+        if self.executor is not None:
+            self.executor.close()
         if self.backend is not None:
             self.backend.close()
-        self.backend = self.scheduler = None
+        self.backend = self.scheduler = self.executor = None
         self.state = ModelState.UNAVAILABLE
         self.reason = "unloaded"
 
@@ -92,18 +123,32 @@ class ModelVersion:
     def ready(self) -> bool:
         return self.state is ModelState.READY
 
+    @property
+    def queues(self) -> bool:
+        """Whether a request may wait in a queue (dynamic batching) before it executes."""
+        return isinstance(self.scheduler, DynamicBatcher)
+
     async def infer(self, request: InferRequest) -> InferResponse:
         if self.scheduler is None or not self.ready:
             raise InferError(
                 ErrorKind.UNAVAILABLE, f"model '{self.name}' version {self.version} is not ready"
             )
-        arrays = self._model_inputs(request)
+        arrays, rows = self._inputs_and_rows(request)
         wanted = self._wanted_outputs(request)
-        produced = await self.scheduler.run(arrays)
+        if request.parameters:
+            priority, timeout = self._scheduling(request.parameters)
+            produced = await self.scheduler.run(arrays, rows, priority, timeout)
+        else:
+            produced = await self.scheduler.run(arrays, rows)
         outputs = [self._response_tensor(name, produced) for name in wanted]
         return InferResponse(self.name, self.version_str, outputs, request.id)
 
     def _model_inputs(self, request: InferRequest) -> dict[str, Any]:
+        """The arrays the model executes on."""
+        return self._inputs_and_rows(request)[0]
+
+    def _inputs_and_rows(self, request: InferRequest) -> tuple[dict[str, Any], int]:
+        """The arrays the model executes on, and the request's batch size (1 without batching)."""
         arrays: dict[str, Any] = {}
         batch = None
         for tensor in request.inputs:
@@ -138,7 +183,21 @@ class ModelVersion:
             missing = [n for n, s in self.inputs.items() if n not in arrays and not s.optional]
             if missing:
                 raise invalid(f"model '{self.name}': missing input(s) {', '.join(repr(n) for n in missing)}")
-        return arrays
+        return arrays, 1 if batch is None else batch
+
+    def _scheduling(self, parameters: dict) -> tuple[int, int]:
+        """The request parameters `priority` and `timeout` (microseconds in the queue), as Triton reads
+        them: unsigned integers, 0 when absent."""
+        values = []
+        for key in ("priority", "timeout"):
+            value = parameters.get(key, 0)
+            if type(value) is not int or not 0 <= value < 1 << 64:
+                raise invalid(
+                    f"model '{self.name}': unable to parse '{key}': "
+                    f"expected an unsigned integer, got {value!r}"
+                )
+            values.append(value)
+        return values[0], values[1]
 
     def _input_error(self, tensor: Tensor, problem: str) -> InferError:
         return invalid(f"model '{self.name}', input '{tensor.name}' {problem}")
@@ -193,7 +252,13 @@ class ModelVersion:
     async def _stream(
         self, produced_stream: AsyncIterator[Any], wanted: list[str], request_id: str | None
     ) -> AsyncIterator[InferResponse]:
-        async with aclosing(produced_stream):
-            async for produced in produced_stream:
-                outputs = [self._response_tensor(name, produced) for name in wanted]
-                yield InferResponse(self.name, self.version_str, outputs, request_id)
+        self._open_streams += 1
+        try:
+            async with aclosing(produced_stream):
+                async for produced in produced_stream:
+                    outputs = [self._response_tensor(name, produced) for name in wanted]
+                    yield InferResponse(self.name, self.version_str, outputs, request_id)
+        finally:
+            self._open_streams -= 1
+            if not self._open_streams and self._streams_closed is not None:
+                self._streams_closed.set()

@@ -47,6 +47,7 @@ _PLATFORM_BACKENDS = {
 }
 _MESSAGE_MAPS = ("priority_queue_policy", "inputs", "input")  # maps whose values are messages
 _GROUP_KINDS = ("KIND_AUTO", "KIND_GPU", "KIND_CPU", "KIND_MODEL")
+_TIMEOUT_ACTIONS = ("REJECT", "DELAY")  # ModelQueuePolicy.TimeoutAction, in enum order
 
 
 def _require(ok: object, message: str) -> None:
@@ -328,6 +329,80 @@ def _instance_groups(groups: Any, model: str) -> list[dict]:
     return out
 
 
+def _non_negative(message: dict, field: str, what: str) -> int:
+    value = message.get(field, 0)
+    _require(_is_int(value) and value >= 0, f"{what} {field} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def _flag(message: dict, field: str, what: str) -> bool:
+    value = message.get(field, False)
+    ok = isinstance(value, bool) or value in (0, 1)  # protobuf text format also writes bools as 0 / 1
+    _require(ok and not isinstance(value, float), f"{what} {field} must be true or false, got {value!r}")
+    return bool(value)
+
+
+def _queue_policy(policy: Any, what: str) -> dict:
+    """A ModelQueuePolicy with every field filled (Triton's defaults: REJECT, no timeout, no limit)."""
+    _require(isinstance(policy, dict), f"{what} must be a message")
+    action = policy.get("timeout_action", "REJECT")
+    if _is_int(action) and 0 <= action < len(_TIMEOUT_ACTIONS):  # protobuf JSON may give enums as numbers
+        action = _TIMEOUT_ACTIONS[action]
+    _require(action in _TIMEOUT_ACTIONS, f"{what} timeout_action must be REJECT or DELAY, got {action!r}")
+    return {
+        **policy,
+        "timeout_action": action,
+        "default_timeout_microseconds": _non_negative(policy, "default_timeout_microseconds", what),
+        "allow_timeout_override": _flag(policy, "allow_timeout_override", what),
+        "max_queue_size": _non_negative(policy, "max_queue_size", what),
+    }
+
+
+def _dynamic_batching(batching: Any, max_batch_size: int) -> dict:
+    """ModelDynamicBatching validated as Triton validates it, every field filled; an empty
+    preferred_batch_size becomes [max_batch_size], as Triton normalizes it."""
+    what = "dynamic_batching"
+    _require(isinstance(batching, dict), f"{what} must be a message")
+    sizes = batching.get("preferred_batch_size", [])
+    _require(isinstance(sizes, list), f"{what} preferred_batch_size must be a list of integers")
+    for size in sizes:
+        ok = _is_int(size) and 1 <= size <= max_batch_size
+        _require(ok, f"{what} preferred_batch_size {size!r} is not in 1..{max_batch_size} (max_batch_size)")
+    levels = _non_negative(batching, "priority_levels", what)
+    default_level = _non_negative(batching, "default_priority_level", what)
+    policies = batching.get("priority_queue_policy", {})
+    _require(isinstance(policies, dict), f"{what} priority_queue_policy must map priority levels to policies")
+    for key in policies:
+        _require(str(key).isdigit(), f"{what} priority_queue_policy level {key!r} is not a number")
+        ok = not levels or 1 <= int(key) <= levels  # without priority levels, Triton ignores them
+        _require(ok, f"{what} priority_queue_policy level {key} is not in 1..{levels} (priority_levels)")
+    if levels:
+        ok = 1 <= default_level <= levels
+        _require(ok, f"{what} default_priority_level must be in 1..{levels}, got {default_level}")
+    out = {
+        **batching,
+        "preferred_batch_size": sizes or ([max_batch_size] if max_batch_size else []),
+        "max_queue_delay_microseconds": _non_negative(batching, "max_queue_delay_microseconds", what),
+        "preserve_ordering": _flag(batching, "preserve_ordering", what),
+        "priority_levels": levels,
+        "default_priority_level": default_level,
+        "default_queue_policy": _queue_policy(
+            batching.get("default_queue_policy", {}), f"{what} default_queue_policy"
+        ),
+        "priority_queue_policy": {
+            str(int(k)): _queue_policy(v, f"{what} priority_queue_policy level {k}")
+            for k, v in policies.items()
+        },
+    }
+    if out["preserve_ordering"]:
+        # Responses in request order cannot let a request overtake another.
+        _require(levels <= 1, f"{what} preserve_ordering allows only one priority level, got {levels}")
+        for policy in (out["default_queue_policy"], *out["priority_queue_policy"].values()):
+            delays = policy["timeout_action"] == "DELAY" and policy["default_timeout_microseconds"]
+            _require(not delays, f"{what} preserve_ordering does not allow a queue policy that DELAYs")
+    return out
+
+
 def _normalize(raw: Any, model: str) -> dict:
     _require(isinstance(raw, dict), "the configuration must be a message (a JSON object)")
     cfg = _fix_ints(raw)
@@ -342,13 +417,6 @@ def _normalize(raw: Any, model: str) -> dict:
     max_batch_size = cfg.get("max_batch_size", 0)
     ok = _is_int(max_batch_size) and max_batch_size >= 0
     _require(ok, f"max_batch_size must be an integer >= 0, got {max_batch_size!r}")
-    batching = cfg.get("dynamic_batching")
-    if batching is not None:
-        _require(isinstance(batching, dict), "dynamic_batching must be a message")
-        _require(max_batch_size > 0, "dynamic_batching requires max_batch_size > 0")
-        for size in batching.get("preferred_batch_size", []):
-            ok = _is_int(size) and 1 <= size <= max_batch_size
-            _require(ok, f"dynamic_batching preferred_batch_size {size!r} is not in 1..{max_batch_size}")
     parameters = cfg.get("parameters", {})
     ok = isinstance(parameters, dict) and all(isinstance(v, dict) for v in parameters.values())
     _require(ok, "parameters must map names to { string_value: ... }")
@@ -364,6 +432,8 @@ def _normalize(raw: Any, model: str) -> dict:
     }
     if platform != "ensemble":  # Triton gives ensembles no instance groups
         out["instance_group"] = _instance_groups(cfg.get("instance_group"), name)
+    if cfg.get("dynamic_batching") is not None:
+        out["dynamic_batching"] = _dynamic_batching(cfg["dynamic_batching"], max_batch_size)
     out["parameters"] = parameters
     for key, value in cfg.items():  # everything else (schedulers, warmup, unknown fields) as given
         out.setdefault(key, value)

@@ -1,45 +1,72 @@
 """The model repository: a directory of `<model>/config.pbtxt|config.json` and `<model>/<version>/` folders.
 
 Loading happens off the event loop; a model whose config or code fails is kept UNAVAILABLE with its
-reason while the others serve.
+reason while the others serve. Models are loaded, reloaded and unloaded at run time as Triton's model
+control modes say: `none` loads everything at start, `explicit` obeys the repository API, `poll` follows
+the directory. A reload swaps in the new version set once it is ready, then retires the old one after
+its requests in flight are answered.
 """
 
 import asyncio
+import json
 import logging
-from pathlib import Path
+import os
+import shutil
+import tempfile
+from pathlib import Path, PurePosixPath
 
-from codec.errors import ErrorKind, InferError
+from codec.errors import ErrorKind, InferError, invalid
 from server.model import ModelVersion
-from server.model_config import ConfigError, load_model_config
+from server.model_config import ConfigError, load_model_config, normalize_config
 
 log = logging.getLogger("tensorgate.repository")
 
+CONTROL_MODES = ("none", "explicit", "poll")
+UNLOADED = "unloaded"
+Signature = frozenset[tuple[str, int, int]]
+
 
 class Model:
-    """A model name with the versions its version_policy selects."""
+    """A model name with the versions its version_policy selects, loaded from one directory."""
 
-    def __init__(self, name: str, directory: Path) -> None:
+    def __init__(
+        self, name: str, directory: Path, config: dict | None = None, owned_dir: Path | None = None
+    ) -> None:
         self.name = name
         self.directory = directory
-        self.config: dict | None = None
+        self.config: dict | None = config  # given: a config override; else read from the directory
+        self.owned_dir = owned_dir  # a file override's folder, removed when the model is retired
         self.versions: dict[int, ModelVersion] = {}
         self.newest_first: list[ModelVersion] = []  # a request without a version takes the first ready
         self.reason = ""  # why the model, or some of its versions, failed to load
+        self.loading = False
+        self.unloaded = False  # unloaded through the API: it no longer counts for server readiness
+        self.signature: Signature | None = None  # the directory as it was when loading started
 
     @property
     def ready(self) -> bool:
         return any(v.ready for v in self.versions.values())
 
+    @property
+    def fully_ready(self) -> bool:
+        """Every version its policy selects is ready (what strict server readiness asks of a model)."""
+        return bool(self.versions) and all(v.ready for v in self.versions.values())
+
     def load(self) -> None:
-        """Blocking: reads the config and loads every selected version."""
+        """Blocking: reads the config (unless given) and loads every selected version."""
+        self.loading = True
         try:
-            self.config = load_model_config(self.directory)
+            self.signature = tree_signature(self.directory)
+            if self.config is None:
+                self.config = load_model_config(self.directory)
             numbers = select_versions(self.directory, self.config["version_policy"])
         except (ConfigError, OSError) as e:
             self.reason = f"failed to load '{self.name}': {e}"
+            self.loading = False
             return
         if not numbers:
             self.reason = f"failed to load '{self.name}': no version folder matches its version_policy"
+            self.loading = False
             return
         self.versions = {n: ModelVersion(self.directory, self.config, n) for n in numbers}
         self.newest_first = [self.versions[n] for n in sorted(numbers, reverse=True)]
@@ -47,6 +74,13 @@ class Model:
             version.load()
         failed = [v.reason for v in self.versions.values() if not v.ready]
         self.reason = "; ".join(failed)
+        self.loading = False
+
+    async def retire(self) -> None:
+        """Unloads every ready version (requests in flight are answered first) and the override folder."""
+        await asyncio.gather(*(v.unload() for v in self.versions.values() if v.ready))
+        if self.owned_dir is not None:
+            await asyncio.to_thread(shutil.rmtree, self.owned_dir, True)
 
     def resolve(self, version: str) -> ModelVersion:
         """The version a request names, or the highest ready one for ""."""
@@ -54,10 +88,8 @@ class Model:
             for candidate in self.newest_first:
                 if candidate.ready:
                     return candidate
-            raise InferError(
-                ErrorKind.UNAVAILABLE,
-                f"model '{self.name}' is not ready: {self.reason or 'no ready version'}",
-            )
+            why = self.reason or ("loading" if self.loading else "no ready version")
+            raise InferError(ErrorKind.UNAVAILABLE, f"model '{self.name}' is not ready: {why}")
         try:
             found = self.versions[int(version)]
         except (ValueError, KeyError):
@@ -67,6 +99,19 @@ class Model:
                 ErrorKind.UNAVAILABLE, f"model '{self.name}' version {version} is not ready: {found.reason}"
             )
         return found
+
+    def index(self, ready_only: bool) -> list[dict]:
+        """Triton's repository index entries: one per version, or one for the model when it has none."""
+        if self.versions:
+            return [
+                {"name": self.name, "version": str(n), "state": v.state.value, "reason": v.reason}
+                for n, v in sorted(self.versions.items())
+                if v.ready or not ready_only
+            ]
+        if ready_only:
+            return []
+        state = "LOADING" if self.loading else "UNAVAILABLE"
+        return [{"name": self.name, "version": "", "state": state, "reason": self.reason}]
 
 
 def version_folders(directory: Path) -> list[int]:
@@ -84,31 +129,83 @@ def select_versions(directory: Path, policy: dict) -> list[int]:
     return available[-keep:] if keep > 0 else []
 
 
+def tree_signature(directory: Path) -> Signature:
+    """What poll mode compares: each file's path, size and mtime, and each folder's path. Folder mtimes,
+    hidden entries and __pycache__ are left out: importing model.py writes a __pycache__ beside it."""
+    entries: list[tuple[str, int, int]] = []
+    for root, dirs, files in os.walk(directory):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__"]
+        relative = os.path.relpath(root, directory)
+        entries.append((relative, -1, -1))
+        for name in files:
+            if name.startswith("."):
+                continue
+            try:
+                stat = os.stat(os.path.join(root, name))
+            except OSError:  # removed while we walk: the next poll sees the rest of the change
+                continue
+            entries.append((os.path.join(relative, name), stat.st_size, stat.st_mtime_ns))
+    return frozenset(entries)
+
+
+def check_model_name(name: str) -> None:
+    if not name.strip() or "/" in name or "\\" in name or ".." in name or name.startswith("."):
+        raise invalid(f"invalid model name '{name}': a model name is one folder name, not a path")
+
+
+def override_path(key: str) -> PurePosixPath:
+    """The relative path a file override names ("file:1/model.py" or "1/model.py"), checked to stay inside
+    the model's folder."""
+    path = PurePosixPath(key.removeprefix("file:"))
+    if not path.parts or path.is_absolute() or any(p in ("", ".", "..") for p in path.parts):
+        raise invalid(f"invalid file parameter '{key}': the path must stay within the model directory")
+    return path
+
+
 class Repository:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, control_mode: str = "none", strict_readiness: bool = True) -> None:
+        if control_mode not in CONTROL_MODES:
+            raise ValueError(f"unknown model control mode {control_mode!r}")
         self.path = path
+        self.control_mode = control_mode
+        self.strict_readiness = strict_readiness
         self.models: dict[str, Model] = {}
         # grps Offline clears this: every protocol's readiness probe then says not ready (so load
         # balancers drain the server) while requests are still served; Online sets it again.
         self.online = True
+        self._locks: dict[str, asyncio.Lock] = {}  # one per model name: its loads and unloads take turns
+        self._failed: dict[str, Signature | None] = {}  # poll mode: a failed reload is not retried as is
+        self._overrides: Path | None = None  # the server's folder for file overrides, made on first use
 
-    async def load_all(self) -> None:
-        """Loads every model folder, each in a worker thread, concurrently."""
-        directories = sorted(p for p in self.path.iterdir() if p.is_dir() and not p.name.startswith("."))
-        self.models = {d.name: Model(d.name, d) for d in directories}
-        await asyncio.gather(*(asyncio.to_thread(m.load) for m in self.models.values()))
-        for model in self.models.values():
-            if model.ready:
-                ready = sorted(n for n, v in model.versions.items() if v.ready)
-                log.info("model '%s' ready, versions %s", model.name, ready)
-            if model.reason:
-                log.warning("model '%s': %s", model.name, model.reason)
+    # ---------------------------------------------------------------------------------------- startup
+
+    async def start(self, load_models: list[str] | tuple[str, ...] = ()) -> None:
+        """Loads what the control mode loads at startup: everything, or (explicit) `load_models`."""
+        if self.control_mode != "explicit":
+            if load_models:
+                log.warning("--load-model is only used with --model-control-mode explicit; ignored")
+            await self.load_all()
+        elif "*" in load_models:
+            await self.load_all()
+        else:
+            await self.load_all(list(dict.fromkeys(load_models)))
+
+    async def load_all(self, names: list[str] | None = None) -> None:
+        """Loads every model folder (or those named), each in a worker thread, concurrently."""
+        on_disk = self._disk_models()
+        for name in names or ():
+            if name not in on_disk:
+                log.error("failed to load '%s': no model folder '%s' in the model repository", name, name)
+        wanted = on_disk if names is None else {n: on_disk[n] for n in names if n in on_disk}
+        await asyncio.gather(*(self._load_locked(n, d) for n, d in wanted.items()))
 
     async def unload_all(self) -> None:
-        for model in self.models.values():
-            for version in model.versions.values():
-                if version.ready:
-                    await version.unload()
+        for model in list(self.models.values()):
+            await model.retire()
+        if self._overrides is not None:
+            await asyncio.to_thread(shutil.rmtree, self._overrides, True)
+
+    # ------------------------------------------------------------------------------- lookups, health
 
     def model(self, name: str) -> Model:
         try:
@@ -121,4 +218,195 @@ class Repository:
 
     @property
     def ready(self) -> bool:
-        return self.online and all(m.ready for m in self.models.values())
+        """Strict (Triton's default): every model loaded and not unloaded has all its versions ready."""
+        if not self.online:
+            return False
+        if not self.strict_readiness:
+            return True
+        return all(m.fully_ready for m in self.models.values() if not m.unloaded)
+
+    def index(self, ready_only: bool = False) -> list[dict]:
+        """Every model in the repository, loaded or not, as Triton's index lists them: one entry per
+        version with its state and reason; a model never loaded has version and state ""."""
+        names = sorted(set(self._disk_models()) | set(self.models))
+        out: list[dict] = []
+        for name in names:
+            model = self.models.get(name)
+            if model is not None:
+                out.extend(model.index(ready_only))
+            elif not ready_only:
+                out.append({"name": name, "version": "", "state": "", "reason": ""})
+        return out
+
+    # ------------------------------------------------------------------------------ repository API
+
+    async def load_model(
+        self, name: str, config: str | None = None, files: dict[str, bytes] | None = None
+    ) -> None:
+        """Loads, or reloads, a model (explicit mode). `config` is a model config as a JSON string that
+        replaces the one on disk; `files` ("1/model.py" -> bytes; a "file:" prefix is allowed) form the
+        model's folder instead of the repository's and need `config`. A reload keeps the loaded model
+        serving until the new one is ready, and keeps it when the new one fails."""
+        self._check_control("load")
+        check_model_name(name)
+        parsed = _parse_config(name, config) if config is not None else None
+        directory, owned = self.path / name, None
+        if files:
+            if parsed is None:
+                raise invalid("Load parameter 'config' must be specified for model file override")
+            if self._overrides is None:  # made here, on the loop: two uploads at once share one
+                self._overrides = Path(tempfile.mkdtemp(prefix="tensorgate-overrides-"))
+            directory = owned = await asyncio.to_thread(_write_override, self._overrides, name, files)
+        elif not directory.is_dir():
+            raise invalid(f"failed to load '{name}', failed to poll from model repository: no such model")
+        async with self._lock(name):
+            reason = await self._load(name, directory, parsed, owned)
+        if reason:
+            raise invalid(reason)
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        """Unloads a model (explicit mode); requests in flight are answered first. `unload_dependents` is
+        accepted as Triton's API has it: without ensembles no model depends on another."""
+        self._check_control("unload")
+        check_model_name(name)
+        async with self._lock(name):
+            model = self.models.get(name)
+            if model is None:
+                if (self.path / name).is_dir():
+                    return  # on disk and not loaded: nothing to do
+                raise invalid(f"failed to unload '{name}': unknown model")
+            model.unloaded = True
+            model.reason = UNLOADED
+            await model.retire()
+            if not (self.path / name).is_dir():  # an uploaded model: nothing of it is left to index
+                self.models.pop(name, None)
+            log.info("model '%s' unloaded", name)
+
+    # ------------------------------------------------------------------------------------ poll mode
+
+    async def poll_forever(self, period: float, stop: asyncio.Event) -> None:
+        """Applies the repository's changes every `period` seconds until `stop` is set (a poll under way
+        finishes first)."""
+        while True:
+            try:
+                await asyncio.wait_for(stop.wait(), period)
+                return
+            except TimeoutError:
+                pass
+            try:
+                await self.poll_once()
+            except Exception:
+                log.exception("polling the model repository failed")
+
+    async def poll_once(self) -> None:
+        """Loads added models, reloads changed ones (config or version folders), unloads removed ones."""
+        scanned = await asyncio.to_thread(self._scan)
+        changed = [
+            name
+            for name, signature in scanned.items()
+            if self._failed.get(name) != signature
+            and (name not in self.models or self.models[name].signature != signature)
+        ]
+        removed = [name for name in self.models if name not in scanned]
+        await asyncio.gather(
+            *(self._load_locked(n, self.path / n) for n in changed), *(self._remove(n) for n in removed)
+        )
+
+    async def _remove(self, name: str) -> None:
+        async with self._lock(name):
+            model = self.models.pop(name, None)
+            if model is not None:
+                await model.retire()
+                log.info("model '%s' removed from the repository: unloaded", name)
+
+    def _scan(self) -> dict[str, Signature]:
+        return {name: tree_signature(path) for name, path in self._disk_models().items()}
+
+    # ------------------------------------------------------------------------------------ internals
+
+    def _check_control(self, action: str) -> None:
+        if self.control_mode == "poll":
+            raise InferError(
+                ErrorKind.UNAVAILABLE, "explicit model load / unload is not allowed if polling is enabled"
+            )
+        if self.control_mode == "none":
+            raise InferError(
+                ErrorKind.UNAVAILABLE,
+                f"explicit model load / unload is not allowed in model control mode 'none' (cannot {action}; "
+                "start the server with --model-control-mode explicit)",
+            )
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    def _disk_models(self) -> dict[str, Path]:
+        try:
+            entries = sorted(self.path.iterdir())
+        except OSError as e:
+            log.error("cannot list the model repository %s: %s", self.path, e)
+            return {}
+        return {p.name: p for p in entries if p.is_dir() and not p.name.startswith(".")}
+
+    async def _load_locked(self, name: str, directory: Path) -> None:
+        async with self._lock(name):
+            await self._load(name, directory, None, None)
+
+    async def _load(self, name: str, directory: Path, config: dict | None, owned: Path | None) -> str:
+        """Loads `name` afresh and puts it in service; "" on success, else why it failed. A model that
+        serves keeps serving until the new one is ready, and stays when the new one fails. The caller
+        holds the model's lock."""
+        new = Model(name, directory, config, owned)
+        old = self.models.get(name)
+        keep_old = old is not None and old.ready
+        if not keep_old:
+            new.loading = True  # seen as LOADING by the index and by requests meanwhile
+            self.models[name] = new
+            if old is not None:
+                await old.retire()
+        await asyncio.to_thread(new.load)
+        complete = new.fully_ready
+        if keep_old and not complete:
+            self._failed[name] = new.signature
+            await new.retire()
+            log.error("reloading model '%s' failed, the loaded one serves on: %s", name, new.reason)
+            return new.reason
+        self._failed.pop(name, None)
+        if keep_old and old is not None:
+            self.models[name] = new  # the swap: a request now resolves to the new versions
+            await old.retire()
+            for number, version in new.versions.items():  # counters go on across a reload
+                if number in old.versions:
+                    version.stats.absorb(old.versions[number].stats)
+        if new.ready:
+            ready = sorted(n for n, v in new.versions.items() if v.ready)
+            log.info("model '%s' ready, versions %s", name, ready)
+        if new.reason:
+            log.warning("model '%s': %s", name, new.reason)
+        return "" if complete else new.reason
+
+
+def _write_override(root: Path, name: str, files: dict[str, bytes]) -> Path:
+    """Blocking: writes the files of a file override into a new folder under `root` (the server's)."""
+    directory = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=root))
+    try:
+        for key, data in files.items():
+            target = directory.joinpath(*override_path(key).parts)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+    except (OSError, InferError) as e:
+        shutil.rmtree(directory, ignore_errors=True)
+        if isinstance(e, InferError):
+            raise
+        raise invalid(f"failed to load '{name}': cannot write the override files: {e}") from None
+    return directory
+
+
+def _parse_config(name: str, text: str) -> dict:
+    try:
+        raw = json.loads(text)
+    except (ValueError, TypeError) as e:
+        raise invalid(f"failed to load '{name}': parameter 'config' is not valid JSON: {e}") from None
+    try:
+        return normalize_config(raw, name)
+    except ConfigError as e:
+        raise invalid(f"failed to load '{name}': {e}") from None

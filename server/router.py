@@ -3,6 +3,7 @@
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from codec.errors import ErrorKind, InferError
 
@@ -17,6 +18,7 @@ class HttpRequest:
     headers: dict[bytes, bytes]  # lowercased names
     body: bytes | memoryview = b""
     params: dict[str, str | None] = field(default_factory=dict)  # path parameters; None when left out
+    receive: Any = None  # the ASGI receive channel: what unless_client_leaves() watches
 
 
 @dataclass(slots=True)
@@ -39,8 +41,10 @@ class Route:
 
 
 def compile_path(template: str) -> re.Pattern:
-    """'/v2/models/{model}[/versions/{version}]/infer' -> a regex; [...] is optional, {x} one segment."""
+    """'/v2/models/{model}[/versions/{version}]/infer' -> a regex; [...] is optional, {x} one segment,
+    {*x} the rest of the path (slashes included, maybe empty)."""
     regex = re.escape(template).replace(r"\[", "(?:").replace(r"\]", ")?")
+    regex = re.sub(r"\\\{\\\*(\w+)\\\}", r"(?P<\1>.*)", regex)
     regex = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", regex)
     return re.compile(f"^{regex}$")
 

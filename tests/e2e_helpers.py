@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "model_repository"
 LISTEN_RE = re.compile(rb"HTTP listening on 127\.0\.0\.1:(\d+)")
 GRPC_LISTEN_RE = re.compile(rb"gRPC listening on 127\.0\.0\.1:(\d+)")
+METRICS_LISTEN_RE = re.compile(rb"Metrics listening on 127\.0\.0\.1:(\d+)")
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 15.0
 LOG_TAIL = 20_000
@@ -42,6 +43,7 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
         self.grpc_port: int | None = None
+        self.metrics_port: int | None = None  # None with --allow-metrics false
         self.returncode: int | None = None
         self.killed = False  # set when wait() had to kill it: the failure was already raised there
 
@@ -60,6 +62,8 @@ class ServerProcess:
             "0",
             "--grpc-port",
             "0",
+            "--metrics-port",
+            "0",
             "--log-level",
             self.log_level,
             *self.extra_args,
@@ -77,6 +81,8 @@ class ServerProcess:
             if found:  # gRPC listens before HTTP, so its line is there by now
                 self.port = int(found.group(1))
                 self.grpc_port = int(GRPC_LISTEN_RE.search(log_bytes).group(1))
+                metrics = METRICS_LISTEN_RE.search(log_bytes)  # logged before HTTP too, when enabled
+                self.metrics_port = int(metrics.group(1)) if metrics else None
                 return self
             if self.proc.poll() is not None:
                 self.returncode = self.proc.returncode

@@ -38,7 +38,13 @@ def test_server_metadata(client: httpx.Client) -> None:
     doc = response.json()
     assert doc["name"] == "tensorgate"
     assert isinstance(doc["version"], str) and doc["version"]
-    assert sorted(doc["extensions"]) == ["binary_tensor_data", "model_configuration"]
+    assert sorted(doc["extensions"]) == [
+        "binary_tensor_data",
+        "model_configuration",
+        "model_repository",
+        "model_repository(unload_dependents)",
+        "statistics",
+    ]
 
 
 def test_health_live_and_ready(client: httpx.Client) -> None:

@@ -109,7 +109,20 @@ DENSENET_NORMALIZED = {
         "intra_op_thread_count": {"string_value": "4"},
         "cudnn_conv_algo_search": {"string_value": "HEURISTIC"},
     },
-    "dynamic_batching": {"preferred_batch_size": [4, 8], "max_queue_delay_microseconds": 100},
+    "dynamic_batching": {
+        "preferred_batch_size": [4, 8],
+        "max_queue_delay_microseconds": 100,
+        "preserve_ordering": False,
+        "priority_levels": 0,
+        "default_priority_level": 0,
+        "default_queue_policy": {
+            "timeout_action": "REJECT",
+            "default_timeout_microseconds": 0,
+            "allow_timeout_override": False,
+            "max_queue_size": 0,
+        },
+        "priority_queue_policy": {},
+    },
     "model_warmup": [
         {
             "name": "zeros",
@@ -332,6 +345,94 @@ def test_reshape_rules_follow_triton():
     assert normalize_config(_base(input=[variable]), "m")["input"][0]["dims"] == [2, 4, -1, 6]
 
 
+def _batching(**fields) -> dict:
+    return {"dynamic_batching": fields}
+
+
+DEFAULT_QUEUE_POLICY = {
+    "timeout_action": "REJECT",
+    "default_timeout_microseconds": 0,
+    "allow_timeout_override": False,
+    "max_queue_size": 0,
+}
+
+
+def test_empty_dynamic_batching_gets_triton_defaults():
+    assert normalize_config(_base(max_batch_size=16, dynamic_batching={}), "m")["dynamic_batching"] == {
+        "preferred_batch_size": [16],  # Triton: an empty list becomes [max_batch_size]
+        "max_queue_delay_microseconds": 0,
+        "preserve_ordering": False,
+        "priority_levels": 0,
+        "default_priority_level": 0,
+        "default_queue_policy": DEFAULT_QUEUE_POLICY,
+        "priority_queue_policy": {},
+    }
+
+
+def test_dynamic_batching_without_batching_is_a_queue_of_single_requests():
+    # Triton accepts dynamic_batching with max_batch_size 0: its queue policies still apply.
+    config = normalize_config(_base(max_batch_size=0, dynamic_batching={}), "m")
+    assert config["dynamic_batching"]["preferred_batch_size"] == []
+
+
+def test_priority_queue_policies_from_pbtxt():
+    text = """
+    backend: "python"
+    max_batch_size: 8
+    input [ { name: "IN" data_type: TYPE_INT32 dims: [ 16 ] } ]
+    output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 16 ] } ]
+    dynamic_batching {
+      preferred_batch_size: 4
+      max_queue_delay_microseconds: 500
+      priority_levels: 3
+      default_priority_level: 2
+      default_queue_policy { max_queue_size: 10 }
+      priority_queue_policy {
+        key: 1
+        value { timeout_action: DELAY default_timeout_microseconds: 100 allow_timeout_override: 1 }
+      }
+      priority_queue_policy { key: 3 value: { } }
+    }
+    """
+    batching = normalize_config(parse_pbtxt(text), "m")["dynamic_batching"]
+    assert batching == {
+        "preferred_batch_size": [4],
+        "max_queue_delay_microseconds": 500,
+        "preserve_ordering": False,
+        "priority_levels": 3,
+        "default_priority_level": 2,
+        "default_queue_policy": {**DEFAULT_QUEUE_POLICY, "max_queue_size": 10},
+        "priority_queue_policy": {
+            "1": {
+                "timeout_action": "DELAY",
+                "default_timeout_microseconds": 100,
+                "allow_timeout_override": True,
+                "max_queue_size": 0,
+            },
+            "3": DEFAULT_QUEUE_POLICY,
+        },
+    }
+
+
+def test_queue_policy_from_json_with_int64_strings_and_enum_numbers():
+    raw = _base(
+        dynamic_batching={
+            "max_queue_delay_microseconds": "250",
+            "default_queue_policy": {"timeout_action": 1, "default_timeout_microseconds": "9000000000"},
+        }
+    )
+    batching = normalize_config(json.loads(json.dumps(raw)), "m")["dynamic_batching"]
+    assert batching["max_queue_delay_microseconds"] == 250
+    assert batching["default_queue_policy"]["timeout_action"] == "DELAY"
+    assert batching["default_queue_policy"]["default_timeout_microseconds"] == 9_000_000_000
+
+
+def test_preserve_ordering_allows_a_single_level_and_a_rejecting_timeout():
+    batching = {"preserve_ordering": True, "default_queue_policy": {"default_timeout_microseconds": 5}}
+    config = normalize_config(_base(dynamic_batching=batching), "m")
+    assert config["dynamic_batching"]["preserve_ordering"] is True
+
+
 def test_input_is_not_modified():
     raw = _base(dynamic_batching={"preferred_batch_size": ["2"]})
     before = json.dumps(raw)
@@ -389,10 +490,55 @@ def test_input_is_not_modified():
         ),
         ({"instance_group": [{"count": 0}]}, "instance_group 'm_0' count must be >= 1, got 0"),
         ({"instance_group": [{"kind": "KIND_TPU"}]}, "instance_group 'm_0' has unknown kind 'KIND_TPU'"),
-        ({"max_batch_size": 0, "dynamic_batching": {}}, "dynamic_batching requires max_batch_size > 0"),
+        (_batching(preferred_batch_size=[2, 8]), "dynamic_batching preferred_batch_size 8 is not in 1..4"),
         (
-            {"dynamic_batching": {"preferred_batch_size": [2, 8]}},
-            "dynamic_batching preferred_batch_size 8 is not in 1..4",
+            {"max_batch_size": 0, **_batching(preferred_batch_size=[1])},
+            "dynamic_batching preferred_batch_size 1 is not in 1..0 (max_batch_size)",
+        ),
+        ({"dynamic_batching": []}, "dynamic_batching must be a message"),
+        (
+            _batching(max_queue_delay_microseconds=-1),
+            "dynamic_batching max_queue_delay_microseconds must be an integer >= 0, got -1",
+        ),
+        (
+            _batching(preserve_ordering="yes"),
+            "dynamic_batching preserve_ordering must be true or false, got 'yes'",
+        ),
+        (_batching(priority_levels=2), "dynamic_batching default_priority_level must be in 1..2, got 0"),
+        (
+            _batching(priority_levels=2, default_priority_level=3),
+            "dynamic_batching default_priority_level must be in 1..2, got 3",
+        ),
+        (
+            _batching(priority_levels=2, default_priority_level=1, priority_queue_policy={"3": {}}),
+            "dynamic_batching priority_queue_policy level 3 is not in 1..2 (priority_levels)",
+        ),
+        (
+            _batching(priority_queue_policy={"high": {}}),
+            "dynamic_batching priority_queue_policy level 'high' is not a number",
+        ),
+        (
+            _batching(default_queue_policy={"timeout_action": "DROP"}),
+            "dynamic_batching default_queue_policy timeout_action must be REJECT or DELAY, got 'DROP'",
+        ),
+        (
+            _batching(default_queue_policy={"max_queue_size": -4}),
+            "dynamic_batching default_queue_policy max_queue_size must be an integer >= 0, got -4",
+        ),
+        (
+            _batching(default_queue_policy={"allow_timeout_override": 2}),
+            "dynamic_batching default_queue_policy allow_timeout_override must be true or false, got 2",
+        ),
+        (
+            _batching(priority_levels=2, default_priority_level=1, preserve_ordering=True),
+            "dynamic_batching preserve_ordering allows only one priority level, got 2",
+        ),
+        (
+            _batching(
+                preserve_ordering=True,
+                default_queue_policy={"timeout_action": "DELAY", "default_timeout_microseconds": 5},
+            ),
+            "dynamic_batching preserve_ordering does not allow a queue policy that DELAYs",
         ),
         ({"parameters": {"k": "v"}}, "parameters must map names to { string_value: ... }"),
     ],

@@ -3,9 +3,13 @@
 from pathlib import Path
 from typing import Any, Protocol
 
+SUPPORTED = ("python", "pytorch")
+
 
 class Backend(Protocol):
-    is_async: bool
+    is_async: bool  # execute is `async def`
+    # A backend may also set `in_thread = True`: its execute blocks (a forward pass), so the batcher runs
+    # it in a worker thread instead of on the event loop.
 
     def execute(self, inputs: dict[str, Any]) -> Any: ...
 
@@ -19,4 +23,8 @@ def load_backend(version_dir: Path, config: dict, version: int) -> Backend:
         from server.backends.python import PythonBackend
 
         return PythonBackend(version_dir, config, version)
-    raise ValueError(f"backend {name!r} is not supported (supported: python)")
+    if name in ("pytorch", "pytorch_libtorch"):
+        from server.backends.pytorch import PyTorchBackend  # imports torch itself, only now
+
+        return PyTorchBackend(version_dir, config, version)
+    raise ValueError(f"backend {name!r} is not supported (supported: {', '.join(SUPPORTED)})")

@@ -1,6 +1,7 @@
 """The python backend: `<version>/model.py` defines a model class.
 
-The class is `TritonPythonModel` or `Model`, or else the one class in the module with `execute` or `execute_stream`:
+The class is `TritonPythonModel` or `Model`, or else the one class in the module with `execute` or
+`execute_stream`:
 
     class Model:
         def initialize(self, config: dict) -> None: ...            # optional; the model config as JSON
@@ -17,9 +18,9 @@ ModelStreamInfer) receive each yield as it comes; a client that goes away closes
 model may omit `execute`; plain infer then answers 400.
 """
 
-import importlib.util
 import inspect
 import sys
+import types
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -35,16 +36,19 @@ class PythonBackend:
         if not path.is_file():
             raise FileNotFoundError(f"no model.py in {version_dir}")
         module_name = f"tensorgate_models.{config['name']}.v{version}"
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
+        module = types.ModuleType(module_name)
+        module.__file__ = str(path)
+        previous = sys.modules.get(module_name)  # a version being reloaded keeps serving meanwhile
         sys.modules[module_name] = module  # lets dataclasses/pickle inside model.py resolve the module
         try:
-            spec.loader.exec_module(module)
+            # Compiled from the source every time: no __pycache__ written into the repository, and no
+            # stale bytecode when model.py changes within the same second at the same size.
+            exec(compile(path.read_bytes(), str(path), "exec"), module.__dict__)
         except BaseException:
-            sys.modules.pop(module_name, None)
+            _restore_module(module_name, module, previous)
             raise
         self._module_name = module_name
+        self._module = module
         self.model = _model_class(module, path)()
         if hasattr(self.model, "initialize"):
             self.model.initialize(config)
@@ -62,7 +66,7 @@ class PythonBackend:
             if hasattr(self.model, "finalize"):
                 self.model.finalize()
         finally:
-            sys.modules.pop(self._module_name, None)
+            _restore_module(self._module_name, self._module, None)
 
 
 def _model_class(module: Any, path: Path) -> type:
@@ -83,6 +87,15 @@ def _model_class(module: Any, path: Path) -> type:
             "or execute_stream()"
         )
     return candidates[0]
+
+
+def _restore_module(name: str, mine: types.ModuleType, previous: types.ModuleType | None) -> None:
+    """Unregisters `mine` unless a newer load of the same version has taken its place."""
+    if sys.modules.get(name) is mine:
+        if previous is None:
+            del sys.modules[name]
+        else:
+            sys.modules[name] = previous
 
 
 def _no_execute(model: str) -> Callable[[dict[str, Any]], Any]:

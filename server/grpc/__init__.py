@@ -5,6 +5,8 @@
 
 from dataclasses import dataclass
 
+from server.grpc.grps import GrpsService
+from server.grpc.inference import InferenceService
 from server.repository import Repository
 
 
@@ -16,4 +18,4 @@ class GrpcSettings:
 
 def services(repository: Repository, settings: GrpcSettings) -> list:
     """The grpclib servicers served on --grpc-port."""
-    return []
+    return [InferenceService(repository), GrpsService(repository, settings.grps_default_model)]

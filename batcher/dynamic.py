@@ -1,0 +1,330 @@
+"""The dynamic batcher: Triton's `dynamic_batching` on an asyncio event loop.
+
+Requests queue by priority level (batcher/queue.py). Whenever an instance is free, a batch is formed
+from the front of the queue, as Triton's dynamic batch scheduler forms it:
+- requests join in queue order while the rows stay within `max_batch_size` and their inputs agree
+  (names, datatypes, non-batch dimensions); the first request that does not fit ends the batch;
+- a batch that reaches a `preferred_batch_size` (by default `max_batch_size`) goes at once, at the
+  largest preferred size reachable;
+- otherwise the batch waits while the oldest request in it has waited less than
+  `max_queue_delay_microseconds`, then goes as it is (0: at once, with whatever is queued).
+Each batch's inputs are staged into one array per input, executed once, and its outputs are split back
+per request as row views (no copy). `instance_group` count batches may be in flight at once; while all
+are busy the queue keeps filling. With `preserve_ordering`, answers leave in the order the batches were
+formed. The clock is injected: tests drive time by hand with `batcher.clock.ManualClock`.
+"""
+
+import asyncio
+from collections import deque
+from operator import itemgetter
+from typing import Any
+
+import numpy as np
+
+from batcher.clock import Clock, MonotonicClock, Timer
+from batcher.execution import Arrays, Executor, Result
+from batcher.queue import TIMED_OUT, PriorityQueues, QueuePolicy, Waiter
+from batcher.stats import ModelStats
+from codec.datatypes import BY_CONFIG
+from codec.errors import ErrorKind, InferError, invalid
+
+_by_name = itemgetter(0)
+
+
+def signature(inputs: Arrays) -> tuple:
+    """What requests must share to share a batch: input names, datatypes and non-batch dimensions."""
+    return tuple((name, array.dtype, array.shape[1:]) for name, array in sorted(inputs.items(), key=_by_name))
+
+
+class _Batch:
+    __slots__ = ("waiters", "dispatched_ns", "outcome")
+
+    def __init__(self, waiters: list[Waiter], dispatched_ns: int) -> None:
+        self.waiters = waiters
+        self.dispatched_ns = dispatched_ns
+        self.outcome: list[Arrays] | InferError | None = None  # answers per waiter, or the batch's error
+
+
+class DynamicBatcher:
+    def __init__(
+        self,
+        executor: Executor,
+        config: dict,
+        stats: ModelStats | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        """`config`: the model configuration (model_config.py's normalized dict); its
+        `dynamic_batching` section may be absent (all defaults)."""
+        self.executor = executor
+        self.stats = stats if stats is not None else ModelStats()
+        self.clock: Clock = clock if clock is not None else MonotonicClock()
+        max_batch_size = int(config.get("max_batch_size", 0))
+        # Without batching (max_batch_size 0) each request is a batch of one: the queue policies apply.
+        self.batched = max_batch_size > 0
+        self.max_batch_size = max(1, max_batch_size)
+        section = config.get("dynamic_batching") or {}
+        preferred = sorted({int(s) for s in section.get("preferred_batch_size") or ()}) or [
+            self.max_batch_size
+        ]
+        self.preferred = frozenset(preferred)
+        self.max_preferred = preferred[-1]
+        self.delay_ns = int(section.get("max_queue_delay_microseconds", 0)) * 1000
+        self.preserve_ordering = bool(section.get("preserve_ordering", False))
+        self.queues = PriorityQueues(
+            int(section.get("priority_levels", 0)),
+            int(section.get("default_priority_level", 0)),
+            QueuePolicy.from_config(section.get("default_queue_policy")),
+            {
+                int(k): QueuePolicy.from_config(v)
+                for k, v in (section.get("priority_queue_policy") or {}).items()
+            },
+        )
+        self._dtypes = {o["name"]: BY_CONFIG[o["data_type"]].numpy for o in config.get("output", ())}
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first request
+        self._free = executor.instances  # instances not executing a batch
+        self._in_flight = 0
+        self._kicked = False
+        self._timer: Timer | None = None
+        self._timer_at: int | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._formed: deque[_Batch] = deque()  # preserve_ordering: batches not yet answered, in order
+        self._idle: asyncio.Event | None = None
+
+    # ------------------------------------------------------------------------------------------ requests
+
+    async def run(self, inputs: Arrays, rows: int = 1, priority: int = 0, timeout_us: int = 0) -> Arrays:
+        """This request's outputs: its rows of its batch's outputs. `rows` is its batch size (ignored
+        without batching); `priority` and `timeout_us` are the request parameters of those names."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        if self.batched and rows > self.max_batch_size:
+            raise invalid(f"batch size {rows} is over max_batch_size {self.max_batch_size}")
+        waiter = Waiter(
+            inputs,
+            rows if self.batched else 1,
+            signature(inputs) if self.batched else None,
+            self.clock.now_ns(),
+            loop.create_future(),
+        )
+        self.queues.push(waiter, priority, timeout_us)
+        self._kick()
+        try:
+            return await waiter.future
+        except asyncio.CancelledError:
+            if self.queues.remove(waiter):  # the caller went away before its batch was formed
+                self._kick()
+            raise
+
+    async def drain(self) -> None:
+        """Waits until every queued request is answered and no batch is executing."""
+        while self.queues or self._in_flight:
+            self._idle = asyncio.Event()
+            await self._idle.wait()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = self._timer_at = None
+
+    # ------------------------------------------------------------------------------------------ scheduling
+
+    def _kick(self) -> None:
+        """Schedules a look at the queue once the requests arriving in this loop iteration are queued."""
+        if not self._kicked:
+            self._kicked = True
+            self._loop.call_soon(self._schedule)
+
+    def _schedule(self) -> None:
+        self._kicked = False
+        wake = None
+        while True:
+            now = self.clock.now_ns()
+            rejected = self.queues.expire(now)
+            if rejected:
+                self._reject(rejected, now)
+            if not self._free or not self.queues:
+                wake = None
+                break
+            count, wake = self._form(now)
+            if not count:
+                break
+            self._dispatch(self.queues.take(count), now)
+        self._arm(wake)
+        self._check_idle()
+
+    def _form(self, now: int) -> tuple[int, int | None]:
+        """How many requests from the front of the queue make the next batch now (0: none yet), and
+        when to look again if the batch is waiting for its delay."""
+        count = size = best = 0
+        full = False  # the next request does not fit: the batch cannot grow
+        first_signature = oldest = None
+        for waiter in self.queues:
+            if count:
+                if size + waiter.size > self.max_preferred and not best:
+                    best = count  # the largest batch within the preferred sizes
+                if size + waiter.size > self.max_batch_size or waiter.signature != first_signature:
+                    full = True
+                    break
+            else:
+                first_signature, oldest = waiter.signature, waiter.arrival_ns
+            count += 1
+            size += waiter.size
+            oldest = min(oldest, waiter.arrival_ns)
+            if size in self.preferred:
+                best = count
+        if not count:
+            return 0, None
+        waited_enough = self.delay_ns and now - oldest >= self.delay_ns
+        if best and not waited_enough:
+            return best, None
+        if full or size >= self.max_preferred or waited_enough or not self.delay_ns:
+            return count, None
+        return 0, oldest + self.delay_ns
+
+    def _arm(self, wake: int | None) -> None:
+        """One timer, at the next moment the queue needs a look: a batch's delay over, or a timeout."""
+        deadline = self.queues.next_deadline()
+        if deadline is not None:
+            deadline += 1  # a request times out strictly after its deadline
+            wake = deadline if wake is None else min(wake, deadline)
+        if wake == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = None, wake
+        if wake is not None:
+            self._timer = self.clock.call_later(wake - self.clock.now_ns(), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = self._timer_at = None
+        self._schedule()
+
+    def _reject(self, waiters: list[Waiter], now: int) -> None:
+        self.stats.record_failure(len(waiters), sum(now - w.arrival_ns for w in waiters))
+        for waiter in waiters:
+            if not waiter.future.done():
+                waiter.future.set_exception(InferError(ErrorKind.UNAVAILABLE, TIMED_OUT))
+
+    def _check_idle(self) -> None:
+        if self._idle is not None and not self.queues and not self._in_flight:
+            self._idle.set()
+
+    # ------------------------------------------------------------------------------------------ execution
+
+    def _dispatch(self, waiters: list[Waiter], now: int) -> None:
+        batch = _Batch(waiters, now)
+        if self.preserve_ordering:
+            self._formed.append(batch)
+        self._free -= 1
+        self._in_flight += 1
+        parts = {name: [w.inputs[name] for w in waiters] for name in waiters[0].inputs}
+        if self.executor.inline:  # a plain execute runs here, on the loop, as it would in a task
+            try:
+                result = self.executor.run_parts(parts)
+            except InferError as e:
+                self._finish(batch, None, e, from_schedule=True)
+            else:
+                self._finish(batch, result, None, from_schedule=True)
+            return
+        task = self._loop.create_task(self._execute(batch, parts))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _execute(self, batch: _Batch, parts: dict[str, list[Any]]) -> None:
+        try:
+            result = await self.executor.run(parts)
+        except InferError as e:
+            self._finish(batch, None, e)
+        except asyncio.CancelledError:  # the loop is shutting down: nobody is left waiting for an answer
+            self._finish(batch, None, InferError(ErrorKind.UNAVAILABLE, f"{self.executor.label} is stopping"))
+            raise
+        except Exception as e:  # the executor wraps the model's errors; this is a bug of ours
+            self._finish(batch, None, self.executor.failure(e))
+        else:
+            self._finish(batch, result, None)
+
+    def _finish(
+        self, batch: _Batch, result: Result | None, error: InferError | None, from_schedule: bool = False
+    ) -> None:
+        now = self.clock.now_ns()
+        self._free += 1
+        self._in_flight -= 1
+        waiters = batch.waiters
+        if result is not None:
+            outputs, input_ns, infer_ns, output_ns = result
+            try:
+                batch.outcome = self._split(waiters, outputs)
+            except InferError as e:
+                error = e
+            except Exception as e:  # outputs numpy cannot make an array of
+                error = InferError(
+                    ErrorKind.INTERNAL, f"{self.executor.label} returned outputs that are not arrays: {e}"
+                )
+            else:
+                self.stats.record_batch(sum(w.size for w in waiters), input_ns, infer_ns, output_ns)
+                self.stats.record_success(
+                    len(waiters),
+                    sum(now - w.arrival_ns for w in waiters),
+                    sum(batch.dispatched_ns - w.arrival_ns for w in waiters),
+                    input_ns,
+                    infer_ns,
+                    output_ns,
+                )
+        if error is not None:
+            batch.outcome = error
+            self.stats.record_failure(len(waiters), sum(now - w.arrival_ns for w in waiters))
+        if not self.preserve_ordering:
+            _answer(batch)
+        else:
+            formed = self._formed
+            while formed and formed[0].outcome is not None:
+                _answer(formed.popleft())
+        if not from_schedule:  # _schedule looks at the queue again by itself
+            self._kick()
+            self._check_idle()
+
+    def _split(self, waiters: list[Waiter], outputs: Any) -> list[Arrays]:
+        """Each request's rows of the batch outputs, as views."""
+        label = self.executor.label
+        if not isinstance(outputs, dict):
+            raise InferError(
+                ErrorKind.INTERNAL, f"{label} returned {type(outputs).__name__}, not a dict of outputs"
+            )
+        if not self.batched:
+            return [outputs]
+        total = sum(w.rows for w in waiters)
+        arrays = {}
+        for name, output in outputs.items():
+            if self._dtypes and name not in self._dtypes:
+                continue  # not a configured output: never answered
+            if not isinstance(output, np.ndarray):
+                output = np.asarray(output, dtype=self._dtypes.get(name))
+            if output.ndim == 0 or output.shape[0] != total:
+                got = "a scalar" if output.ndim == 0 else f"{output.shape[0]} rows"
+                raise InferError(
+                    ErrorKind.INTERNAL,
+                    f"{label} returned {got} for output '{name}' where its batch has {total} rows "
+                    f"(from {len(waiters)} requests): an output must have one row per input row",
+                )
+            arrays[name] = output
+        if len(waiters) == 1:
+            return [arrays]
+        answers, start = [], 0
+        for waiter in waiters:
+            end = start + waiter.rows
+            answers.append({name: array[start:end] for name, array in arrays.items()})
+            start = end
+        return answers
+
+
+def _answer(batch: _Batch) -> None:
+    outcome = batch.outcome
+    if isinstance(outcome, InferError):
+        for waiter in batch.waiters:
+            if not waiter.future.done():  # done: its caller went away
+                waiter.future.set_exception(InferError(outcome.kind, outcome.message))
+        return
+    for waiter, answer in zip(batch.waiters, outcome, strict=True):
+        if not waiter.future.done():
+            waiter.future.set_result(answer)

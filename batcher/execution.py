@@ -1,0 +1,120 @@
+"""Executes one batch on a backend: inputs staged, `execute` called the way the backend needs, outputs back
+on the host, each phase timed.
+
+How `execute` runs:
+- a plain function runs on the event loop (cheap numpy models: no thread hand-off);
+- a backend with `in_thread = True` runs in a worker thread, staging included, so the loop keeps
+  serving; the pool has one thread per instance (instance_group count);
+- an `async def execute` is awaited on the loop, staging around it.
+Any exception becomes an INTERNAL InferError naming the model; its traceback goes to the log.
+"""
+
+import asyncio
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from time import perf_counter_ns
+from typing import Any
+
+from batcher.staging import HostStaging, Staging
+from codec.errors import ErrorKind, InferError
+
+log = logging.getLogger("tensorgate.batcher")
+
+Arrays = dict[str, Any]
+# host outputs, and the ns spent staging inputs, executing, and bringing outputs back
+Result = tuple[Arrays, int, int, int]
+
+
+class Executor:
+    def __init__(
+        self,
+        execute: Callable[[Arrays], Any],
+        *,
+        label: str,
+        is_async: bool = False,
+        in_thread: bool = False,
+        instances: int = 1,
+        staging: Staging | None = None,
+    ) -> None:
+        self.execute = execute
+        self.label = label  # "model 'm' version 1", for messages
+        self.is_async = is_async
+        self.in_thread = in_thread and not is_async
+        self.inline = not is_async and not in_thread
+        self.instances = instances
+        self.staging: Staging = staging if staging is not None else HostStaging()
+        self.host = type(self.staging) is HostStaging  # staging is then the identity for one request
+        self._pool: ThreadPoolExecutor | None = None
+
+    def run_parts(self, parts: dict[str, list[Any]]) -> Result:
+        """Blocking: one batch from per-request arrays (`parts` per input, in batch order)."""
+        try:
+            start = perf_counter_ns()
+            gather = self.staging.gather
+            batch = {name: gather(name, arrays) for name, arrays in parts.items()}
+            staged = perf_counter_ns()
+            produced = self.execute(batch)
+            executed = perf_counter_ns()
+            outputs = self._to_host(produced)
+            return outputs, staged - start, executed - staged, perf_counter_ns() - executed
+        except InferError:
+            raise
+        except Exception as e:
+            raise self.failure(e) from None
+
+    def run_one(self, inputs: Arrays) -> Result:
+        """Blocking: one request executed alone."""
+        if not self.host:
+            return self.run_parts({name: [array] for name, array in inputs.items()})
+        try:
+            start = perf_counter_ns()
+            produced = self.execute(inputs)
+            return produced, 0, perf_counter_ns() - start, 0
+        except InferError:
+            raise
+        except Exception as e:
+            raise self.failure(e) from None
+
+    async def run_async(self, parts: dict[str, list[Any]]) -> Result:
+        """One batch through an `async def execute`."""
+        try:
+            start = perf_counter_ns()
+            gather = self.staging.gather
+            batch = {name: gather(name, arrays) for name, arrays in parts.items()}
+            staged = perf_counter_ns()
+            produced = await self.execute(batch)
+            executed = perf_counter_ns()
+            outputs = self._to_host(produced)
+            return outputs, staged - start, executed - staged, perf_counter_ns() - executed
+        except InferError:
+            raise
+        except Exception as e:
+            raise self.failure(e) from None
+
+    async def run(self, parts: dict[str, list[Any]]) -> Result:
+        """One batch, however this backend executes."""
+        if self.is_async:
+            return await self.run_async(parts)
+        if self.in_thread:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, self.run_parts, parts)
+        return self.run_parts(parts)
+
+    @property
+    def pool(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.instances, thread_name_prefix="execute")
+        return self._pool
+
+    def _to_host(self, produced: Any) -> Any:
+        # Anything but a dict is left for the caller to reject with its own message.
+        return self.staging.to_host(produced) if isinstance(produced, dict) and not self.host else produced
+
+    def failure(self, error: Exception) -> InferError:
+        log.error("%s: execute failed", self.label, exc_info=error)
+        return InferError(ErrorKind.INTERNAL, f"{self.label} failed: {type(error).__name__}: {error}")
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None

@@ -1,0 +1,201 @@
+"""The dynamic batcher's queues: one per priority level, each with its queue policy (Triton's semantics).
+
+- Levels run from 1 (served first) to `priority_levels`; without priority levels there is one queue, 0.
+  A request's `priority` 0 or above the last level means `default_priority_level`.
+- A level's policy: `max_queue_size` (0 = unbounded) refuses a request at once; a request's timeout is
+  `default_timeout_microseconds` (0 = none), or the request's own `timeout` when `allow_timeout_override`
+  is set and it is smaller. Past its timeout a queued request is rejected (REJECT) or moved behind the
+  level's requests that have not timed out (DELAY), where it still joins batches.
+- Requests leave in order: level by level, and within a level those not timed out first, oldest first.
+"""
+
+import bisect
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+from codec.errors import ErrorKind, InferError
+
+REJECT, DELAY = "REJECT", "DELAY"
+QUEUE_FULL = "Exceeds maximum queue size"
+TIMED_OUT = "Request timeout expired"
+
+# Where a Waiter is.
+QUEUED, DELAYED, OUT = 0, 1, 2
+
+
+class QueuePolicy(NamedTuple):
+    timeout_action: str = REJECT
+    default_timeout_us: int = 0
+    allow_timeout_override: bool = False
+    max_queue_size: int = 0
+
+    @classmethod
+    def from_config(cls, policy: dict | None) -> "QueuePolicy":
+        """From a ModelQueuePolicy message as model_config.py normalizes it (missing fields: defaults)."""
+        policy = policy or {}
+        return cls(
+            policy.get("timeout_action", REJECT),
+            int(policy.get("default_timeout_microseconds", 0)),
+            bool(policy.get("allow_timeout_override", False)),
+            int(policy.get("max_queue_size", 0)),
+        )
+
+    def timeout_us(self, requested_us: int) -> int:
+        """The request's timeout in the queue (0: none). As in Triton, an override only ever shortens a
+        default timeout: without one, a request's `timeout` is ignored."""
+        if self.allow_timeout_override and 0 < requested_us < self.default_timeout_us:
+            return requested_us
+        return self.default_timeout_us
+
+
+class Waiter:
+    """One queued request: its inputs, its size in the batch, and the future its caller awaits."""
+
+    __slots__ = (
+        "inputs",
+        "rows",
+        "size",
+        "signature",
+        "arrival_ns",
+        "deadline_ns",
+        "level",
+        "future",
+        "where",
+    )
+
+    def __init__(
+        self, inputs: dict[str, Any], rows: int, signature: Any, arrival_ns: int, future: Any
+    ) -> None:
+        self.inputs = inputs
+        self.rows = rows
+        self.size = max(1, rows)  # what the request counts for against max_batch_size, as in Triton
+        self.signature = signature
+        self.arrival_ns = arrival_ns
+        self.deadline_ns = 0  # 0 = no timeout
+        self.level = 0
+        self.future = future
+        self.where = OUT
+
+
+class _Level:
+    __slots__ = ("policy", "fresh", "delayed")
+
+    def __init__(self, policy: QueuePolicy) -> None:
+        self.policy = policy
+        self.fresh: deque[Waiter] = deque()  # not timed out, in arrival order
+        self.delayed: deque[Waiter] = deque()  # timed out under DELAY, in the order they timed out
+
+    def __len__(self) -> int:
+        return len(self.fresh) + len(self.delayed)
+
+
+class PriorityQueues:
+    def __init__(
+        self,
+        priority_levels: int = 0,
+        default_priority_level: int = 0,
+        default_policy: QueuePolicy | None = None,
+        policies: dict[int, QueuePolicy] | None = None,
+    ) -> None:
+        self.priority_levels = priority_levels
+        self.default_level = default_priority_level if priority_levels else 0
+        self.default_policy = default_policy if default_policy is not None else QueuePolicy()
+        self.policies = policies or {}
+        self._levels: dict[int, _Level] = {}
+        self._order: list[int] = []  # the levels that have a queue, ascending
+        self._size = 0
+        self._deadlines: list[tuple[int, int, Waiter]] = []  # a heap; entries of waiters gone are skipped
+        self._tiebreak = itertools.count()
+
+    def __len__(self) -> int:
+        return self._size
+
+    def level_of(self, priority: int) -> int:
+        if not self.priority_levels:
+            return 0
+        if priority == 0 or priority > self.priority_levels:
+            return self.default_level
+        return priority
+
+    def _level(self, number: int) -> _Level:
+        level = self._levels.get(number)
+        if level is None:
+            level = self._levels[number] = _Level(self.policies.get(number, self.default_policy))
+            bisect.insort(self._order, number)
+        return level
+
+    def push(self, waiter: Waiter, priority: int = 0, timeout_us: int = 0) -> None:
+        """Queues `waiter` at its priority's level; raises UNAVAILABLE when that level is full."""
+        waiter.level = self.level_of(priority)
+        level = self._level(waiter.level)
+        if level.policy.max_queue_size and len(level) >= level.policy.max_queue_size:
+            raise InferError(ErrorKind.UNAVAILABLE, QUEUE_FULL)
+        timeout = level.policy.timeout_us(timeout_us)
+        if timeout:
+            waiter.deadline_ns = waiter.arrival_ns + timeout * 1000
+            heapq.heappush(self._deadlines, (waiter.deadline_ns, next(self._tiebreak), waiter))
+        level.fresh.append(waiter)
+        waiter.where = QUEUED
+        self._size += 1
+
+    def __iter__(self) -> Iterator[Waiter]:
+        """The queued requests in the order they leave."""
+        for number in self._order:
+            level = self._levels[number]
+            yield from level.fresh
+            yield from level.delayed
+
+    def take(self, count: int) -> list[Waiter]:
+        """Removes and returns the first `count` requests in leaving order."""
+        taken: list[Waiter] = []
+        for number in self._order:
+            level = self._levels[number]
+            for part in (level.fresh, level.delayed):
+                while part and len(taken) < count:
+                    waiter = part.popleft()
+                    waiter.where = OUT
+                    taken.append(waiter)
+            if len(taken) == count:
+                break
+        self._size -= len(taken)
+        return taken
+
+    def remove(self, waiter: Waiter) -> bool:
+        """Takes `waiter` out wherever it is queued (a caller gone); False when it is not queued."""
+        if waiter.where == OUT:
+            return False
+        level = self._levels[waiter.level]
+        (level.fresh if waiter.where == QUEUED else level.delayed).remove(waiter)
+        waiter.where = OUT
+        self._size -= 1
+        return True
+
+    def expire(self, now_ns: int) -> list[Waiter]:
+        """Applies the timeout action to every request past its timeout (strictly after its deadline);
+        returns those rejected, already out of the queue."""
+        rejected: list[Waiter] = []
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] < now_ns:
+            waiter = heapq.heappop(deadlines)[2]
+            if waiter.where != QUEUED:
+                continue
+            level = self._levels[waiter.level]
+            level.fresh.remove(waiter)
+            if level.policy.timeout_action == DELAY:
+                level.delayed.append(waiter)
+                waiter.where = DELAYED
+            else:
+                waiter.where = OUT
+                self._size -= 1
+                rejected.append(waiter)
+        return rejected
+
+    def next_deadline(self) -> int | None:
+        """The earliest deadline of a request still waiting to time out, if any."""
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][2].where != QUEUED:
+            heapq.heappop(deadlines)
+        return deadlines[0][0] if deadlines else None

@@ -1,0 +1,115 @@
+"""Per model version statistics, counted the way Triton's statistics extension reports them.
+
+- inference_count: rows inferred (the batch dimension; 1 per request for a model without batching);
+  execution_count: batches executed; last_inference: ms since the epoch of the last answer.
+- success / fail: requests answered / failed, with their whole time in the scheduler (queue + compute).
+- queue, compute_input, compute_infer, compute_output: per successful request, the time it waited for
+  its batch and the phases of that batch (input staging, execute, output staging and split).
+- batch_stats: per batch size, batches executed and the time of each phase.
+"""
+
+import time
+
+
+class Duration:
+    __slots__ = ("count", "ns")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.ns = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+    def as_dict(self) -> dict:
+        return {"count": self.count, "ns": self.ns}
+
+
+class BatchStats:
+    __slots__ = ("batch_size", "compute_input", "compute_infer", "compute_output")
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self.compute_input = Duration()
+        self.compute_infer = Duration()
+        self.compute_output = Duration()
+
+    def as_dict(self) -> dict:
+        return {
+            "batch_size": self.batch_size,
+            "compute_input": self.compute_input.as_dict(),
+            "compute_infer": self.compute_infer.as_dict(),
+            "compute_output": self.compute_output.as_dict(),
+        }
+
+
+class ModelStats:
+    def __init__(self) -> None:
+        self.inference_count = 0
+        self.execution_count = 0
+        self.last_inference = 0
+        self.success = Duration()
+        self.fail = Duration()
+        self.queue = Duration()
+        self.compute_input = Duration()
+        self.compute_infer = Duration()
+        self.compute_output = Duration()
+        self.batch_stats: dict[int, BatchStats] = {}
+
+    def record_batch(self, rows: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        """One execution of `rows` rows (the requests in it are recorded apart)."""
+        self.inference_count += rows
+        self.execution_count += 1
+        self.last_inference = time.time_ns() // 1_000_000
+        stats = self.batch_stats.get(rows)
+        if stats is None:
+            stats = self.batch_stats[rows] = BatchStats(rows)
+        stats.compute_input.add(input_ns)
+        stats.compute_infer.add(infer_ns)
+        stats.compute_output.add(output_ns)
+
+    def record_success(
+        self, requests: int, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int
+    ) -> None:
+        """`requests` answered from one batch; total_ns and queue_ns are their sums."""
+        self.success.add(total_ns, requests)
+        self.queue.add(queue_ns, requests)
+        self.compute_input.add(input_ns * requests, requests)
+        self.compute_infer.add(infer_ns * requests, requests)
+        self.compute_output.add(output_ns * requests, requests)
+
+    def record_failure(self, requests: int, total_ns: int) -> None:
+        self.fail.add(total_ns, requests)
+        self.last_inference = time.time_ns() // 1_000_000
+
+    def absorb(self, earlier: "ModelStats") -> None:
+        """Adds the counts of `earlier` (the same version before a reload), so counters never go back."""
+        self.inference_count += earlier.inference_count
+        self.execution_count += earlier.execution_count
+        self.last_inference = max(self.last_inference, earlier.last_inference)
+        for name in ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output"):
+            getattr(self, name).add(getattr(earlier, name).ns, getattr(earlier, name).count)
+        for size, old in earlier.batch_stats.items():
+            mine = self.batch_stats.setdefault(size, BatchStats(size))
+            for phase in ("compute_input", "compute_infer", "compute_output"):
+                getattr(mine, phase).add(getattr(old, phase).ns, getattr(old, phase).count)
+
+    def as_dict(self) -> dict:
+        """Triton's ModelStatistics fields (without name and version), as its JSON writes them."""
+        return {
+            "last_inference": self.last_inference,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {
+                "success": self.success.as_dict(),
+                "fail": self.fail.as_dict(),
+                "queue": self.queue.as_dict(),
+                "compute_input": self.compute_input.as_dict(),
+                "compute_infer": self.compute_infer.as_dict(),
+                "compute_output": self.compute_output.as_dict(),
+                "cache_hit": {"count": 0, "ns": 0},
+                "cache_miss": {"count": 0, "ns": 0},
+            },
+            "batch_stats": [self.batch_stats[size].as_dict() for size in sorted(self.batch_stats)],
+        }

@@ -1,0 +1,153 @@
+"""Dynamic batching on and off, side by side: the example MLP at several concurrencies, one server.
+
+    python -m bench.batching [--duration 5] [--warmup 1] [--concurrency 1 8 64] [--out bench/results]
+
+The server serves two copies of examples/model_repository/mlp: `mlp` as bundled (dynamic_batching on,
+max_queue_delay_microseconds 100) and `mlp_nobatch` (the same config without dynamic_batching, so every
+request executes alone). Each request is one row (64 FP32, binary tensor data) over HTTP/1.1. For every
+concurrency the two models are loaded in turn; the mean batch size comes from the server's statistics
+(rows inferred / executions). The GPU run is the same command on a machine with CUDA (the config's
+KIND_AUTO instance group then puts the model on the device).
+"""
+
+import argparse
+import asyncio
+import json
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from bench.h1client import build_request, run_h1
+from bench.procs import ServerProcess
+from bench.stats import Recorder, drive
+
+ROOT = Path(__file__).resolve().parents[1]
+MLP = ROOT / "examples" / "model_repository" / "mlp"
+MODELS = {"off": "mlp_nobatch", "on": "mlp"}
+
+
+@dataclass
+class Row:
+    concurrency: int
+    batching: str
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    mean_batch: float
+    errors: int
+
+
+def make_repository(directory: Path) -> Path:
+    for name in MODELS.values():
+        shutil.copytree(MLP, directory / name)
+        config = (MLP / "config.pbtxt").read_text().replace('name: "mlp"', f'name: "{name}"')
+        if name == MODELS["off"]:
+            config = "\n".join(line for line in config.splitlines() if "dynamic_batching" not in line)
+        (directory / name / "config.pbtxt").write_text(config + "\n")
+    return directory
+
+
+def infer_request(host: str, port: int, model: str) -> bytes:
+    row = np.random.default_rng(0).standard_normal((1, 64), dtype=np.float32).tobytes()
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "datatype": "FP32",
+                    "shape": [1, 64],
+                    "parameters": {"binary_data_size": 256},
+                }
+            ],
+            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    headers = {"Inference-Header-Content-Length": str(len(header))}
+    return build_request("POST", f"/v2/models/{model}/infer", f"{host}:{port}", header + row, headers)
+
+
+def counts(base_url: str, model: str) -> tuple[int, int]:
+    (stats,) = httpx.get(f"{base_url}/v2/models/{model}/stats").json()["model_stats"]
+    return stats["inference_count"], stats["execution_count"]
+
+
+async def measure(host: str, port: int, model: str, concurrency: int, opts: argparse.Namespace) -> Row:
+    base_url = f"http://{host}:{port}"
+    rows_before, executions_before = counts(base_url, model)
+    rec = Recorder()
+    load = asyncio.create_task(run_h1(host, port, infer_request(host, port, model), concurrency, rec))
+    label = f"{model} c{concurrency}"
+    summary, _ = await drive(label, rec, load, opts.warmup, opts.duration)
+    rows, executions = counts(base_url, model)
+    mean_batch = (rows - rows_before) / max(1, executions - executions_before)
+    batching = "on" if model == MODELS["on"] else "off"
+    return Row(concurrency, batching, summary.rps, summary.p50_ms, summary.p99_ms, mean_batch, summary.errors)
+
+
+def render(rows: list[Row], device: str) -> str:
+    lines = [
+        f"# Dynamic batching on/off, example MLP, {time.strftime('%Y-%m-%d')}, {device}",
+        "",
+        "| concurrency | batching | requests/s | p50 ms | p99 ms | mean batch | errors |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.concurrency} | {r.batching} | {r.rps:.0f} | {r.p50_ms:.2f} | {r.p99_ms:.2f} "
+            f"| {r.mean_batch:.1f} | {r.errors} |"
+        )
+    lines.append("")
+    for c in sorted({r.concurrency for r in rows}):
+        on = next(r for r in rows if r.concurrency == c and r.batching == "on")
+        off = next(r for r in rows if r.concurrency == c and r.batching == "off")
+        lines.append(f"- concurrency {c}: batching on / off = {on.rps / max(off.rps, 1e-9):.2f}x requests/s")
+    return "\n".join(lines) + "\n"
+
+
+def device_name() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return f"CPU ({platform.machine()}, {platform.node()})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.batching", description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=5.0)
+    parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--out", default="", help="folder to write batching-<date>.md/.json into")
+    opts = parser.parse_args(argv)
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        repository = make_repository(Path(tmp))
+        argv_server = [sys.executable, "-m", "server", "serve", "--model-repository", str(repository)]
+        argv_server += ["--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
+        with ServerProcess(argv_server, cwd=str(ROOT)) as server:
+            for concurrency in opts.concurrency:
+                for model in MODELS.values():
+                    rows.append(asyncio.run(measure(server.host, server.port, model, concurrency, opts)))
+    report = render(rows, device_name())
+    print(report)
+    if opts.out:
+        out = Path(opts.out)
+        out.mkdir(parents=True, exist_ok=True)
+        stem = out / f"{time.strftime('%Y-%m-%d')}-batching"
+        stem.with_suffix(".md").write_text(report)
+        stem.with_suffix(".json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

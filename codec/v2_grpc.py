@@ -1,0 +1,552 @@
+"""KServe v2 / Triton over gRPC (`inference.GRPCInferenceService`): protobuf <-> InferRequest, InferResponse.
+
+ModelInferRequest is read, and ModelInferResponse written, by a small protobuf wire codec of our own:
+betterproto2 takes ~60 µs to parse the `simple` request and ~90 µs to write its answer, and copies every
+bytes field. Here `raw_input_contents` and packed numeric `*_contents` become `np.frombuffer` views over
+the received bytes (memoryview slices, no copy), packed varints are decoded with numpy, and no numeric
+tensor is looped over element by element. The generated messages in `proto.inference` stay the source
+of truth: the field numbers below are theirs, and tests/test_codec_v2_grpc.py checks this codec against
+them both ways. The other, rarer messages (metadata, config, statistics) are built with betterproto2.
+
+Answers carry `raw_output_contents`, one entry per output in order, as Triton's do; BYTES raw data is
+4-byte little-endian length-prefixed elements in both directions; FP16 and BF16 travel only raw.
+"""
+
+from typing import Any
+
+import numpy as np
+from grpclib.const import Status
+
+import proto.inference as pb
+from codec.bytes_tensor import decode_bytes, encode_bytes
+from codec.datatypes import BY_V2, DataType
+from codec.errors import ErrorKind, InferError, invalid
+from codec.protowire import (
+    DOUBLE,
+    I32,
+    I64,
+    I64_BIAS,
+    LEN,
+    SMALL,
+    VARINT,
+    Malformed,
+    fields,
+    len_field,
+    packed_varints,
+    signed64,
+    str_field,
+    tag,
+    text,
+    uvarint,
+    varint,
+)
+from codec.tensor import InferRequest, InferResponse, RequestedOutput, Tensor, element_count
+
+# The tags of length-delimited fields 1 to 6, the fields this codec writes in every message.
+_K1, _K2, _K3, _K4, _K5, _K6 = (tag(n, LEN) for n in range(1, 7))
+
+# ----------------------------------------------------------------------------------------- gRPC status
+
+GRPC_STATUS = {
+    ErrorKind.INVALID_ARGUMENT: Status.INVALID_ARGUMENT,
+    ErrorKind.NOT_FOUND: Status.NOT_FOUND,
+    ErrorKind.UNAVAILABLE: Status.UNAVAILABLE,
+    ErrorKind.UNIMPLEMENTED: Status.UNIMPLEMENTED,
+    ErrorKind.RESOURCE_EXHAUSTED: Status.RESOURCE_EXHAUSTED,
+    ErrorKind.INTERNAL: Status.INTERNAL,
+}
+
+
+def grpc_status(kind: ErrorKind) -> Status:
+    """The one place an error kind becomes a gRPC status."""
+    return GRPC_STATUS[kind]
+
+
+# ------------------------------------------------------------------------------------ ModelInferRequest
+
+# InferTensorContents field number -> (name, the datatypes it carries, how its elements are packed).
+_CONTENTS = {
+    1: ("bool_contents", ("BOOL",), "varint"),
+    2: ("int_contents", ("INT8", "INT16", "INT32"), "varint"),
+    3: ("int64_contents", ("INT64",), "varint"),
+    4: ("uint_contents", ("UINT8", "UINT16", "UINT32"), "varint"),
+    5: ("uint64_contents", ("UINT64",), "varint"),
+    6: ("fp32_contents", ("FP32",), "<f4"),
+    7: ("fp64_contents", ("FP64",), "<f8"),
+    8: ("bytes_contents", ("BYTES",), "bytes"),
+}
+_FIELD_FOR = {dt: number for number, (_, types, _) in _CONTENTS.items() for dt in types}
+_WIDTH = {"<f4": 4, "<f8": 8}
+_UNPACKED = {"varint": VARINT, "<f4": I32, "<f8": I64, "bytes": LEN}  # the wire type of a lone element
+
+MAX_DIMS = 32  # as the REST codec: numpy allows 64, no model has more than a handful
+MAX_DIM = 2**62
+
+
+class _Input:
+    """An InferInputTensor as read; `checked` once its datatype and shape passed the checks."""
+
+    __slots__ = ("span", "name", "datatype", "shape", "parameters", "contents", "dtype", "count", "checked")
+
+    def __init__(self, span: tuple[int, int]) -> None:
+        self.span = span  # where the message lies in the request
+        self.name = ""
+        self.datatype = ""
+        self.shape: list[int] | tuple[int, ...] = []
+        self.parameters: dict[str, Any] = {}
+        self.contents: tuple[int, int] | None = None  # the InferTensorContents span in the message
+        self.dtype: DataType | None = None
+        self.count = 0
+        self.checked = False
+
+
+# Checked inputs without contents or parameters, by their bytes: a client sends the same few input
+# headers (name, datatype, shape) again and again, and a dict lookup is ~20x cheaper than reading and
+# checking one. Bounded: cleared when full.
+_CHECKED: dict[bytes, _Input] = {}
+_CHECKED_MAX = 4096
+
+
+def decode_request(data: bytes) -> InferRequest:
+    """ModelInferRequest bytes -> InferRequest; numeric tensors are views over `data` (other bytes-like
+    objects are copied into bytes first)."""
+    if type(data) is not bytes:
+        data = bytes(data)
+    try:
+        return _decode_request(data)
+    except Malformed as e:
+        raise invalid(f"malformed ModelInferRequest: {e}") from None
+
+
+def _decode_request(data: bytes) -> InferRequest:
+    view = memoryview(data)
+    model_name = model_version = request_id = ""
+    parameters: dict[str, Any] = {}
+    inputs: list[_Input] = []
+    outputs: list[RequestedOutput] = []
+    raw: list[memoryview] = []
+    for field, wire, start, stop in fields(data, 0, len(data)):
+        if wire != LEN:
+            continue
+        if field == 7:
+            raw.append(view[start:stop])
+        elif field == 5:
+            entry = _CHECKED.get(data[start:stop])
+            inputs.append(entry if entry is not None else _decode_input(data, start, stop))
+        elif field == 1:
+            model_name = text(data, start, stop)
+        elif field == 2:
+            model_version = text(data, start, stop)
+        elif field == 3:
+            request_id = text(data, start, stop)
+        elif field == 4:
+            _decode_map_entry(data, start, stop, parameters)
+        elif field == 6:
+            outputs.append(_decode_requested_output(data, start, stop))
+
+    what = f"the inference request for model '{model_name}'"
+    if not inputs:
+        raise invalid(f"{what} must have a non-empty 'inputs' list")
+    if raw and len(raw) != len(inputs):
+        raise invalid(
+            f"the number of inputs ({len(inputs)}) does not match the number of raw_input_contents "
+            f"({len(raw)}) for model '{model_name}'"
+        )
+    tensors = [
+        _tensor(data, view, entry, raw[i] if raw else None, model_name) for i, entry in enumerate(inputs)
+    ]
+    return InferRequest(model_name, model_version, request_id or None, tensors, outputs or None, parameters)
+
+
+def _decode_input(buf: bytes, pos: int, end: int) -> _Input:
+    entry = _Input((pos, end))
+    for field, wire, start, stop in fields(buf, pos, end):
+        if field == 1 and wire == LEN:
+            entry.name = text(buf, start, stop)
+        elif field == 2 and wire == LEN:
+            entry.datatype = text(buf, start, stop)
+        elif field == 3:
+            if wire == LEN:  # packed, as every proto3 encoder writes it
+                while start < stop:
+                    dim, start = varint(buf, start)
+                    entry.shape.append(signed64(dim))
+                if start != stop:
+                    raise Malformed("packed shape runs past its field")
+            elif wire == VARINT:
+                entry.shape.append(signed64(start))
+        elif field == 4 and wire == LEN:
+            _decode_map_entry(buf, start, stop, entry.parameters)
+        elif field == 5 and wire == LEN:
+            entry.contents = (start, stop)
+    return entry
+
+
+def _decode_requested_output(buf: bytes, pos: int, end: int) -> RequestedOutput:
+    name, parameters = "", {}
+    for field, wire, start, stop in fields(buf, pos, end):
+        if field == 1 and wire == LEN:
+            name = text(buf, start, stop)
+        elif field == 2 and wire == LEN:
+            _decode_map_entry(buf, start, stop, parameters)
+    return RequestedOutput(name, None, parameters)
+
+
+def _decode_map_entry(buf: bytes, pos: int, end: int, into: dict[str, Any]) -> None:
+    """One map<string, InferParameter> entry; the parameter's value as bool, int, str or float (None
+    when none of the oneof is set)."""
+    key, value = "", None
+    for field, wire, start, stop in fields(buf, pos, end):
+        if field == 1 and wire == LEN:
+            key = text(buf, start, stop)
+        elif field == 2 and wire == LEN:
+            value = _decode_parameter(buf, start, stop)
+    into[key] = value
+
+
+def _decode_parameter(buf: bytes, pos: int, end: int) -> Any:
+    value = None
+    for field, wire, start, stop in fields(buf, pos, end):
+        if wire == VARINT:
+            if field == 1:
+                value = bool(start)
+            elif field == 2:
+                value = signed64(start)
+            elif field == 5:
+                value = start
+        elif field == 3 and wire == LEN:
+            value = text(buf, start, stop)
+        elif field == 4 and wire == I64:
+            value = DOUBLE.unpack_from(buf, start)[0]
+    return value
+
+
+def _tensor(buf: bytes, view: memoryview, entry: _Input, raw: memoryview | None, model: str) -> Tensor:
+    what = f"model '{model}', input '{entry.name}'"
+    if not entry.checked:
+        _check(entry, what, buf)
+    if raw is not None:
+        if entry.contents is not None:
+            raise invalid(
+                f"contents field must not be specified when using raw_input_contents for "
+                f"'{entry.name}' for model '{model}'"
+            )
+        data = _from_raw(raw, entry.dtype, entry.shape, entry.count, what)
+    elif entry.contents is not None:
+        data = _from_contents(buf, view, entry.contents, entry.dtype, entry.shape, entry.count, what)
+    else:
+        raise invalid(f"{what}: has neither contents nor raw_input_contents")
+    return Tensor(entry.name, entry.dtype.v2, entry.shape, data, entry.parameters or {})
+
+
+def _check(entry: _Input, what: str, buf: bytes) -> None:
+    """Checks an input's datatype and shape; remembers it by its bytes when it has no contents and no
+    parameters (it then holds nothing a request could change)."""
+    dtype = BY_V2.get(entry.datatype)
+    if dtype is None:
+        raise invalid(f"{what}: unknown datatype {entry.datatype!r}")
+    entry.dtype = dtype
+    entry.shape, entry.count = _shape(entry.shape, what)
+    entry.checked = True
+    if entry.contents is None and not entry.parameters:
+        if len(_CHECKED) >= _CHECKED_MAX:
+            _CHECKED.clear()
+        _CHECKED[buf[entry.span[0] : entry.span[1]]] = entry
+
+
+def _shape(dims: list[int], what: str) -> tuple[tuple[int, ...], int]:
+    """The shape and its element count, checked as the REST codec checks it."""
+    if len(dims) > MAX_DIMS:
+        raise invalid(
+            f"{what}: 'shape' must be a list of at most {MAX_DIMS} non-negative integers, got {dims!r}"
+        )
+    for dim in dims:
+        if dim < 0:
+            raise invalid(f"{what}: 'shape' must hold non-negative integers, got {dims!r}")
+        if dim > MAX_DIM:
+            raise invalid(f"{what}: shape {dims} holds too many elements")
+    shape = tuple(dims)
+    count = element_count(shape)
+    if count > MAX_DIM:
+        raise invalid(f"{what}: shape {dims} holds too many elements")
+    return shape, count
+
+
+def _from_raw(chunk: memoryview, dtype: DataType, shape: tuple, count: int, what: str) -> np.ndarray:
+    if dtype.v2 == "BYTES":
+        if count > len(chunk) // 4:  # every element has a 4-byte length prefix
+            raise invalid(
+                f"{what}: {len(chunk)} bytes of BYTES data cannot hold the {count} elements of its shape"
+            )
+        return decode_bytes(chunk, count, what).reshape(shape)
+    if len(chunk) != count * dtype.size:
+        raise invalid(
+            f"{what}: raw_input_contents holds {len(chunk)} bytes, "
+            f"shape {list(shape)} of {dtype.v2} needs {count * dtype.size}"
+        )
+    return np.frombuffer(chunk, dtype=dtype.numpy).reshape(shape)
+
+
+def _from_contents(
+    buf: bytes, view: memoryview, span: tuple[int, int], dtype: DataType, shape: tuple, count: int, what: str
+) -> np.ndarray:
+    if dtype.v2 in ("FP16", "BF16"):
+        raise invalid(f"{what}: {dtype.v2} data can only be sent in raw_input_contents")
+    wanted = _FIELD_FOR[dtype.v2]
+    packed: list[memoryview] = []  # the wanted field's packed chunks, in order
+    single: list[Any] = []  # and its unpacked elements, where an encoder wrote them so
+    for field, wire, start, stop in fields(buf, span[0], span[1]):
+        if field not in _CONTENTS:
+            continue
+        if field != wanted:
+            raise invalid(
+                f"{what}: contents hold {_CONTENTS[field][0]} where datatype {dtype.v2} "
+                f"takes {_CONTENTS[wanted][0]}"
+            )
+        packing = _CONTENTS[field][2]
+        if field == 8 and wire == LEN:
+            single.append(bytes(view[start:stop]))
+        elif wire == LEN:
+            packed.append(view[start:stop])
+        elif wire == _UNPACKED[packing]:  # an element written alone (proto2 style)
+            if wire == VARINT:
+                single.append(start)
+            else:  # a fixed32 / fixed64 element: its bytes, as a packed run would hold them
+                packed.append(view[start:stop])
+        else:
+            raise Malformed(f"{_CONTENTS[field][0]} has the wrong wire type {wire}")
+    if wanted == 8:
+        if len(single) != count:
+            raise invalid(f"{what}: contents hold {len(single)} elements, shape {list(shape)} needs {count}")
+        array = np.empty(count, dtype=object)
+        array[:] = single
+        return array.reshape(shape)
+    array = _numbers(packed, single, _CONTENTS[wanted][2], dtype, what)
+    if array.size != count:
+        raise invalid(f"{what}: contents hold {array.size} elements, shape {list(shape)} needs {count}")
+    return array.reshape(shape)
+
+
+_INT_RANGE = {
+    "INT8": (-(1 << 7), 1 << 7),
+    "INT16": (-(1 << 15), 1 << 15),
+    "UINT8": (0, 1 << 8),
+    "UINT16": (0, 1 << 16),
+}
+
+
+def _numbers(
+    packed: list[memoryview], single: list[int], packing: str, dtype: DataType, what: str
+) -> np.ndarray:
+    if packing != "varint":
+        width = _WIDTH[packing]
+        if any(len(chunk) % width for chunk in packed):
+            raise Malformed(f"packed {dtype.v2} contents are not a whole number of {width}-byte elements")
+        if len(packed) == 1:
+            return np.frombuffer(packed[0], dtype=packing)  # the common case: a view, no copy
+        return np.frombuffer(b"".join(packed), dtype=packing)
+    parts = [packed_varints(chunk) for chunk in packed]
+    if single:
+        parts.append(np.array(single, dtype=np.uint64))
+    values = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+    kind = dtype.v2
+    if kind == "BOOL":
+        return values != 0
+    if kind in ("INT64", "UINT64"):
+        return values.view(dtype.numpy)
+    # int32 / uint32 fields: protobuf keeps the low 32 bits of the varint
+    values = values.astype(np.uint32).view(np.int32 if kind.startswith("INT") else np.uint32)
+    bounds = _INT_RANGE.get(kind)
+    if bounds is not None and values.size and (values.min() < bounds[0] or values.max() >= bounds[1]):
+        raise invalid(f"{what}: contents hold values outside the range of {kind}")
+    return values if values.dtype == dtype.numpy else values.astype(dtype.numpy)
+
+
+# ----------------------------------------------------------------------------------- ModelInferResponse
+
+
+def encode_response(response: InferResponse) -> bytes:
+    """InferResponse -> ModelInferResponse bytes: output metadata, then one raw_output_contents entry per
+    output in the same order (Triton's layout)."""
+    head = _HEADS.get((response.model_name, response.model_version))
+    if head is None:
+        head = _remember(_HEADS, (response.model_name, response.model_version), _head(response))
+    parts = [head]
+    if response.id:
+        parts.append(str_field(_K3, response.id))
+    for key, value in response.parameters.items():
+        parts.append(len_field(_K4, _map_entry(key, value)))
+    raws = []
+    for tensor in response.outputs:
+        if tensor.parameters:
+            parts.append(len_field(_K5, _output_metadata(tensor)))
+        else:
+            key = (tensor.name, tensor.datatype, tensor.shape)
+            meta = _METAS.get(key)
+            parts.append(
+                meta if meta is not None else _remember(_METAS, key, len_field(_K5, _output_metadata(tensor)))
+            )
+        raws.append(_to_raw(tensor))
+    for chunk in raws:
+        parts.append(_K6 + uvarint(len(chunk)))
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+# Encoded pieces that repeat from answer to answer: the model name and version, and each output's
+# metadata (name, datatype, shape). Bounded: cleared when full.
+_HEADS: dict[tuple[str, str], bytes] = {}
+_METAS: dict[tuple[str, str, tuple[int, ...]], bytes] = {}
+_CACHE_MAX = 4096
+
+
+def _remember(cache: dict, key: Any, value: bytes) -> bytes:
+    if len(cache) >= _CACHE_MAX:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
+def _head(response: InferResponse) -> bytes:
+    head = b""
+    if response.model_name:
+        head += str_field(_K1, response.model_name)
+    if response.model_version:
+        head += str_field(_K2, response.model_version)
+    return head
+
+
+def _output_metadata(tensor: Tensor) -> bytes:
+    dims = b"".join([uvarint(d) for d in tensor.shape])
+    body = str_field(_K1, tensor.name) + str_field(_K2, tensor.datatype) + len_field(_K3, dims)
+    for key, value in tensor.parameters.items():
+        body += len_field(_K4, _map_entry(key, value))
+    return body
+
+
+def _map_entry(key: str, value: Any) -> bytes:
+    return str_field(_K1, key) + len_field(_K2, encode_parameter(value))
+
+
+def encode_parameter(value: Any) -> bytes:
+    """A Python value as InferParameter bytes: bool, int (int64, or uint64 past its range), str, float;
+    anything else as its text."""
+    if isinstance(value, bool):
+        return b"\x08" + SMALL[int(value)]
+    if isinstance(value, int):
+        if -(1 << 63) <= value < 0:
+            return b"\x10" + uvarint(value + I64_BIAS)
+        if value < 1 << 63:
+            return b"\x10" + uvarint(value)
+        return b"\x28" + uvarint(value & (I64_BIAS - 1))
+    if isinstance(value, float):
+        return b"\x21" + DOUBLE.pack(value)
+    return str_field(b"\x1a", value if isinstance(value, str) else str(value))
+
+
+def _to_raw(tensor: Tensor) -> bytes | memoryview:
+    if tensor.datatype == "BYTES":
+        return encode_bytes(np.asarray(tensor.data))
+    array, target = tensor.data, BY_V2[tensor.datatype].numpy
+    if not isinstance(array, np.ndarray) or array.dtype != target:
+        array = np.asarray(array, dtype=target)
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
+    return memoryview(array.reshape(-1).view(np.uint8))
+
+
+def encode_stream_response(infer_response: bytes) -> bytes:
+    """ModelStreamInferResponse carrying an encoded ModelInferResponse."""
+    return _K2 + uvarint(len(infer_response)) + infer_response
+
+
+def encode_stream_error(message: str, request_id: str | None = None) -> bytes:
+    """ModelStreamInferResponse carrying an error for one request of the stream; as Triton, the
+    infer_response holds only the request's id so the client can tell which request failed."""
+    return str_field(_K1, message) + len_field(_K2, str_field(_K3, request_id) if request_id else b"")
+
+
+# -------------------------------------------------------------------------------- the other messages
+
+
+def parameters_from_proto(parameters: dict[str, pb.InferParameter]) -> dict[str, Any]:
+    """map<string, InferParameter> of a betterproto2 message -> plain values."""
+    out = {}
+    for key, parameter in parameters.items():
+        out[key] = None
+        for name in ("bool_param", "int64_param", "string_param", "double_param", "uint64_param"):
+            value = getattr(parameter, name)
+            if value is not None:
+                out[key] = value
+    return out
+
+
+def model_metadata(doc: dict) -> pb.ModelMetadataResponse:
+    """The REST metadata document (server/model.py) as ModelMetadataResponse."""
+
+    def tensors(entries: list[dict]) -> list[pb.ModelMetadataResponseTensorMetadata]:
+        return [
+            pb.ModelMetadataResponseTensorMetadata(e["name"], e["datatype"], list(e["shape"]))
+            for e in entries
+        ]
+
+    return pb.ModelMetadataResponse(
+        name=doc["name"],
+        versions=list(doc["versions"]),
+        platform=doc["platform"],
+        inputs=tensors(doc["inputs"]),
+        outputs=tensors(doc["outputs"]),
+    )
+
+
+def model_config(config: dict) -> pb.ModelConfigResponse:
+    """A model's config (the JSON form REST answers) as ModelConfigResponse. Settings that the
+    model_config.proto subset in proto/ does not carry are left out."""
+    try:
+        message = pb.ModelConfig.from_dict(config, ignore_unknown_fields=True)
+    except (KeyError, ValueError, TypeError) as e:
+        raise InferError(
+            ErrorKind.INTERNAL, f"model '{config.get('name')}': its config has no protobuf form: {e}"
+        ) from None
+    return pb.ModelConfigResponse(config=message)
+
+
+def _duration(entry: dict) -> pb.StatisticDuration:
+    return pb.StatisticDuration(count=entry["count"], ns=entry["ns"])
+
+
+def model_statistics(name: str, version: str, stats: dict) -> pb.ModelStatistics:
+    """One version's statistics, in the dict form batcher/stats.py gives them, as ModelStatistics."""
+    inference = stats["inference_stats"]
+    return pb.ModelStatistics(
+        name=name,
+        version=version,
+        last_inference=stats["last_inference"],
+        inference_count=stats["inference_count"],
+        execution_count=stats["execution_count"],
+        inference_stats=pb.InferStatistics(**{key: _duration(value) for key, value in inference.items()}),
+        batch_stats=[
+            pb.InferBatchStatistics(
+                batch_size=batch["batch_size"],
+                compute_input=_duration(batch["compute_input"]),
+                compute_infer=_duration(batch["compute_infer"]),
+                compute_output=_duration(batch["compute_output"]),
+            )
+            for batch in stats["batch_stats"]
+        ],
+    )
+
+
+def repository_parameters(parameters: dict[str, pb.ModelRepositoryParameter]) -> tuple[str | None, dict]:
+    """RepositoryModelLoadRequest parameters -> (config JSON or None, file overrides "1/model.py" ->
+    bytes). Triton's messages for a wrongly typed value."""
+    config, files = None, {}
+    for key, parameter in parameters.items():
+        if key == "config":
+            if parameter.string_param is None:
+                raise invalid("Config parameter 'config' must have string type for its value (a JSON string)")
+            config = parameter.string_param
+        elif key.startswith("file:"):
+            if parameter.bytes_param is None:
+                raise invalid(f"File parameter '{key}' must have bytes type for its value")
+            files[key[len("file:") :]] = parameter.bytes_param
+    return config, files

@@ -1,0 +1,73 @@
+"""gRPC `grps.protos.v1.GrpsService` (NetEase-Media/grps), on the shared grpclib server.
+
+As grps does, every RPC completes with gRPC status OK and reports success or failure in the message's
+`status` {code (an HTTP status code), msg, status: SUCCESS | FAILURE}. PredictStreaming sends one
+message per yield of the model's execute_stream; a failure ends the stream with a FAILURE message.
+"""
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+import proto.grps.protos.v1 as pb
+from codec import grps as wire
+from codec import grps_answers as answers
+from codec.errors import ErrorKind, InferError
+from server.http_grps import Grps
+from server.repository import Repository
+
+log = logging.getLogger("tensorgate.grps")
+
+
+class GrpsService(pb.GrpsServiceBase):
+    def __init__(self, repository: Repository, default_model: str | None = None) -> None:
+        self.grps = Grps(repository, default_model)
+
+    async def predict(self, message: pb.GrpsMessage) -> pb.GrpsMessage:
+        try:
+            answer = await self.grps.predict(wire.payload_from_message(message))
+            return answers.answer_message(answer)
+        except InferError as e:
+            return answers.error_message(e)
+        except Exception:
+            log.exception("unexpected error serving grps Predict")
+            return answers.error_message(InferError(ErrorKind.INTERNAL, "internal error serving Predict"))
+
+    async def predict_streaming(self, message: pb.GrpsMessage) -> AsyncIterator[pb.GrpsMessage]:
+        try:
+            stream = await self.grps.predict_stream(wire.payload_from_message(message))
+            async with aclosing(stream):  # a client that goes away cancels us: the model's stream closes
+                async for answer in stream:
+                    yield answers.answer_message(answer)
+        except InferError as e:
+            yield answers.error_message(e)
+        except Exception:
+            log.exception("unexpected error serving grps PredictStreaming")
+            yield answers.error_message(
+                InferError(ErrorKind.INTERNAL, "internal error serving PredictStreaming")
+            )
+
+    async def online(self, message: pb.GrpsMessage) -> pb.GrpsMessage:
+        self.grps.set_online(True)
+        return answers.status_message(answers.OK, "OK")
+
+    async def offline(self, message: pb.GrpsMessage) -> pb.GrpsMessage:
+        self.grps.set_online(False)
+        return answers.status_message(answers.OK, "OK")
+
+    async def check_liveness(self, message: pb.GrpsMessage) -> pb.GrpsMessage:
+        return answers.status_message(answers.OK, "OK")
+
+    async def check_readiness(self, message: pb.GrpsMessage) -> pb.GrpsMessage:
+        return answers.status_message(*self.grps.readiness())
+
+    async def server_metadata(self, message: pb.GrpsMessage) -> pb.GrpsMessage:
+        return answers.status_message(answers.OK, "OK", str_data=self.grps.server_metadata())
+
+    async def model_metadata(self, message: pb.GrpsMessage) -> pb.GrpsMessage:
+        try:
+            return answers.status_message(
+                answers.OK, "OK", str_data=self.grps.model_metadata(message.str_data or "")
+            )
+        except InferError as e:
+            return answers.error_message(e)

@@ -1,0 +1,425 @@
+"""KServe v2 / Triton `inference.GRPCInferenceService` on grpclib: thin calls into the Repository.
+
+ModelInfer and ModelStreamInfer take the request bytes as grpclib received them (RawMessage) and decode
+them with codec.v2_grpc, zero-copy; the other RPCs use the generated betterproto2 messages. Errors are
+InferErrors mapped to gRPC status codes in codec.v2_grpc, with the same messages as REST.
+
+ModelStreamInfer reads requests while earlier ones run (up to STREAM_WINDOW in flight per stream) and
+answers in request order: one response per request, or one per yield of a model with `execute_stream`.
+An error answers its request with `error_message` and the stream goes on. With the request parameter
+`triton_enable_empty_final_response: true`, as Triton has it for decoupled models, each answer carries
+the parameter `triton_final_response`, true on the last one (after a streaming model's yields, an answer
+with no outputs).
+"""
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from typing import Any
+
+from grpclib import GRPCError
+from grpclib.const import Cardinality, Handler, Status
+from grpclib.encoding.proto import ProtoCodec
+from grpclib.server import Stream
+
+import proto.inference as pb
+from codec import v2_grpc
+from codec.errors import ErrorKind, InferError
+from codec.tensor import InferResponse
+from server import __version__
+from server.http_v2 import EXTENSIONS
+from server.model import ModelVersion
+from server.repository import Repository
+
+log = logging.getLogger("tensorgate.grpc")
+
+SERVICE = "/inference.GRPCInferenceService/"
+STREAM_WINDOW = 64  # requests of one ModelStreamInfer stream read ahead of their answers
+FINAL_FLAG = "triton_final_response"
+ENABLE_FINAL = "triton_enable_empty_final_response"
+
+
+class RawMessage:
+    """A message as its bytes: grpclib's codec calls FromString / SerializeToString on the message types
+    of a handler, and these keep the bytes as they are, for codec.v2_grpc to read and write."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    @classmethod
+    def FromString(cls, data: bytes) -> "RawMessage":  # noqa: N802 (grpclib's name)
+        return cls(data)
+
+    def SerializeToString(self) -> bytes:  # noqa: N802 (grpclib's name)
+        return self.data
+
+
+class MessageSizeCodec(ProtoCodec):
+    """grpclib's protobuf codec with --grpc-max-message-bytes enforced on every message received or sent,
+    by every service on the port (grpclib itself has no limit). grpclib hands a message to the codec once
+    it has it whole: a larger one is refused with RESOURCE_EXHAUSTED, the connection lives on."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+
+    def decode(self, data: bytes, message_type: Any) -> Any:
+        if len(data) > self.max_bytes:
+            raise GRPCError(
+                Status.RESOURCE_EXHAUSTED,
+                f"received message of {len(data)} bytes is larger than the server's limit of "
+                f"{self.max_bytes} bytes (--grpc-max-message-bytes)",
+            )
+        return message_type.FromString(data)
+
+    def encode(self, message: Any, message_type: Any) -> bytes:
+        data = super().encode(message, message_type)
+        if len(data) > self.max_bytes:
+            raise GRPCError(
+                Status.RESOURCE_EXHAUSTED,
+                f"response message of {len(data)} bytes is larger than the server's limit of "
+                f"{self.max_bytes} bytes (--grpc-max-message-bytes)",
+            )
+        return data
+
+
+def _to_grpc_error(error: InferError) -> GRPCError:
+    return GRPCError(v2_grpc.grpc_status(error.kind), error.message)
+
+
+def rpc(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """InferError -> its gRPC status and message; anything unexpected -> INTERNAL, logged."""
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, *args: Any) -> Any:
+        try:
+            return await method(self, *args)
+        except InferError as e:
+            raise _to_grpc_error(e) from None
+        except GRPCError:
+            raise
+        except Exception:
+            log.exception("unexpected error serving %s", method.__name__)
+            raise GRPCError(Status.INTERNAL, f"internal error serving {method.__name__}") from None
+
+    return wrapper
+
+
+def _unimplemented(what: str) -> GRPCError:
+    return GRPCError(Status.UNIMPLEMENTED, f"{what} is not supported by this server")
+
+
+class InferenceService(pb.GrpcInferenceServiceBase):
+    def __init__(self, repository: Repository) -> None:
+        self.repository = repository
+        self._readers: set[asyncio.Task] = set()  # ModelStreamInfer readers, stopped on shutdown
+        self._closing = False
+
+    def __mapping__(self) -> dict[str, Handler]:
+        mapping = super().__mapping__()
+        raw = (RawMessage, RawMessage)
+        mapping[SERVICE + "ModelInfer"] = Handler(self._model_infer, Cardinality.UNARY_UNARY, *raw)
+        mapping[SERVICE + "ModelStreamInfer"] = Handler(
+            self._model_stream_infer, Cardinality.STREAM_STREAM, *raw
+        )
+        return mapping
+
+    def begin_shutdown(self) -> None:
+        """Open streams take no more requests: each answers those it has read, then ends UNAVAILABLE."""
+        self._closing = True
+        for reader in self._readers:
+            reader.cancel()
+
+    # ------------------------------------------------------------------------------- health, metadata
+
+    @rpc
+    async def server_live(self, message: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    @rpc
+    async def server_ready(self, message: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.repository.ready)
+
+    @rpc
+    async def model_ready(self, message: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
+        model = self.repository.model(message.name)
+        try:
+            ready = model.resolve(message.version).ready
+        except InferError as e:
+            if e.kind is not ErrorKind.UNAVAILABLE:
+                raise
+            ready = False
+        return pb.ModelReadyResponse(ready=ready)
+
+    @rpc
+    async def server_metadata(self, message: pb.ServerMetadataRequest) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(name="tensorgate", version=__version__, extensions=list(EXTENSIONS))
+
+    @rpc
+    async def model_metadata(self, message: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
+        model = self.repository.model(message.name)
+        if message.version:
+            return v2_grpc.model_metadata(model.resolve(message.version).metadata([message.version]))
+        ready = [v for v in model.newest_first if v.ready]
+        if not ready:
+            raise InferError(ErrorKind.UNAVAILABLE, f"model '{model.name}' is not ready: {model.reason}")
+        return v2_grpc.model_metadata(ready[0].metadata([v.version_str for v in reversed(ready)]))
+
+    @rpc
+    async def model_config(self, message: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
+        model = self.repository.model(message.name)
+        if message.version:
+            return v2_grpc.model_config(model.resolve(message.version).config)
+        if model.config is None:
+            raise InferError(ErrorKind.UNAVAILABLE, f"model '{model.name}' is not ready: {model.reason}")
+        return v2_grpc.model_config(model.config)
+
+    @rpc
+    async def model_statistics(self, message: pb.ModelStatisticsRequest) -> pb.ModelStatisticsResponse:
+        """Triton's: every model when `name` is empty, every ready version when `version` is."""
+        if message.name:
+            models = [self.repository.model(message.name)]
+        else:
+            models = [self.repository.models[name] for name in sorted(self.repository.models)]
+        stats = []
+        for model in models:
+            if message.version:
+                versions = [model.resolve(message.version)]
+            else:
+                versions = [v for _, v in sorted(model.versions.items()) if v.ready]
+            for version in versions:
+                counted = getattr(version, "stats", None)
+                if counted is None:
+                    raise _unimplemented("model statistics")
+                stats.append(v2_grpc.model_statistics(model.name, version.version_str, counted.as_dict()))
+        return pb.ModelStatisticsResponse(model_stats=stats)
+
+    # --------------------------------------------------------------------------------- repository
+
+    def _repository_call(self, name: str) -> Callable[..., Any]:
+        call = getattr(self.repository, name, None)
+        if call is None:
+            raise _unimplemented(f"the model repository extension ({name})")
+        return call
+
+    @rpc
+    async def repository_index(self, message: pb.RepositoryIndexRequest) -> pb.RepositoryIndexResponse:
+        entries = self._repository_call("index")(message.ready)
+        return pb.RepositoryIndexResponse(
+            models=[
+                pb.RepositoryIndexResponseModelIndex(e["name"], e["version"], e["state"], e["reason"])
+                for e in entries
+            ]
+        )
+
+    @rpc
+    async def repository_model_load(
+        self, message: pb.RepositoryModelLoadRequest
+    ) -> pb.RepositoryModelLoadResponse:
+        load = self._repository_call("load_model")
+        config, files = v2_grpc.repository_parameters(message.parameters)
+        await load(message.model_name, config, files or None)
+        return pb.RepositoryModelLoadResponse()
+
+    @rpc
+    async def repository_model_unload(
+        self, message: pb.RepositoryModelUnloadRequest
+    ) -> pb.RepositoryModelUnloadResponse:
+        unload = self._repository_call("unload_model")
+        parameter = message.parameters.get("unload_dependents")
+        dependents = parameter.bool_param if parameter is not None else None
+        if parameter is not None and dependents is None:
+            raise InferError(ErrorKind.INVALID_ARGUMENT, "'unload_dependents' must be a bool_param")
+        await unload(message.model_name, bool(dependents))
+        return pb.RepositoryModelUnloadResponse()
+
+    # ------------------------------------------------------------------- what this server does not do
+
+    async def system_shared_memory_status(self, message: Any) -> Any:
+        raise _unimplemented("system shared memory")
+
+    async def system_shared_memory_register(self, message: Any) -> Any:
+        raise _unimplemented("system shared memory")
+
+    async def system_shared_memory_unregister(self, message: Any) -> Any:
+        raise _unimplemented("system shared memory")
+
+    async def cuda_shared_memory_status(self, message: Any) -> Any:
+        raise _unimplemented("CUDA shared memory")
+
+    async def cuda_shared_memory_register(self, message: Any) -> Any:
+        raise _unimplemented("CUDA shared memory")
+
+    async def cuda_shared_memory_unregister(self, message: Any) -> Any:
+        raise _unimplemented("CUDA shared memory")
+
+    async def trace_setting(self, message: Any) -> Any:
+        raise _unimplemented("TraceSetting")
+
+    async def log_settings(self, message: Any) -> Any:
+        raise _unimplemented("LogSettings")
+
+    # ---------------------------------------------------------------------------------- ModelInfer
+
+    async def _model_infer(self, stream: Stream) -> None:
+        message = await stream.recv_message()
+        if message is None:
+            raise GRPCError(Status.INVALID_ARGUMENT, "ModelInfer needs a request message")
+        try:
+            request = v2_grpc.decode_request(message.data)
+            version = self.repository.resolve(request.model_name, request.model_version)
+            body = v2_grpc.encode_response(await version.infer(request))
+        except InferError as e:
+            raise _to_grpc_error(e) from None
+        except Exception:
+            log.exception("unexpected error serving ModelInfer")
+            raise GRPCError(Status.INTERNAL, "internal error serving ModelInfer") from None
+        await stream.send_message(RawMessage(body))
+
+    # ----------------------------------------------------------------------------- ModelStreamInfer
+
+    async def _model_stream_infer(self, stream: Stream) -> None:
+        pending: asyncio.Queue = asyncio.Queue()
+        window = asyncio.Semaphore(STREAM_WINDOW)
+        reader = asyncio.create_task(self._read_stream(stream, pending, window))
+        self._readers.add(reader)
+        try:
+            while True:
+                item = await pending.get()
+                if isinstance(item, _End):
+                    if item.error is not None:
+                        raise item.error
+                    return
+                await self._answer(stream, item)
+                window.release()
+        finally:
+            self._readers.discard(reader)
+            reader.cancel()
+            while not pending.empty():
+                item = pending.get_nowait()
+                if isinstance(item, _Pending):
+                    await item.discard()
+
+    async def _read_stream(self, stream: Stream, pending: asyncio.Queue, window: asyncio.Semaphore) -> None:
+        """Reads requests and queues each one's answer in the making; the last item is an _End."""
+        try:
+            if self._closing:
+                raise asyncio.CancelledError
+            while True:
+                await window.acquire()
+                message = await stream.recv_message()
+                if message is None:
+                    pending.put_nowait(_End())
+                    return
+                pending.put_nowait(self._start(message.data))
+        except asyncio.CancelledError:  # the server is shutting down (or the call ended, no one reads on)
+            shutting_down = GRPCError(
+                Status.UNAVAILABLE, "the server is shutting down: this stream takes no more requests"
+            )
+            pending.put_nowait(_End(shutting_down))
+        except GRPCError as e:  # a message over the size limit: the call ends with its status
+            pending.put_nowait(_End(e))
+        except Exception as e:
+            log.exception("unexpected error reading a ModelStreamInfer stream")
+            pending.put_nowait(_End(GRPCError(Status.INTERNAL, f"internal error reading the stream: {e}")))
+
+    def _start(self, data: bytes) -> "_Pending":
+        """Starts one request of the stream: a task for a plain infer, an iterator (started when its turn
+        to answer comes) for a streaming model, or the error that answers it."""
+        request_id = None
+        try:
+            request = v2_grpc.decode_request(data)
+            request_id = request.id
+            final = request.parameters.pop(ENABLE_FINAL, False) is True
+            version = self.repository.resolve(request.model_name, request.model_version)
+            if getattr(version.backend, "execute_stream", None) is not None:
+                return _Pending(request_id, final, version, iterator=version.infer_stream(request))
+            return _Pending(request_id, final, version, task=asyncio.ensure_future(version.infer(request)))
+        except InferError as e:
+            return _Pending(request_id, False, None, error=e.message)
+        except Exception:
+            log.exception("unexpected error starting a ModelStreamInfer request")
+            return _Pending(request_id, False, None, error="internal error serving ModelStreamInfer")
+
+    async def _answer(self, stream: Stream, item: "_Pending") -> None:
+        async with aclosing(_answers(item)) as answers:
+            async for body in answers:
+                await stream.send_message(RawMessage(body))
+
+
+async def _answers(item: "_Pending") -> AsyncIterator[bytes]:
+    """The ModelStreamInferResponse messages answering one request of a stream: its answer, one per yield
+    of a streaming model, or an error_message (after the answers already given)."""
+    if item.error is not None:
+        yield v2_grpc.encode_stream_error(item.error, item.request_id)
+        return
+    error = None
+    try:
+        if item.task is not None:
+            response = await item.task
+            if item.final:
+                response.parameters[FINAL_FLAG] = True
+            yield v2_grpc.encode_stream_response(v2_grpc.encode_response(response))
+            return
+        assert item.iterator is not None
+        async with aclosing(item.iterator) as responses:
+            async for response in responses:
+                if item.final:
+                    response.parameters[FINAL_FLAG] = False
+                yield v2_grpc.encode_stream_response(v2_grpc.encode_response(response))
+        if item.final:
+            yield _final_response(item.request_id)
+    except InferError as e:
+        error = e.message
+    except Exception as e:  # from the model's execute_stream, or a bug of ours
+        label = f"model '{item.version.name}' version {item.version.version}"
+        log.exception("%s: ModelStreamInfer failed", label)
+        error = f"{label} failed: {type(e).__name__}: {e}"
+    if error is not None:
+        yield v2_grpc.encode_stream_error(error, item.request_id)
+
+
+def _final_response(request_id: str | None) -> bytes:
+    empty = InferResponse("", "", [], request_id, {FINAL_FLAG: True})
+    return v2_grpc.encode_stream_response(v2_grpc.encode_response(empty))
+
+
+class _End:
+    __slots__ = ("error",)
+
+    def __init__(self, error: GRPCError | None = None) -> None:
+        self.error = error
+
+
+class _Pending:
+    """One stream request on its way to its answer(s)."""
+
+    __slots__ = ("request_id", "final", "version", "task", "iterator", "error")
+
+    def __init__(
+        self,
+        request_id: str | None,
+        final: bool,
+        version: ModelVersion | None,
+        *,
+        task: asyncio.Future | None = None,
+        iterator: AsyncIterator | None = None,
+        error: str | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.final = final
+        self.version = version
+        self.task = task
+        self.iterator = iterator
+        self.error = error
+
+    async def discard(self) -> None:
+        if self.task is not None:
+            if self.task.done() and not self.task.cancelled():
+                self.task.exception()  # retrieved: no "exception was never retrieved" warning
+            self.task.cancel()
+        if self.iterator is not None:
+            await self.iterator.aclose()  # type: ignore[attr-defined]

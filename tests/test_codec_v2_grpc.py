@@ -1,0 +1,504 @@
+"""KServe v2 over gRPC, the codec alone: ModelInferRequest bytes -> InferRequest, InferResponse -> bytes.
+
+Requests are built, and answers read back, with the betterproto2 messages generated from proto/ (the
+wire format's source of truth), so the hand-written wire codec is checked against the protocol and not
+against itself.
+"""
+
+import math
+import struct
+
+import betterproto2
+import numpy as np
+import pytest
+from grpclib.const import Status
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from v2_client import (
+    ALL_DATATYPES,
+    MODEL,
+    WIRE_DTYPES,
+    assert_invalid,
+    assert_same_tensor,
+    objects,
+    tensor_values,
+)
+
+import proto.inference as pb
+from batcher.stats import ModelStats
+from codec import v2_grpc
+from codec.errors import ErrorKind, InferError
+from codec.tensor import InferResponse, Tensor
+
+INPUT = "pixel_in"
+
+# The typed contents field a client fills for each datatype (FP16 and BF16 have none: raw only).
+TYPED_FIELD = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+def raw_bytes(datatype: str, array: np.ndarray) -> bytes:
+    if datatype == "BYTES":
+        return b"".join(struct.pack("<I", len(e)) + e for e in array.reshape(-1))
+    return np.ascontiguousarray(array, dtype=WIRE_DTYPES[datatype]).tobytes()
+
+
+def typed_contents(datatype: str, array: np.ndarray) -> pb.InferTensorContents:
+    values = array.reshape(-1).tolist()
+    return pb.InferTensorContents(**{TYPED_FIELD[datatype]: values})
+
+
+def input_tensor(name: str, datatype: str, shape, contents=None, parameters=None):
+    return pb.ModelInferRequestInferInputTensor(
+        name=name, datatype=datatype, shape=list(shape), contents=contents, parameters=parameters or {}
+    )
+
+
+def request_bytes(*inputs, raw=(), **fields) -> bytes:
+    return bytes(
+        pb.ModelInferRequest(model_name=MODEL, inputs=list(inputs), raw_input_contents=list(raw), **fields)
+    )
+
+
+def decode(data: bytes):
+    return v2_grpc.decode_request(data)
+
+
+def invalid(data: bytes, *fragments: str) -> str:
+    with pytest.raises(InferError) as excinfo:
+        decode(data)
+    return assert_invalid(excinfo, *fragments)
+
+
+# --- 1. every datatype, raw and typed ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("datatype", ALL_DATATYPES)
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_raw_input_contents_every_datatype(datatype, data):
+    array = data.draw(tensor_values(datatype, binary=True))
+    message = request_bytes(input_tensor(INPUT, datatype, array.shape), raw=[raw_bytes(datatype, array)])
+    request = decode(message)
+    (tensor,) = request.inputs
+    assert (tensor.name, tensor.datatype, tensor.shape) == (INPUT, datatype, array.shape)
+    assert_same_tensor(tensor.data, array, datatype)
+
+
+TYPED = [d for d in ALL_DATATYPES if d not in ("FP16", "BF16")]
+
+
+@pytest.mark.parametrize("datatype", TYPED)
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_typed_contents_every_datatype(datatype, data):
+    array = data.draw(tensor_values(datatype, binary=True))
+    if array.dtype.kind == "f":  # through Python floats: no NaN payloads to compare bitwise
+        array = np.nan_to_num(array, nan=1.5)
+    contents = typed_contents(datatype, array)
+    request = decode(request_bytes(input_tensor(INPUT, datatype, array.shape, contents)))
+    (tensor,) = request.inputs
+    assert (tensor.datatype, tensor.shape) == (datatype, array.shape)
+    assert_same_tensor(tensor.data, array, datatype)
+
+
+@pytest.mark.parametrize(
+    ("datatype", "values"),
+    [
+        ("INT8", [-128, -1, 0, 127]),
+        ("INT16", [-32768, 32767]),
+        ("INT32", [-(2**31), 2**31 - 1, -5]),
+        ("INT64", [-(2**63), 2**63 - 1, -1]),
+        ("UINT8", [0, 255]),
+        ("UINT16", [0, 65535]),
+        ("UINT32", [0, 2**32 - 1]),
+        ("UINT64", [0, 2**64 - 1, 2**63]),
+        ("BOOL", [True, False, True]),
+    ],
+)
+def test_typed_contents_extremes(datatype, values):
+    array = np.array(values, dtype=WIRE_DTYPES[datatype])
+    request = decode(
+        request_bytes(input_tensor(INPUT, datatype, array.shape, typed_contents(datatype, array)))
+    )
+    assert request.inputs[0].data.tolist() == values
+
+
+def test_raw_inputs_are_zero_copy_views_of_the_message():
+    a, b = np.arange(1000, dtype="<f4"), np.arange(24, dtype="<i8").reshape(2, 3, 4)
+    message = request_bytes(
+        input_tensor("a", "FP32", a.shape),
+        input_tensor("b", "INT64", b.shape),
+        raw=[a.tobytes(), b.tobytes()],
+    )
+    start = np.frombuffer(message, np.uint8).ctypes.data
+    for tensor, expected in zip(decode(message).inputs, (a, b), strict=True):
+        assert np.array_equal(tensor.data, expected)
+        address = tensor.data.ctypes.data
+        assert start <= address and address + tensor.data.nbytes <= start + len(message), "data was copied"
+        assert not tensor.data.flags.writeable
+
+
+def test_packed_fp32_contents_are_zero_copy_too():
+    values = np.linspace(-1, 1, 64, dtype="<f4")
+    message = request_bytes(
+        input_tensor(INPUT, "FP32", [8, 8], pb.InferTensorContents(fp32_contents=values.tolist()))
+    )
+    tensor = decode(message).inputs[0]
+    start = np.frombuffer(message, np.uint8).ctypes.data
+    assert start <= tensor.data.ctypes.data < start + len(message)
+    assert np.array_equal(tensor.data, values.reshape(8, 8))
+
+
+def varint(value: int) -> bytes:
+    value &= (1 << 64) - 1  # negative numbers as their 64-bit two's complement, as protobuf writes them
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    return bytes(out + bytes([value]))
+
+
+def test_unpacked_repeated_numbers_decode_like_packed_ones():
+    """proto3 parsers must accept repeated scalars written one by one (proto2 style), and a mix."""
+    floats, ints = [1.5, -2.0, 3.25], [7, -3, 300]
+    unpacked_fp32 = b"".join(b"\x35" + struct.pack("<f", v) for v in floats)  # field 6, wire type 5
+    mixed_int = bytes(pb.InferTensorContents(int_contents=ints[:1]))  # a packed chunk, then single ones
+    mixed_int += b"".join(b"\x10" + varint(v) for v in ints[1:])  # field 2, wire type 0
+    for datatype, contents, expected in (("FP32", unpacked_fp32, floats), ("INT32", mixed_int, ints)):
+        header = bytes(pb.ModelInferRequestInferInputTensor(name=INPUT, datatype=datatype, shape=[3]))
+        body = header + b"\x2a" + varint(len(contents)) + contents  # field 5: contents
+        message = bytes(pb.ModelInferRequest(model_name=MODEL)) + b"\x2a" + varint(len(body)) + body
+        assert decode(message).inputs[0].data.tolist() == expected
+    # an fp32 element written as a varint is no float at all
+    header = bytes(pb.ModelInferRequestInferInputTensor(name=INPUT, datatype="FP32", shape=[1]))
+    body = header + b"\x2a\x02\x30\x01"
+    invalid(bytes(pb.ModelInferRequest(model_name=MODEL)) + b"\x2a" + varint(len(body)) + body, "wire type")
+
+
+def test_several_inputs_mixing_raw_is_all_or_nothing():
+    a = np.arange(4, dtype="<i4")
+    raw_a = input_tensor("a", "INT32", [4])
+    typed_b = input_tensor("b", "INT32", [4], pb.InferTensorContents(int_contents=[1, 2, 3, 4]))
+    message = invalid(request_bytes(raw_a, typed_b, raw=[a.tobytes(), a.tobytes()]), "'b'", MODEL)
+    assert (
+        message
+        == f"contents field must not be specified when using raw_input_contents for 'b' for model '{MODEL}'"
+    )
+    invalid(
+        request_bytes(raw_a, input_tensor("b", "INT32", [4]), raw=[a.tobytes()]),
+        "number of inputs (2)",
+        "(1)",
+    )
+
+
+# --- 2. request fields --------------------------------------------------------------------------
+
+
+PARAMETERS = {
+    "flag": pb.InferParameter(bool_param=False),
+    "count": pb.InferParameter(int64_param=-42),
+    "big": pb.InferParameter(uint64_param=2**64 - 1),
+    "label": pb.InferParameter(string_param="héllo"),
+    "ratio": pb.InferParameter(double_param=0.25),
+    "empty": pb.InferParameter(),
+}
+PLAIN = {"flag": False, "count": -42, "big": 2**64 - 1, "label": "héllo", "ratio": 0.25, "empty": None}
+
+
+def test_id_version_parameters_and_requested_outputs_are_kept():
+    outputs = [
+        pb.ModelInferRequestInferRequestedOutputTensor(
+            name="out_b", parameters={"classification": PARAMETERS["count"]}
+        ),
+        pb.ModelInferRequestInferRequestedOutputTensor(name="out_a"),
+    ]
+    message = request_bytes(
+        input_tensor(INPUT, "INT32", [1], pb.InferTensorContents(int_contents=[5]), parameters=PARAMETERS),
+        model_version="3",
+        id="req-17",
+        parameters=PARAMETERS,
+        outputs=outputs,
+    )
+    request = decode(message)
+    assert (request.model_name, request.model_version, request.id) == (MODEL, "3", "req-17")
+    assert request.parameters == PLAIN
+    assert type(request.parameters["flag"]) is bool and type(request.parameters["count"]) is int
+    assert request.inputs[0].parameters == PLAIN
+    assert [(o.name, o.parameters) for o in request.outputs] == [
+        ("out_b", {"classification": -42}),
+        ("out_a", {}),
+    ]
+
+
+def test_absent_fields():
+    request = decode(
+        request_bytes(input_tensor(INPUT, "INT32", [1], pb.InferTensorContents(int_contents=[5])))
+    )
+    assert (request.model_version, request.id, request.outputs, request.parameters) == ("", None, None, {})
+
+
+def test_unknown_fields_are_skipped():
+    extra = (
+        b"\x98\x06\x07" + b"\xa2\x06\x03abc" + b"\xad\x06\x00\x00\x00\x00" + b"\xa9\x06" + bytes(8)
+    )  # 99-101
+    message = (
+        request_bytes(input_tensor(INPUT, "INT32", [1], pb.InferTensorContents(int_contents=[5]))) + extra
+    )
+    assert decode(message).inputs[0].data.tolist() == [5]
+
+
+def test_remembered_input_headers_do_not_leak_between_requests():
+    header = input_tensor(INPUT, "INT32", [2])
+    first = decode(request_bytes(header, raw=[np.array([1, 2], "<i4").tobytes()]))
+    second = decode(request_bytes(header, raw=[np.array([3, 4], "<i4").tobytes()]))
+    assert first.inputs[0].data.tolist() == [1, 2] and second.inputs[0].data.tolist() == [3, 4]
+    second.inputs[0].parameters["x"] = 1
+    third = decode(request_bytes(header, raw=[np.array([5, 6], "<i4").tobytes()]))
+    assert third.inputs[0].parameters == {}
+    # a header remembered as valid still needs its data, and says which model it was sent to
+    other = bytes(pb.ModelInferRequest(model_name="other", inputs=[header]))
+    assert invalid(other, "model 'other'", "neither contents nor raw_input_contents")
+
+
+# --- 3. errors -----------------------------------------------------------------------------------
+
+
+def test_request_errors_name_the_model_and_input():
+    int_input = input_tensor(INPUT, "INT32", [4])
+    four = np.zeros(4, "<i4").tobytes()
+    invalid(request_bytes(), "non-empty 'inputs'", MODEL)
+    invalid(
+        request_bytes(input_tensor(INPUT, "INT33", [1]), raw=[b"\0" * 4]), "unknown datatype 'INT33'", INPUT
+    )
+    invalid(request_bytes(input_tensor(INPUT, "INT32", [-1]), raw=[four]), "non-negative", INPUT)
+    invalid(request_bytes(input_tensor(INPUT, "INT32", [1] * 33), raw=[four]), "at most 32")
+    invalid(request_bytes(input_tensor(INPUT, "INT32", [2**62, 4]), raw=[four]), "too many elements")
+    message = invalid(request_bytes(int_input, raw=[four[:12]]), INPUT, MODEL)
+    assert message.endswith("raw_input_contents holds 12 bytes, shape [4] of INT32 needs 16")
+    invalid(request_bytes(int_input), "has neither contents nor raw_input_contents")
+    strings = input_tensor(INPUT, "BYTES", [3])
+    invalid(request_bytes(strings, raw=[b"\1\0\0\0a"]), "cannot hold the 3 elements")
+    strings.shape = [2]
+    invalid(request_bytes(strings, raw=[b"\5\0\0\0abcde"]), "fewer than the 2 elements")
+
+
+@pytest.mark.parametrize(
+    ("datatype", "contents", "fragments"),
+    [
+        ("INT32", pb.InferTensorContents(int_contents=[1, 2, 3]), ["contents hold 3 elements", "needs 4"]),
+        ("INT32", pb.InferTensorContents(fp32_contents=[1.0] * 4), ["fp32_contents", "takes int_contents"]),
+        ("FP32", pb.InferTensorContents(int_contents=[1] * 4), ["int_contents", "takes fp32_contents"]),
+        ("INT8", pb.InferTensorContents(int_contents=[1, 2, 3, 128]), ["outside the range of INT8"]),
+        ("UINT16", pb.InferTensorContents(uint_contents=[1, 2, 3, 65536]), ["outside the range of UINT16"]),
+        ("FP16", pb.InferTensorContents(fp32_contents=[1.0] * 4), ["FP16 data can only be sent in raw"]),
+        ("BF16", pb.InferTensorContents(), ["BF16 data can only be sent in raw"]),
+        ("BYTES", pb.InferTensorContents(bytes_contents=[b"a"]), ["contents hold 1 elements"]),
+    ],
+)
+def test_typed_contents_errors(datatype, contents, fragments):
+    invalid(request_bytes(input_tensor(INPUT, datatype, [4], contents)), INPUT, *fragments)
+
+
+def test_malformed_protobuf_is_invalid_argument():
+    good = request_bytes(input_tensor(INPUT, "INT32", [1], pb.InferTensorContents(int_contents=[5])))
+    for cut in (1, 5, len(good) - 1):
+        invalid(good[:cut], "malformed ModelInferRequest")
+    invalid(b"\x0a\x02\xff\xfe" + good, "malformed", "UTF-8")  # model_name of invalid UTF-8
+    invalid(b"\x0b" + good, "malformed")  # wire type 3 (group) does not exist in proto3
+    invalid(b"\x08" + b"\xff" * 11, "malformed", "10 bytes")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_arbitrary_bytes_decode_or_fail_cleanly(data):
+    try:
+        decode(data)
+    except InferError as e:
+        assert e.kind is ErrorKind.INVALID_ARGUMENT
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_corrupted_requests_decode_or_fail_cleanly(data):
+    array = np.arange(6, dtype="<i4")
+    good = bytearray(request_bytes(input_tensor(INPUT, "INT32", [6], typed_contents("INT32", array))))
+    for _ in range(data.draw(st.integers(1, 3))):
+        good[data.draw(st.integers(0, len(good) - 1))] = data.draw(st.integers(0, 255))
+    try:
+        decode(bytes(good))
+    except InferError as e:
+        assert e.kind is ErrorKind.INVALID_ARGUMENT
+
+
+def test_grpc_status_of_every_error_kind():
+    expected = {
+        ErrorKind.INVALID_ARGUMENT: Status.INVALID_ARGUMENT,
+        ErrorKind.NOT_FOUND: Status.NOT_FOUND,
+        ErrorKind.UNAVAILABLE: Status.UNAVAILABLE,
+        ErrorKind.UNIMPLEMENTED: Status.UNIMPLEMENTED,
+        ErrorKind.RESOURCE_EXHAUSTED: Status.RESOURCE_EXHAUSTED,
+        ErrorKind.INTERNAL: Status.INTERNAL,
+    }
+    assert {kind: v2_grpc.grpc_status(kind) for kind in ErrorKind} == expected
+
+
+# --- 4. responses --------------------------------------------------------------------------------
+
+
+def read_response(data: bytes) -> tuple[pb.ModelInferResponse, dict[str, np.ndarray]]:
+    """As a client reads it: output metadata, then raw_output_contents in the same order."""
+    message = pb.ModelInferResponse.parse(data)
+    assert len(message.raw_output_contents) == len(message.outputs)
+    arrays = {}
+    for output, raw in zip(message.outputs, message.raw_output_contents, strict=True):
+        assert output.contents is None
+        shape = tuple(output.shape)
+        if output.datatype == "BYTES":
+            elements, offset = [], 0
+            for _ in range(math.prod(shape)):
+                (n,) = struct.unpack_from("<I", raw, offset)
+                elements.append(raw[offset + 4 : offset + 4 + n])
+                offset += 4 + n
+            assert offset == len(raw)
+            arrays[output.name] = objects(elements, shape)
+        else:
+            arrays[output.name] = np.frombuffer(raw, WIRE_DTYPES[output.datatype]).reshape(shape)
+    return message, arrays
+
+
+@pytest.mark.parametrize("datatype", ALL_DATATYPES)
+@settings(max_examples=20, deadline=None)
+@given(data=st.data())
+def test_response_every_datatype(datatype, data):
+    array = data.draw(tensor_values(datatype, binary=True))
+    other = np.arange(6, dtype=np.int64).reshape(2, 3)[:, ::2]  # not contiguous: sent row-major
+    response = InferResponse(
+        MODEL,
+        "2",
+        [Tensor("out", datatype, array.shape, array), Tensor("idx", "INT64", (2, 2), other)],
+        "r-1",
+    )
+    message, arrays = read_response(v2_grpc.encode_response(response))
+    assert (message.model_name, message.model_version, message.id) == (MODEL, "2", "r-1")
+    assert [(o.name, o.datatype, o.shape) for o in message.outputs] == [
+        ("out", datatype, list(array.shape)),
+        ("idx", "INT64", [2, 2]),
+    ]
+    assert_same_tensor(arrays["out"], array, datatype)
+    assert arrays["idx"].tolist() == [[0, 2], [3, 5]]
+
+
+def test_response_parameters_every_kind():
+    values = {"flag": True, "n": -7, "huge": 2**64 - 1, "big": 2**63 - 1, "s": "x", "f": 2.5, "other": [1]}
+    tensor = Tensor("out", "INT32", (1,), np.array([1], np.int32), parameters={"p": 3})
+    message, _ = read_response(v2_grpc.encode_response(InferResponse(MODEL, "1", [tensor], None, values)))
+    plain = v2_grpc.parameters_from_proto(message.parameters)
+    assert plain == {**values, "other": "[1]"}
+    assert v2_grpc.parameters_from_proto(message.outputs[0].parameters) == {"p": 3}
+    assert message.id == ""
+
+
+def test_stream_responses():
+    body = v2_grpc.encode_response(InferResponse(MODEL, "1", [], "a"))
+    answer = pb.ModelStreamInferResponse.parse(v2_grpc.encode_stream_response(body))
+    assert answer.error_message == "" and answer.infer_response.id == "a"
+    failed = pb.ModelStreamInferResponse.parse(v2_grpc.encode_stream_error("it broke", "b"))
+    assert (failed.error_message, failed.infer_response.id) == ("it broke", "b")
+    anonymous = pb.ModelStreamInferResponse.parse(v2_grpc.encode_stream_error("it broke"))
+    assert (anonymous.error_message, anonymous.infer_response.id) == ("it broke", "")
+
+
+def test_decode_then_encode_through_a_model_like_step():
+    """A request decoded here, turned into outputs by numpy, and encoded, as the server does it."""
+    a, b = np.arange(16, dtype="<i4").reshape(1, 16), np.full((1, 16), 3, "<i4")
+    request = decode(
+        request_bytes(
+            input_tensor("INPUT0", "INT32", [1, 16]),
+            input_tensor("INPUT1", "INT32", [1, 16]),
+            raw=[a.tobytes(), b.tobytes()],
+            id="x",
+        )
+    )
+    x, y = (t.data for t in request.inputs)
+    response = InferResponse(MODEL, "1", [Tensor("SUM", "INT32", x.shape, x + y)], request.id)
+    message, arrays = read_response(v2_grpc.encode_response(response))
+    assert message.id == "x" and arrays["SUM"].tolist() == (a + b).tolist()
+
+
+# --- 5. the other messages -----------------------------------------------------------------------
+
+
+def test_model_metadata_message():
+    doc = {
+        "name": "m",
+        "versions": ["1", "2"],
+        "platform": "python",
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3]}],
+        "outputs": [{"name": "y", "datatype": "BYTES", "shape": [1]}],
+    }
+    message = pb.ModelMetadataResponse.parse(bytes(v2_grpc.model_metadata(doc)))
+    assert message.to_dict(casing=betterproto2.Casing.SNAKE) == {
+        **doc,
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": ["-1", "3"]}],
+        "outputs": [{"name": "y", "datatype": "BYTES", "shape": ["1"]}],
+    }
+
+
+def test_model_config_message_leaves_out_what_the_subset_lacks():
+    config = {
+        "name": "m",
+        "backend": "python",
+        "max_batch_size": 8,
+        "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [3]}],
+        "output": [{"name": "y", "data_type": "TYPE_STRING", "dims": [-1]}],
+        "some_future_setting": {"a": 1},
+    }
+    message = pb.ModelConfigResponse.parse(bytes(v2_grpc.model_config(config))).config
+    assert (message.name, message.backend, message.max_batch_size) == ("m", "python", 8)
+    assert message.input[0].data_type == pb.DataType.TYPE_FP32 and message.output[0].dims == [-1]
+
+
+def test_model_statistics_message():
+    stats = ModelStats()
+    stats.record_batch(4, 10, 20, 30)
+    stats.record_success(2, 100, 5, 10, 20, 30)
+    stats.record_failure(1, 7)
+    message = pb.ModelStatistics.parse(bytes(v2_grpc.model_statistics("m", "3", stats.as_dict())))
+    assert (message.name, message.version, message.inference_count, message.execution_count) == (
+        "m",
+        "3",
+        4,
+        1,
+    )
+    assert (message.inference_stats.success.count, message.inference_stats.success.ns) == (2, 100)
+    assert (message.inference_stats.fail.count, message.inference_stats.fail.ns) == (1, 7)
+    assert message.inference_stats.compute_infer.ns == 40
+    assert [(b.batch_size, b.compute_output.ns) for b in message.batch_stats] == [(4, 30)]
+
+
+def test_repository_load_parameters():
+    config, files = v2_grpc.repository_parameters(
+        {
+            "config": pb.ModelRepositoryParameter(string_param='{"backend": "python"}'),
+            "file:1/model.py": pb.ModelRepositoryParameter(bytes_param=b"class Model: ..."),
+            "ignored": pb.ModelRepositoryParameter(int64_param=1),
+        }
+    )
+    assert (config, files) == ('{"backend": "python"}', {"1/model.py": b"class Model: ..."})
+    with pytest.raises(InferError, match="'config' must have string type"):
+        v2_grpc.repository_parameters({"config": pb.ModelRepositoryParameter(bytes_param=b"{}")})
+    with pytest.raises(InferError, match="'file:1/model.py' must have bytes type"):
+        v2_grpc.repository_parameters({"file:1/model.py": pb.ModelRepositoryParameter(string_param="x")})
