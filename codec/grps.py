@@ -26,11 +26,11 @@ import orjson
 import proto.grps.protos.v1 as pb
 from codec.datatypes import BY_GRPS, BY_V2, DataType
 from codec.errors import invalid
-from codec.tensor import Tensor, element_count
+from codec.tensor import MAX_DIMS, Tensor, element_count
 
 BIN_DATA, STR_DATA, GTENSORS, NDARRAY, GMAP = "bin_data", "str_data", "gtensors", "ndarray", "gmap"
 DATA_FIELDS = (BIN_DATA, STR_DATA, GTENSORS, NDARRAY, GMAP)
-MAX_DIMS = 32
+
 FLOATS = ("FP16", "FP32", "FP64", "BF16")  # the datatypes an ndarray fills and return-ndarray writes
 # gmap's maps and the datatype each value takes; s_s and s_b both hold BYTES.
 MAP_TYPES = {"s_s": "BYTES", "s_b": "BYTES", "s_i32": "INT32", "s_i64": "INT64", "s_f": "FP32", "s_d": "FP64"}

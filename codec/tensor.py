@@ -4,6 +4,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from codec.bytes_tensor import decode_bytes
+from codec.datatypes import DataType
+from codec.errors import invalid
+
+MAX_DIMS = 32  # numpy allows 64; no model has more than a handful
+MAX_DIM = 2**62
+
 
 @dataclass(slots=True)
 class Tensor:
@@ -48,3 +57,39 @@ class InferResponse:
 
 def element_count(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
+
+
+def checked_shape(raw: Any, what: str) -> tuple[tuple[int, ...], int]:
+    """A request's shape (a list of non-negative ints, at most MAX_DIMS) and its element count."""
+    if type(raw) is not list or len(raw) > MAX_DIMS:
+        raise invalid(
+            f"{what}: 'shape' must be a list of at most {MAX_DIMS} non-negative integers, got {raw!r}"
+        )
+    for dim in raw:
+        if type(dim) is not int or dim < 0:
+            raise invalid(f"{what}: 'shape' must hold non-negative integers, got {raw!r}")
+        if dim > MAX_DIM:
+            raise invalid(f"{what}: shape {raw} holds too many elements")
+    shape = tuple(raw)
+    count = element_count(shape)
+    if count > MAX_DIM:
+        raise invalid(f"{what}: shape {raw} holds too many elements")
+    return shape, count
+
+
+def array_from_bytes(
+    chunk: memoryview, dtype: DataType, shape: tuple, count: int, what: str, source: str
+) -> np.ndarray:
+    """Raw tensor bytes (`source` names where they came from) as an array: a view for numeric data."""
+    if dtype.v2 == "BYTES":
+        if count > len(chunk) // 4:  # every element has a 4-byte length prefix
+            raise invalid(
+                f"{what}: {len(chunk)} bytes of BYTES data cannot hold the {count} elements of its shape"
+            )
+        return decode_bytes(chunk, count, what).reshape(shape)
+    if len(chunk) != count * dtype.size:
+        raise invalid(
+            f"{what}: {source} holds {len(chunk)} bytes, "
+            f"shape {list(shape)} of {dtype.v2} needs {count * dtype.size}"
+        )
+    return np.frombuffer(chunk, dtype=dtype.numpy).reshape(shape)

@@ -18,9 +18,10 @@ import orjson
 
 from codec.datatypes import BY_V2, DataType
 from codec.errors import invalid
+from codec.tensor import MAX_DIMS
 
 B64 = "b64"
-MAX_DIMS = 32
+
 _DUMPS_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 # What JSON values each numpy kind accepts, as the Python types orjson gives and as the kinds numpy infers.
 _JSON_TYPES = {"b": {bool}, "i": {int}, "u": {int}, "f": {int, float}}

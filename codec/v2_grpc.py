@@ -18,7 +18,7 @@ import numpy as np
 from grpclib.const import Status
 
 import proto.inference as pb
-from codec.bytes_tensor import decode_bytes, encode_bytes
+from codec.bytes_tensor import encode_bytes
 from codec.datatypes import BY_V2, DataType
 from codec.errors import ErrorKind, InferError, invalid
 from codec.protowire import (
@@ -40,7 +40,14 @@ from codec.protowire import (
     uvarint,
     varint,
 )
-from codec.tensor import InferRequest, InferResponse, RequestedOutput, Tensor, element_count
+from codec.tensor import (
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    Tensor,
+    array_from_bytes,
+    checked_shape,
+)
 
 # The tags of length-delimited fields 1 to 6, the fields this codec writes in every message.
 _K1, _K2, _K3, _K4, _K5, _K6 = (tag(n, LEN) for n in range(1, 7))
@@ -78,9 +85,6 @@ _CONTENTS = {
 _FIELD_FOR = {dt: number for number, (_, types, _) in _CONTENTS.items() for dt in types}
 _WIDTH = {"<f4": 4, "<f8": 8}
 _UNPACKED = {"varint": VARINT, "<f4": I32, "<f8": I64, "bytes": LEN}  # the wire type of a lone element
-
-MAX_DIMS = 32  # as the REST codec: numpy allows 64, no model has more than a handful
-MAX_DIM = 2**62
 
 
 class _Input:
@@ -230,7 +234,7 @@ def _tensor(buf: bytes, view: memoryview, entry: _Input, raw: memoryview | None,
                 f"contents field must not be specified when using raw_input_contents for "
                 f"'{entry.name}' for model '{model}'"
             )
-        data = _from_raw(raw, entry.dtype, entry.shape, entry.count, what)
+        data = array_from_bytes(raw, entry.dtype, entry.shape, entry.count, what, "raw_input_contents")
     elif entry.contents is not None:
         data = _from_contents(buf, view, entry.contents, entry.dtype, entry.shape, entry.count, what)
     else:
@@ -245,45 +249,12 @@ def _check(entry: _Input, what: str, buf: bytes) -> None:
     if dtype is None:
         raise invalid(f"{what}: unknown datatype {entry.datatype!r}")
     entry.dtype = dtype
-    entry.shape, entry.count = _shape(entry.shape, what)
+    entry.shape, entry.count = checked_shape(entry.shape, what)
     entry.checked = True
     if entry.contents is None and not entry.parameters:
         if len(_CHECKED) >= _CHECKED_MAX:
             _CHECKED.clear()
         _CHECKED[buf[entry.span[0] : entry.span[1]]] = entry
-
-
-def _shape(dims: list[int], what: str) -> tuple[tuple[int, ...], int]:
-    """The shape and its element count, checked as the REST codec checks it."""
-    if len(dims) > MAX_DIMS:
-        raise invalid(
-            f"{what}: 'shape' must be a list of at most {MAX_DIMS} non-negative integers, got {dims!r}"
-        )
-    for dim in dims:
-        if dim < 0:
-            raise invalid(f"{what}: 'shape' must hold non-negative integers, got {dims!r}")
-        if dim > MAX_DIM:
-            raise invalid(f"{what}: shape {dims} holds too many elements")
-    shape = tuple(dims)
-    count = element_count(shape)
-    if count > MAX_DIM:
-        raise invalid(f"{what}: shape {dims} holds too many elements")
-    return shape, count
-
-
-def _from_raw(chunk: memoryview, dtype: DataType, shape: tuple, count: int, what: str) -> np.ndarray:
-    if dtype.v2 == "BYTES":
-        if count > len(chunk) // 4:  # every element has a 4-byte length prefix
-            raise invalid(
-                f"{what}: {len(chunk)} bytes of BYTES data cannot hold the {count} elements of its shape"
-            )
-        return decode_bytes(chunk, count, what).reshape(shape)
-    if len(chunk) != count * dtype.size:
-        raise invalid(
-            f"{what}: raw_input_contents holds {len(chunk)} bytes, "
-            f"shape {list(shape)} of {dtype.v2} needs {count * dtype.size}"
-        )
-    return np.frombuffer(chunk, dtype=dtype.numpy).reshape(shape)
 
 
 def _from_contents(

@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-from codec.bytes_tensor import decode_bytes, encode_bytes
+from codec.bytes_tensor import encode_bytes
 from codec.datatypes import BY_V2, DataType
 from codec.errors import invalid
-from codec.tensor import InferRequest, InferResponse, RequestedOutput, Tensor, element_count
+from codec.tensor import InferRequest, InferResponse, RequestedOutput, Tensor, array_from_bytes, checked_shape
 
 HEADER_LENGTH = "inference-header-content-length"
 HEADER_LENGTH_BYTES = HEADER_LENGTH.encode()
@@ -108,7 +108,7 @@ def _decode_input(raw: Any, binary: memoryview, offset: int, model_name: str) ->
     dtype = BY_V2.get(datatype) if isinstance(datatype, str) else None
     if dtype is None:
         raise invalid(f"{what}: unknown datatype {raw.get('datatype')!r}")
-    shape, count = _shape(raw.get("shape"), what)
+    shape, count = checked_shape(raw.get("shape"), what)
     parameters = _parameters(raw.get("parameters"), what)
     size = parameters.pop("binary_data_size", None)
 
@@ -120,50 +120,13 @@ def _decode_input(raw: Any, binary: memoryview, offset: int, model_name: str) ->
         if offset + size > len(binary):
             raise invalid(f"{what}: binary_data_size {size} runs past the end of the request body")
         chunk = binary[offset : offset + size]
-        data = _from_binary(chunk, dtype, shape, count, what)
+        data = array_from_bytes(chunk, dtype, shape, count, what, "binary_data_size")
         return Tensor(name, dtype.v2, shape, data, parameters), size
 
     if "data" not in raw:
         raise invalid(f"{what}: has neither 'data' nor binary_data_size")
     data = _from_json(raw["data"], dtype, shape, count, what)
     return Tensor(name, dtype.v2, shape, data, parameters), 0
-
-
-MAX_DIMS = 32  # numpy allows 64; no model has more than a handful
-MAX_DIM = 2**62
-
-
-def _shape(raw: Any, what: str) -> tuple[tuple[int, ...], int]:
-    """The shape and its element count."""
-    if type(raw) is not list or len(raw) > MAX_DIMS:
-        raise invalid(
-            f"{what}: 'shape' must be a list of at most {MAX_DIMS} non-negative integers, got {raw!r}"
-        )
-    for dim in raw:
-        if type(dim) is not int or dim < 0:
-            raise invalid(f"{what}: 'shape' must hold non-negative integers, got {raw!r}")
-        if dim > MAX_DIM:
-            raise invalid(f"{what}: shape {raw} holds too many elements")
-    shape = tuple(raw)
-    count = element_count(shape)
-    if count > MAX_DIM:
-        raise invalid(f"{what}: shape {raw} holds too many elements")
-    return shape, count
-
-
-def _from_binary(chunk: memoryview, dtype: DataType, shape: tuple, count: int, what: str) -> np.ndarray:
-    if dtype.v2 == "BYTES":
-        if count > len(chunk) // 4:  # every element has a 4-byte length prefix
-            raise invalid(
-                f"{what}: {len(chunk)} bytes of BYTES data cannot hold the {count} elements of its shape"
-            )
-        return decode_bytes(chunk, count, what).reshape(shape)
-    if len(chunk) != count * dtype.size:
-        raise invalid(
-            f"{what}: binary_data_size is {len(chunk)} bytes, "
-            f"shape {list(shape)} of {dtype.v2} needs {count * dtype.size}"
-        )
-    return np.frombuffer(chunk, dtype=dtype.numpy).reshape(shape)
 
 
 def _from_json(data: Any, dtype: DataType, shape: tuple, count: int, what: str) -> np.ndarray:

@@ -48,18 +48,7 @@ class App:
         if scope["type"] == "http":
             await self._http(scope, receive, send)
         elif scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
-
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                if self.on_shutdown is not None:
-                    await self.on_shutdown()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+            await lifespan(receive, send, self.on_shutdown)
 
     async def _http(self, scope: dict, receive: Receive, send: Send) -> None:
         method, path = scope["method"], scope["path"]
@@ -89,7 +78,7 @@ class App:
         except Exception:
             log.exception("unexpected error serving %s %s", method, path)
             response = errors(InferError(ErrorKind.INTERNAL, f"internal error serving {method} {path}"))
-        if body_pending and response.status >= 400 and not await _discard_body(receive):
+        if body_pending and response.status >= 400 and not await discard_body(receive):
             return
         await self._send(send, response, receive)
 
@@ -100,7 +89,7 @@ class App:
         declared = headers.get(b"content-length")
         expected = int(declared) if declared and declared.isdigit() else None
         if expected is not None and expected > limit:
-            await _discard_body(receive)
+            await discard_body(receive)
             raise BodyTooLarge(limit)
         first: bytes | None = None
         view: memoryview | None = None
@@ -116,7 +105,7 @@ class App:
             end = received + len(chunk)
             if end > limit:
                 if more:
-                    await _discard_body(receive)
+                    await discard_body(receive)
                 raise BodyTooLarge(limit)
             if first is None:
                 first = chunk
@@ -216,7 +205,22 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
-async def _discard_body(receive: Receive) -> bool:
+async def lifespan(
+    receive: Receive, send: Send, on_shutdown: Callable[[], Awaitable[None]] | None = None
+) -> None:
+    """The ASGI lifespan protocol: nothing to start; `on_shutdown` runs when the server stops."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            if on_shutdown is not None:
+                await on_shutdown()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def discard_body(receive: Receive) -> bool:
     """Reads the rest of a request body and drops it; False when the client went away instead."""
     while True:
         message = await receive()

@@ -13,7 +13,6 @@ from hypercorn.utils import repr_socket_addr, wrap_app
 
 from server import grpc
 from server.app import App
-from server.grpc.inference import MessageSizeCodec
 from server.http_config import hypercorn_config
 from server.http_grps import GrpsEndpoints
 from server.http_repository import RepositoryEndpoints
@@ -166,7 +165,7 @@ async def serve(args: argparse.Namespace) -> None:
 
     settings = grpc.GrpcSettings(args.grpc_max_message_bytes, args.grps_default_model)
     grpc_services = grpc.services(repository, settings)
-    grpc_server = GrpcServer(grpc_services, codec=MessageSizeCodec(args.grpc_max_message_bytes))
+    grpc_server = GrpcServer(grpc_services, codec=grpc.MessageSizeCodec(args.grpc_max_message_bytes))
     await grpc_server.start(args.host, args.grpc_port, reuse_address=True)
     for sock in grpc_server._server.sockets:  # grpclib keeps the asyncio server it listens with there
         listen_log.info("gRPC listening on %s", repr_socket_addr(sock.family, sock.getsockname()))

@@ -19,6 +19,7 @@ from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from batcher.stats import ModelStats
+from server.app import Receive, Send, discard_body, lifespan
 from server.http_config import hypercorn_config
 from server.repository import Repository
 from server.statistics import ready_versions
@@ -113,10 +114,6 @@ def _escape(text: str, quote: bool = True) -> str:
     return text.replace('"', r"\"") if quote else text
 
 
-Receive = Callable[[], Awaitable[dict]]
-Send = Callable[[dict], Awaitable[None]]
-
-
 class MetricsApp:
     """ASGI: `GET /metrics` (and HEAD) answers the registry's text; anything else 404 or 405."""
 
@@ -125,13 +122,8 @@ class MetricsApp:
 
     async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await lifespan(receive, send)
+            return
         if scope["type"] != "http":
             return
         headers = [(b"content-type", b"text/plain; charset=utf-8")]
@@ -143,21 +135,11 @@ class MetricsApp:
         else:
             status, body = 200, exposition(self.registry)
             headers = [(b"content-type", CONTENT_TYPE)]
-        if not await _drain(receive):
+        if not await discard_body(receive):
             return
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
-
-
-async def _drain(receive: Receive) -> bool:
-    """Reads and drops a request body (the connection stays usable); False when the client left."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return False
-        if not message.get("more_body", False):
-            return True
 
 
 class MetricsServer:

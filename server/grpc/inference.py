@@ -21,7 +21,6 @@ from typing import Any
 
 from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
-from grpclib.encoding.proto import ProtoCodec
 from grpclib.server import Stream
 
 import proto.inference as pb
@@ -56,34 +55,6 @@ class RawMessage:
 
     def SerializeToString(self) -> bytes:  # noqa: N802 (grpclib's name)
         return self.data
-
-
-class MessageSizeCodec(ProtoCodec):
-    """grpclib's protobuf codec with --grpc-max-message-bytes enforced on every message received or sent,
-    by every service on the port (grpclib itself has no limit). grpclib hands a message to the codec once
-    it has it whole: a larger one is refused with RESOURCE_EXHAUSTED, the connection lives on."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-
-    def decode(self, data: bytes, message_type: Any) -> Any:
-        if len(data) > self.max_bytes:
-            raise GRPCError(
-                Status.RESOURCE_EXHAUSTED,
-                f"received message of {len(data)} bytes is larger than the server's limit of "
-                f"{self.max_bytes} bytes (--grpc-max-message-bytes)",
-            )
-        return message_type.FromString(data)
-
-    def encode(self, message: Any, message_type: Any) -> bytes:
-        data = super().encode(message, message_type)
-        if len(data) > self.max_bytes:
-            raise GRPCError(
-                Status.RESOURCE_EXHAUSTED,
-                f"response message of {len(data)} bytes is larger than the server's limit of "
-                f"{self.max_bytes} bytes (--grpc-max-message-bytes)",
-            )
-        return data
 
 
 def _to_grpc_error(error: InferError) -> GRPCError:
