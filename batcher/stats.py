@@ -79,6 +79,24 @@ class ModelStats:
         self.compute_infer.add(infer_ns * requests, requests)
         self.compute_output.add(output_ns * requests, requests)
 
+    def record_alone(self, rows: int, ns: int) -> None:
+        """One request executed alone with no queue and no staging: record_batch + record_success with
+        all of its time in compute_infer, in one call (the hot path of small models)."""
+        self.inference_count += rows
+        self.execution_count += 1
+        self.last_inference = time.time_ns() // 1_000_000
+        stats = self.batch_stats.get(rows)
+        if stats is None:
+            stats = self.batch_stats[rows] = BatchStats(rows)
+        stats.compute_input.count += 1
+        stats.compute_infer.add(ns)
+        stats.compute_output.count += 1
+        self.success.add(ns)
+        self.queue.count += 1
+        self.compute_input.count += 1
+        self.compute_infer.add(ns)
+        self.compute_output.count += 1
+
     def record_failure(self, requests: int, total_ns: int) -> None:
         self.fail.add(total_ns, requests)
         self.last_inference = time.time_ns() // 1_000_000

@@ -193,11 +193,11 @@ async def unless_client_leaves(work: Awaitable[T], receive: Receive | None) -> T
     raise ClientGone
 
 
-async def infer_watching(version: Any, request: Any, receive: Receive | None) -> Any:
+def infer_watching(version: Any, request: Any, receive: Receive | None) -> Awaitable[Any]:
     """`version.infer(request)` (a ModelVersion), watching for the client to leave when it may queue."""
     if version.queues:
-        return await unless_client_leaves(version.infer(request), receive)
-    return await version.infer(request)
+        return unless_client_leaves(version.infer(request), receive)
+    return version.infer(request)
 
 
 async def _disconnected(receive: Receive) -> None:

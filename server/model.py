@@ -70,6 +70,7 @@ class ModelVersion:
         self.backend: Backend | None = None
         self.scheduler: DirectScheduler | DynamicBatcher | None = None
         self.executor: Executor | None = None
+        self.queues = False  # whether a request may wait in a queue (dynamic batching) to execute
         self.stats = ModelStats()  # Triton's statistics for this version (batcher/stats.py)
         self._open_streams = 0  # infer_stream answers in progress: unload waits for them too
         self._streams_closed: asyncio.Event | None = None
@@ -97,6 +98,7 @@ class ModelVersion:
             return
         if "dynamic_batching" in self.config:
             self.scheduler = DynamicBatcher(self.executor, self.config, self.stats)
+            self.queues = True
         else:
             self.scheduler = DirectScheduler(self.executor, self.stats)
         self.state = ModelState.READY
@@ -122,11 +124,6 @@ class ModelVersion:
     @property
     def ready(self) -> bool:
         return self.state is ModelState.READY
-
-    @property
-    def queues(self) -> bool:
-        """Whether a request may wait in a queue (dynamic batching) before it executes."""
-        return isinstance(self.scheduler, DynamicBatcher)
 
     async def infer(self, request: InferRequest) -> InferResponse:
         if self.scheduler is None or not self.ready:

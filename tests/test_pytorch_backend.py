@@ -299,3 +299,40 @@ def test_gpu_kind_gpu_runs_on_cuda(tmp_path: Path) -> None:
     out = staging.to_host(produced)
     np.testing.assert_array_equal(out["diff"], a - b)
     np.testing.assert_array_equal(out["prod"], a * b)
+
+
+def test_intra_op_threads_are_one_per_worker_unless_the_config_asks(tmp_path: Path) -> None:
+    """torch's spinning intra-op pool starves the event loop on small machines: 1 thread by default, set
+    in the thread that executes; INTRA_OP_THREAD_COUNT (Triton's parameter) asks for more."""
+    import threading
+
+    seen: dict[str, int] = {}
+    for name, parameter, expected in (("default", "", 1), ("two", "2", 2)):
+        extra = f'parameters {{ key: "INTRA_OP_THREAD_COUNT" value: {{ string_value: "{parameter}" }} }}'
+        version_dir, config = write(tmp_path, Double(), [tensor_spec("x")], [tensor_spec("y")], name=name)
+        if parameter:
+            (version_dir.parent / "config.pbtxt").write_text(
+                (version_dir.parent / "config.pbtxt").read_text() + extra
+            )
+            config = load_model_config(version_dir.parent)
+
+        def worker(config: dict = config, version_dir: Path = version_dir, name: str = name) -> None:
+            run(version_dir, config, {"x": floats(1, 3)})
+            seen[name] = torch.get_num_threads()
+
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join()
+        assert seen[name] == expected
+
+
+@pytest.mark.parametrize("value", ["0", "many"])
+def test_a_bad_intra_op_thread_count_fails_the_load(tmp_path: Path, value: str) -> None:
+    version_dir, _ = write(tmp_path, Double(), [tensor_spec("x")], [tensor_spec("y")])
+    config_path = version_dir.parent / "config.pbtxt"
+    config_path.write_text(
+        config_path.read_text()
+        + f'parameters {{ key: "INTRA_OP_THREAD_COUNT" value: {{ string_value: "{value}" }} }}'
+    )
+    with pytest.raises(ValueError, match="INTRA_OP_THREAD_COUNT"):
+        load_backend(version_dir, load_model_config(version_dir.parent), 1)
