@@ -50,14 +50,8 @@ class Executor:
     def run_parts(self, parts: dict[str, list[Any]]) -> Result:
         """Blocking: one batch from per-request arrays (`parts` per input, in batch order)."""
         try:
-            start = perf_counter_ns()
-            gather = self.staging.gather
-            batch = {name: gather(name, arrays) for name, arrays in parts.items()}
-            staged = perf_counter_ns()
-            produced = self.execute(batch)
-            executed = perf_counter_ns()
-            outputs = self._to_host(produced)
-            return outputs, staged - start, executed - staged, perf_counter_ns() - executed
+            batch, start, staged = self._gather(parts)
+            return self._finish(self.execute(batch), start, staged)
         except InferError:
             raise
         except Exception as e:
@@ -79,14 +73,8 @@ class Executor:
     async def run_async(self, parts: dict[str, list[Any]]) -> Result:
         """One batch through an `async def execute`."""
         try:
-            start = perf_counter_ns()
-            gather = self.staging.gather
-            batch = {name: gather(name, arrays) for name, arrays in parts.items()}
-            staged = perf_counter_ns()
-            produced = await self.execute(batch)
-            executed = perf_counter_ns()
-            outputs = self._to_host(produced)
-            return outputs, staged - start, executed - staged, perf_counter_ns() - executed
+            batch, start, staged = self._gather(parts)
+            return self._finish(await self.execute(batch), start, staged)
         except InferError:
             raise
         except Exception as e:
@@ -105,6 +93,19 @@ class Executor:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.instances, thread_name_prefix="execute")
         return self._pool
+
+    def _gather(self, parts: dict[str, list[Any]]) -> tuple[dict[str, Any], int, int]:
+        """The batch arrays, and the clock before and after staging them."""
+        start = perf_counter_ns()
+        gather = self.staging.gather
+        batch = {name: gather(name, arrays) for name, arrays in parts.items()}
+        return batch, start, perf_counter_ns()
+
+    def _finish(self, produced: Any, start: int, staged: int) -> Result:
+        """Called as execute returns: the outputs on the host, and the input/infer/output times."""
+        executed = perf_counter_ns()
+        outputs = self._to_host(produced)
+        return outputs, staged - start, executed - staged, perf_counter_ns() - executed
 
     def _to_host(self, produced: Any) -> Any:
         # Anything but a dict is left for the caller to reject with its own message.

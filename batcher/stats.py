@@ -59,12 +59,7 @@ class ModelStats:
 
     def record_batch(self, rows: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """One execution of `rows` rows (the requests in it are recorded apart)."""
-        self.inference_count += rows
-        self.execution_count += 1
-        self.last_inference = time.time_ns() // 1_000_000
-        stats = self.batch_stats.get(rows)
-        if stats is None:
-            stats = self.batch_stats[rows] = BatchStats(rows)
+        stats = self._execution(rows)
         stats.compute_input.add(input_ns)
         stats.compute_infer.add(infer_ns)
         stats.compute_output.add(output_ns)
@@ -82,12 +77,7 @@ class ModelStats:
     def record_alone(self, rows: int, ns: int) -> None:
         """One request executed alone with no queue and no staging: record_batch + record_success with
         all of its time in compute_infer, in one call (the hot path of small models)."""
-        self.inference_count += rows
-        self.execution_count += 1
-        self.last_inference = time.time_ns() // 1_000_000
-        stats = self.batch_stats.get(rows)
-        if stats is None:
-            stats = self.batch_stats[rows] = BatchStats(rows)
+        stats = self._execution(rows)
         stats.compute_input.count += 1
         stats.compute_infer.add(ns)
         stats.compute_output.count += 1
@@ -96,6 +86,16 @@ class ModelStats:
         self.compute_input.count += 1
         self.compute_infer.add(ns)
         self.compute_output.count += 1
+
+    def _execution(self, rows: int) -> BatchStats:
+        """Counts one execution of `rows` rows; its batch size's stats."""
+        self.inference_count += rows
+        self.execution_count += 1
+        self.last_inference = time.time_ns() // 1_000_000
+        stats = self.batch_stats.get(rows)
+        if stats is None:
+            stats = self.batch_stats[rows] = BatchStats(rows)
+        return stats
 
     def record_failure(self, requests: int, total_ns: int) -> None:
         self.fail.add(total_ns, requests)
