@@ -249,6 +249,11 @@ class ModelVersion:
     async def _stream(
         self, produced_stream: AsyncIterator[Any], wanted: list[str], request_id: str | None
     ) -> AsyncIterator[InferResponse]:
+        if not self.ready:  # created before an unload began, started after: the model may be gone
+            await produced_stream.aclose()
+            raise InferError(
+                ErrorKind.UNAVAILABLE, f"model '{self.name}' version {self.version} is not ready"
+            )
         self._open_streams += 1
         try:
             async with aclosing(produced_stream):

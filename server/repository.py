@@ -13,13 +13,16 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path, PurePosixPath
+from typing import Any, TypeVar
 
 from codec.errors import ErrorKind, InferError, invalid
 from server.model import ModelVersion
 from server.model_config import ConfigError, load_model_config, normalize_config
 
 log = logging.getLogger("tensorgate.repository")
+T = TypeVar("T")
 
 CONTROL_MODES = ("none", "explicit", "poll")
 UNLOADED = "unloaded"
@@ -176,6 +179,7 @@ class Repository:
         self._locks: dict[str, asyncio.Lock] = {}  # one per model name: its loads and unloads take turns
         self._failed: dict[str, Signature | None] = {}  # poll mode: a failed reload is not retried as is
         self._overrides: Path | None = None  # the server's folder for file overrides, made on first use
+        self._lifecycle: set[asyncio.Task] = set()  # loads and unloads under way for API callers
 
     # ---------------------------------------------------------------------------------------- startup
 
@@ -192,7 +196,7 @@ class Repository:
 
     async def load_all(self, names: list[str] | None = None) -> None:
         """Loads every model folder (or those named), each in a worker thread, concurrently."""
-        on_disk = self._disk_models()
+        on_disk = self._listed()
         for name in names or ():
             if name not in on_disk:
                 log.error("failed to load '%s': no model folder '%s' in the model repository", name, name)
@@ -200,6 +204,8 @@ class Repository:
         await asyncio.gather(*(self._load_locked(n, d) for n, d in wanted.items()))
 
     async def unload_all(self) -> None:
+        if self._lifecycle:
+            await asyncio.gather(*self._lifecycle, return_exceptions=True)
         for model in list(self.models.values()):
             await model.retire()
         if self._overrides is not None:
@@ -228,7 +234,7 @@ class Repository:
     def index(self, ready_only: bool = False) -> list[dict]:
         """Every model in the repository, loaded or not, as Triton's index lists them: one entry per
         version with its state and reason; a model never loaded has version and state ""."""
-        names = sorted(set(self._disk_models()) | set(self.models))
+        names = sorted(set(self._listed()) | set(self.models))
         out: list[dict] = []
         for name in names:
             model = self.models.get(name)
@@ -259,8 +265,7 @@ class Repository:
             directory = owned = await asyncio.to_thread(_write_override, self._overrides, name, files)
         elif not directory.is_dir():
             raise invalid(f"failed to load '{name}', failed to poll from model repository: no such model")
-        async with self._lock(name):
-            reason = await self._load(name, directory, parsed, owned)
+        reason = await self._owned(self._load_locked(name, directory, parsed, owned))
         if reason:
             raise invalid(reason)
 
@@ -269,6 +274,9 @@ class Repository:
         accepted as Triton's API has it: without ensembles no model depends on another."""
         self._check_control("unload")
         check_model_name(name)
+        await self._owned(self._unload_locked(name))
+
+    async def _unload_locked(self, name: str) -> None:
         async with self._lock(name):
             model = self.models.get(name)
             if model is None:
@@ -340,16 +348,32 @@ class Repository:
         return self._locks.setdefault(name, asyncio.Lock())
 
     def _disk_models(self) -> dict[str, Path]:
+        """The model folders; raises OSError when the repository cannot be listed (a poll then changes
+        nothing rather than unloading every model)."""
+        entries = sorted(self.path.iterdir())
+        return {p.name: p for p in entries if p.is_dir() and not p.name.startswith(".")}
+
+    def _listed(self) -> dict[str, Path]:
+        """The model folders, or none (logged) when the repository cannot be listed."""
         try:
-            entries = sorted(self.path.iterdir())
+            return self._disk_models()
         except OSError as e:
             log.error("cannot list the model repository %s: %s", self.path, e)
             return {}
-        return {p.name: p for p in entries if p.is_dir() and not p.name.startswith(".")}
 
-    async def _load_locked(self, name: str, directory: Path) -> None:
+    async def _load_locked(
+        self, name: str, directory: Path, config: dict | None = None, owned: Path | None = None
+    ) -> str:
         async with self._lock(name):
-            await self._load(name, directory, None, None)
+            return await self._load(name, directory, config, owned)
+
+    def _owned(self, work: Coroutine[Any, Any, T]) -> Awaitable[T]:
+        """Runs a load or unload as a task of the repository's own: a caller that goes away (a gRPC call
+        cancelled at its deadline) cannot stop it half-way, and shutdown waits for it."""
+        task = asyncio.ensure_future(work)
+        self._lifecycle.add(task)
+        task.add_done_callback(_forget(self._lifecycle))
+        return asyncio.shield(task)
 
     async def _load(self, name: str, directory: Path, config: dict | None, owned: Path | None) -> str:
         """Loads `name` afresh and puts it in service; "" on success, else why it failed. A model that
@@ -410,3 +434,12 @@ def _parse_config(name: str, text: str) -> dict:
         return normalize_config(raw, name)
     except ConfigError as e:
         raise invalid(f"failed to load '{name}': {e}") from None
+
+
+def _forget(tasks: set[asyncio.Task]) -> Callable[[asyncio.Task], None]:
+    def done(task: asyncio.Task) -> None:
+        tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: its caller may be gone, and the error was logged or answered
+
+    return done

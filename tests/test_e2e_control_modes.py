@@ -249,3 +249,25 @@ def test_strict_readiness_counts_every_version(start_server, repo: Path) -> None
     with httpx.Client(base_url=server.base_url, timeout=10) as c:
         assert served_by(c, "half") == 100
         assert ready_status(c) == 400
+
+
+def test_poll_mode_keeps_every_model_when_the_repository_cannot_be_listed(
+    start_server, repo: Path, tmp_path: Path
+) -> None:
+    """A repository that briefly cannot be listed (renamed during a deploy, a network file system
+    hiccup) changes nothing: its models are not unloaded."""
+    write_model(repo, "steady", int32_config("steady"), {1: versioned_model(1)})
+    server = start_server(repo, extra_args=POLL)
+    with httpx.Client(base_url=server.base_url, timeout=10) as c:
+        assert served_by(c, "steady") == 100
+        aside = tmp_path / "aside"
+        repo.rename(aside)
+        try:
+            wait_for(lambda: "cannot" in server.log_text() or "failed" in server.log_text(), "a failed poll")
+            time.sleep(0.5)  # five more poll periods
+            assert served_by(c, "steady") == 100
+        finally:
+            aside.rename(repo)
+        time.sleep(0.3)
+        assert states(c, "steady") == [("1", "READY")]
+        assert "removed from the repository" not in server.log_text()

@@ -10,10 +10,12 @@ import signal
 import struct
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx
 import numpy as np
 import pytest
 from e2e_helpers import A, B, ServerProcess, int32_config, wait_until_refused, write_model
@@ -452,3 +454,47 @@ def test_sigterm_lets_calls_in_flight_finish(start_server, repo: Path) -> None:
     assert result["idle_status"][0] is Status.UNAVAILABLE and "shutting down" in result["idle_status"][1]
     assert server.wait(timeout=10) == 0
     assert time.monotonic() - signalled < 5, "the shutdown waited on the idle stream"
+
+
+SLOW_FINALIZING = """
+import asyncio
+from pathlib import Path
+
+
+class Model:
+    async def execute(self, inputs):
+        await asyncio.sleep(2)
+        return {"OUTPUT0": inputs["INPUT0"]}
+
+    def finalize(self):
+        (Path(__file__).parent / "finalized").write_text("yes")
+"""
+
+
+def test_an_unload_whose_call_is_cancelled_still_completes(start_server, repo: Path) -> None:
+    """grpclib cancels a handler at its deadline: the unload it started must still drain, finalize the
+    model and leave it UNAVAILABLE, not stuck UNLOADING."""
+    write_model(
+        repo, "slow", int32_config("slow", max_batch_size=4) + "dynamic_batching { }\n", {1: SLOW_FINALIZING}
+    )
+    server = start_server(repo, extra_args=("--model-control-mode", "explicit", "--load-model", "slow"))
+    body = {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 2], "data": [1, 2]}]}
+    with ThreadPoolExecutor(1) as pool, httpx.Client(base_url=server.base_url, timeout=15) as client:
+        in_flight = pool.submit(client.post, "/v2/models/slow/infer", json=body)
+        time.sleep(0.3)  # the request is executing (2 s)
+
+        async def unload_with_a_short_deadline(stub: pb.GrpcInferenceServiceStub) -> str:
+            request = pb.RepositoryModelUnloadRequest(model_name="slow")
+            try:
+                await stub.repository_model_unload(request, timeout=0.3)
+            except (TimeoutError, GRPCError, asyncio.CancelledError) as e:
+                return type(e).__name__
+            return "answered"
+
+        assert call(server, unload_with_a_short_deadline) != "answered"  # it waits for the 2 s request
+        assert in_flight.result().status_code == 200
+        deadline = time.monotonic() + 10
+        while (state := client.post("/v2/repository/index").json()[0].get("state")) != "UNAVAILABLE":
+            assert time.monotonic() < deadline, f"the model stayed {state}"
+            time.sleep(0.05)
+    assert (repo / "slow" / "1" / "finalized").read_text() == "yes"

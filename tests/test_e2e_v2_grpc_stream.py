@@ -6,11 +6,13 @@ the same methods with bytes serialized by our messages."""
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
+import httpx
 import pytest
-from e2e_helpers import IDENTITY_MODEL, A, B, ServerProcess, int32_config, write_model
+from e2e_helpers import EXAMPLES, IDENTITY_MODEL, A, B, ServerProcess, int32_config, write_model
 from grpc_helpers import (
     DIFFS,
     SERVICE,
@@ -186,3 +188,47 @@ def test_grpcio_client(v2_server: ServerProcess) -> None:
             ("1", ""), ("2", "unknown model 'nope'"), ("", ""), ("", ""),
         ]  # fmt: skip
         assert [outputs(m.infer_response)["TOKEN"] for m in answers[2:]] == [[b"a"], [b"b"]]
+
+
+FINALIZE_MARKING = """
+import asyncio
+
+import numpy as np
+
+
+class Model:
+    finalized = False
+
+    async def execute_stream(self, inputs):
+        for word in inputs["TEXT"][0].split():
+            await asyncio.sleep(0.1)
+            yield {"TOKEN": np.array([word + (b"-after-finalize" if self.finalized else b"")], dtype=object)}
+
+    def finalize(self):
+        self.finalized = True
+"""
+
+
+def test_a_request_queued_on_a_stream_never_runs_on_an_unloaded_model(start_server, repo: Path) -> None:
+    """Two requests on one ModelStreamInfer call; the model is unloaded while the first streams. The first
+    finishes (unload waits for it); the second is answered "not ready" instead of running finalized."""
+    source = (EXAMPLES / "token_stream" / "config.pbtxt").read_text()
+    write_model(repo, "token_stream", source, {1: FINALIZE_MARKING})
+    server = start_server(
+        repo, extra_args=("--model-control-mode", "explicit", "--load-model", "token_stream")
+    )
+    with ThreadPoolExecutor(1) as pool:
+
+        def unload_soon() -> int:
+            time.sleep(0.15)
+            return httpx.post(
+                f"{server.base_url}/v2/repository/models/token_stream/unload", timeout=15
+            ).status_code
+
+        unloading = pool.submit(unload_soon)
+        answers = stream(server, [text_request("a b c d", id="r1"), text_request("e f g h", id="r2")])
+        assert unloading.result() == 200
+    first = [m for m in answers if m.infer_response and m.infer_response.id == "r1" and not m.error_message]
+    assert [outputs(m.infer_response)["TOKEN"] for m in first] == [[b"a"], [b"b"], [b"c"], [b"d"]]
+    second = [m for m in answers if m not in first]
+    assert len(second) == 1 and "not ready" in second[0].error_message, second
