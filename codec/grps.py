@@ -26,7 +26,7 @@ import orjson
 import proto.grps.protos.v1 as pb
 from codec.datatypes import BY_GRPS, BY_V2, DataType
 from codec.errors import invalid
-from codec.tensor import MAX_DIMS, Tensor, element_count
+from codec.tensor import MAX_DIMS, Tensor, element_count, holds_booleans
 
 BIN_DATA, STR_DATA, GTENSORS, NDARRAY, GMAP = "bin_data", "str_data", "gtensors", "ndarray", "gmap"
 DATA_FIELDS = (BIN_DATA, STR_DATA, GTENSORS, NDARRAY, GMAP)
@@ -277,7 +277,7 @@ def _ndarray(value: Any) -> tuple[tuple[int, ...], np.ndarray]:
         parsed = np.array(value)
     except (ValueError, TypeError):
         parsed = None
-    if parsed is None or parsed.dtype.kind not in "iuf" or parsed.size == 0:
+    if parsed is None or parsed.dtype.kind not in "iuf" or parsed.size == 0 or holds_booleans(value):
         raise invalid("ndarray must be a dense nested array of numbers, every row of the same length")
     if parsed.ndim > MAX_DIMS:
         raise invalid(f"ndarray is nested more than the {MAX_DIMS} dimensions allowed")

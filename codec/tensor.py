@@ -2,6 +2,7 @@
 
 import math
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -93,3 +94,12 @@ def array_from_bytes(
             f"shape {list(shape)} of {dtype.v2} needs {count * dtype.size}"
         )
     return np.frombuffer(chunk, dtype=dtype.numpy).reshape(shape)
+
+
+def holds_booleans(value: Any) -> bool:
+    """Whether regular nested JSON lists (numpy has already read them as numbers) hold a true/false:
+    numpy reads [true, 2] as integers, which a numeric tensor must refuse. Flattened level by level in C."""
+    level = value
+    while type(level) is list and level and type(level[0]) is list:
+        level = list(chain.from_iterable(level))
+    return bool in set(map(type, level)) if type(level) is list else type(level) is bool

@@ -18,7 +18,7 @@ import orjson
 
 from codec.datatypes import BY_V2, DataType
 from codec.errors import invalid
-from codec.tensor import MAX_DIMS
+from codec.tensor import MAX_DIMS, holds_booleans
 
 B64 = "b64"
 
@@ -39,9 +39,13 @@ def loads(body: bytes | bytearray | memoryview, what: str) -> Any:
     raw = bytes(body)
     if b"NaN" in raw or b"Infinity" in raw:
         try:
-            return json.loads(raw.decode("utf-8"))
+            doc = json.loads(raw.decode("utf-8"))
+            orjson.dumps(doc)  # the json module lets lone surrogates ("\ud800") through; orjson does not
+            return doc
         except RecursionError:
             error = "nested too deeply"
+        except TypeError as e:  # orjson: a lone surrogate is not UTF-8; nesting past its 255 levels
+            error = str(e)
         except ValueError:  # JSONDecodeError, UnicodeDecodeError, too many digits: orjson's message says more
             pass
     raise invalid(f"JSON Parse error in {what}: {error}")
@@ -76,6 +80,8 @@ def to_array(value: Any, dtype: DataType, what: str) -> np.ndarray:
         raise invalid(f"{what}: is nested more than the {MAX_DIMS} dimensions allowed")
     if parsed.size and parsed.dtype.kind not in _JSON_KINDS[target.kind]:
         raise invalid(f"{what}: {_ragged_or_bad(value, dtype)}")
+    if target.kind != "b" and parsed.dtype.kind != "b" and holds_booleans(value):
+        raise invalid(f"{what}: holds booleans where {dtype.tf} takes {_TF_TYPE_NAMES[target.kind]}")
     if parsed.dtype == target:
         return parsed
     if target.kind in "iu":  # converting the Python ints again checks their range

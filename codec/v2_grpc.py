@@ -263,8 +263,9 @@ def _from_contents(
     if dtype.v2 in ("FP16", "BF16"):
         raise invalid(f"{what}: {dtype.v2} data can only be sent in raw_input_contents")
     wanted = _FIELD_FOR[dtype.v2]
-    packed: list[memoryview] = []  # the wanted field's packed chunks, in order
-    single: list[Any] = []  # and its unpacked elements, where an encoder wrote them so
+    # The wanted field's packed chunks, and its elements written alone (an int for a varint), in order.
+    packed: list[memoryview | int] = []
+    strings: list[bytes] = []  # BYTES elements
     for field, wire, start, stop in fields(buf, span[0], span[1]):
         if field not in _CONTENTS:
             continue
@@ -275,23 +276,23 @@ def _from_contents(
             )
         packing = _CONTENTS[field][2]
         if field == 8 and wire == LEN:
-            single.append(bytes(view[start:stop]))
+            strings.append(bytes(view[start:stop]))
         elif wire == LEN:
             packed.append(view[start:stop])
         elif wire == _UNPACKED[packing]:  # an element written alone (proto2 style)
             if wire == VARINT:
-                single.append(start)
+                packed.append(start)
             else:  # a fixed32 / fixed64 element: its bytes, as a packed run would hold them
                 packed.append(view[start:stop])
         else:
             raise Malformed(f"{_CONTENTS[field][0]} has the wrong wire type {wire}")
     if wanted == 8:
-        if len(single) != count:
-            raise invalid(f"{what}: contents hold {len(single)} elements, shape {list(shape)} needs {count}")
+        if len(strings) != count:
+            raise invalid(f"{what}: contents hold {len(strings)} elements, shape {list(shape)} needs {count}")
         array = np.empty(count, dtype=object)
-        array[:] = single
+        array[:] = strings
         return array.reshape(shape)
-    array = _numbers(packed, single, _CONTENTS[wanted][2], dtype, what)
+    array = _numbers(packed, _CONTENTS[wanted][2], dtype, what)
     if array.size != count:
         raise invalid(f"{what}: contents hold {array.size} elements, shape {list(shape)} needs {count}")
     return array.reshape(shape)
@@ -305,9 +306,7 @@ _INT_RANGE = {
 }
 
 
-def _numbers(
-    packed: list[memoryview], single: list[int], packing: str, dtype: DataType, what: str
-) -> np.ndarray:
+def _numbers(packed: list[memoryview | int], packing: str, dtype: DataType, what: str) -> np.ndarray:
     if packing != "varint":
         width = _WIDTH[packing]
         if any(len(chunk) % width for chunk in packed):
@@ -315,9 +314,17 @@ def _numbers(
         if len(packed) == 1:
             return np.frombuffer(packed[0], dtype=packing)  # the common case: a view, no copy
         return np.frombuffer(b"".join(packed), dtype=packing)
-    parts = [packed_varints(chunk) for chunk in packed]
-    if single:
-        parts.append(np.array(single, dtype=np.uint64))
+    parts, alone = [], []  # decoded runs in wire order; `alone` gathers consecutive lone elements
+    for item in packed:
+        if isinstance(item, int):
+            alone.append(item)
+            continue
+        if alone:
+            parts.append(np.array(alone, dtype=np.uint64))
+            alone = []
+        parts.append(packed_varints(item))
+    if alone:
+        parts.append(np.array(alone, dtype=np.uint64))
     values = parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.zeros(0, np.uint64)
     kind = dtype.v2
     if kind == "BOOL":

@@ -16,7 +16,15 @@ import orjson
 from codec.bytes_tensor import encode_bytes
 from codec.datatypes import BY_V2, DataType
 from codec.errors import invalid
-from codec.tensor import InferRequest, InferResponse, RequestedOutput, Tensor, array_from_bytes, checked_shape
+from codec.tensor import (
+    InferRequest,
+    InferResponse,
+    RequestedOutput,
+    Tensor,
+    array_from_bytes,
+    checked_shape,
+    holds_booleans,
+)
 
 HEADER_LENGTH = "inference-header-content-length"
 HEADER_LENGTH_BYTES = HEADER_LENGTH.encode()
@@ -159,6 +167,8 @@ def _from_json(data: Any, dtype: DataType, shape: tuple, count: int, what: str) 
         parsed = _uint64_exactly(data, parsed, what)
     if count and parsed.dtype.kind not in _JSON_KINDS[target.kind]:
         raise invalid(f"{what}: 'data' holds {_KIND_NAMES.get(parsed.dtype.kind, 'values')}, not {dtype.v2}")
+    if target.kind != "b" and parsed.dtype.kind != "b" and holds_booleans(data):
+        raise invalid(f"{what}: 'data' holds booleans, not {dtype.v2}")
     if target.kind in "iu" and parsed.dtype != target:
         try:  # converting the Python ints again checks their range (numpy raises OverflowError)
             parsed = np.array(data, dtype=target)

@@ -227,6 +227,7 @@ def test_our_json_reading_agrees_with_protobuf_json_via_betterproto2(doc: dict) 
         (b'{"ndarray": [[1, 2], [3]]}', "every row of the same length"),
         (b'{"ndarray": [["a"]]}', "array of numbers"),
         (b'{"ndarray": [true]}', "array of numbers"),
+        (b'{"ndarray": [[true], [2]]}', "array of numbers"),
         (b'{"gmap": {}}', "gmap holds no values"),
         (b'{"gmap": {"s_s": {"k": "a"}, "s_i32": {"k": 1}}}', "gmap key 'k' is given twice"),
         (b'{"gmap": {"s_i32": {"k": 4294967296}}}', "outside the range of DT_INT32"),

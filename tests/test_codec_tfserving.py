@@ -74,6 +74,12 @@ def test_loads_refuses_malformed_json(body):
     assert_invalid(lambda: loads(body, "the request body"), "JSON Parse error")
 
 
+def test_a_lone_surrogate_beside_non_finite_tokens_is_refused():
+    """The json module (the fallback for NaN tokens) lets "\\ud800" through; answering it would crash."""
+    body = b'{"signature_name": "\\ud800", "instances": [NaN]}'
+    assert_invalid(lambda: loads(body, "the request body"), "surrogates not allowed")
+
+
 def test_deep_nesting_with_non_finite_tokens_is_refused_not_a_crash():
     body = b'{"instances": ' + b"[" * 20000 + b"NaN" + b"]" * 20000 + b"}"
     assert_invalid(lambda: loads(body, "the request body"), "nested too deeply")
@@ -508,3 +514,8 @@ def test_model_metadata_document():
     assert signature["outputs"]["y"]["dtype"] == "DT_FLOAT"
     assert signature["method_name"] == "tensorflow/serving/predict"
     assert signature["defaults"] == {}
+
+
+@pytest.mark.parametrize("value", [[True, 2, 3], [[1.5], [False]]], ids=["flat", "nested"])
+def test_booleans_among_numbers_are_refused(value: list) -> None:
+    assert_invalid(lambda: to_array(value, BY_V2["FP32"], "input 'x'"), "input 'x'", "booleans", "DT_FLOAT")

@@ -177,7 +177,9 @@ def test_unpacked_repeated_numbers_decode_like_packed_ones():
     unpacked_fp32 = b"".join(b"\x35" + struct.pack("<f", v) for v in floats)  # field 6, wire type 5
     mixed_int = bytes(pb.InferTensorContents(int_contents=ints[:1]))  # a packed chunk, then single ones
     mixed_int += b"".join(b"\x10" + varint(v) for v in ints[1:])  # field 2, wire type 0
-    for datatype, contents, expected in (("FP32", unpacked_fp32, floats), ("INT32", mixed_int, ints)):
+    single_first = b"\x10" + varint(ints[0]) + bytes(pb.InferTensorContents(int_contents=ints[1:]))
+    cases = (("FP32", unpacked_fp32, floats), ("INT32", mixed_int, ints), ("INT32", single_first, ints))
+    for datatype, contents, expected in cases:
         header = bytes(pb.ModelInferRequestInferInputTensor(name=INPUT, datatype=datatype, shape=[3]))
         body = header + b"\x2a" + varint(len(contents)) + contents  # field 5: contents
         message = bytes(pb.ModelInferRequest(model_name=MODEL)) + b"\x2a" + varint(len(body)) + body

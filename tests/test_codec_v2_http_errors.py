@@ -370,3 +370,16 @@ def test_big_endian_output_is_sent_little_endian(binary):
     response = InferResponse(MODEL, "1", [Tensor("o", "FP32", (1,), np.array([1.0], ">f4"))])
     reply = client_response(encode_response(response, InferRequest(MODEL, binary_output=binary)))
     assert reply.arrays["o"].tolist() == [1.0]
+
+
+@pytest.mark.parametrize(
+    ("datatype", "data"),
+    [("INT32", [True, 2]), ("FP32", [[True], [2.5]]), ("UINT8", [[0], [False]])],
+    ids=["int-flat", "float-nested", "uint-nested"],
+)
+def test_booleans_among_numbers_are_refused(datatype: str, data: list) -> None:
+    """numpy reads [true, 2] as integers; Triton refuses a boolean in a numeric tensor, and so do we."""
+    body = orjson.dumps(one_input(datatype=datatype, data=data))
+    with pytest.raises(InferError) as excinfo:
+        decode_request(body, None, MODEL)
+    assert_invalid(excinfo, INPUT, "booleans", datatype)
