@@ -3,6 +3,8 @@
 Shared by the binary tensor data extension and gRPC raw contents.
 """
 
+import base64
+import binascii
 import struct
 
 import numpy as np
@@ -39,3 +41,11 @@ def encode_bytes(elements: np.ndarray) -> bytes:
         parts.append(_LENGTH.pack(len(raw)))
         parts.append(raw)
     return b"".join(parts)
+
+
+def b64decode(text: str, what: str) -> bytes:
+    """Base64 as JSON codecs receive it: padding optional, anything else invalid (a 400 naming `what`)."""
+    try:
+        return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        raise invalid(f"{what}: {text[:40]!r} is not valid base64") from None

@@ -57,3 +57,15 @@ BY_GRPS: dict[str, DataType] = {
 BY_NUMPY: dict[np.dtype, DataType] = {t.numpy: t for t in TABLE if t.v2 != "BF16"}
 BY_NUMPY[np.dtype("S")] = BY_V2["BYTES"]
 BY_NUMPY[np.dtype("U")] = BY_V2["BYTES"]
+
+
+def bf16_bits(floats: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), rounded to nearest even; NaN stays NaN."""
+    bits = floats.view(np.uint32)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(floats), np.uint16(0x7FC0), rounded)
+
+
+def bf16_to_float32(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) -> float32, exactly."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)

@@ -1,6 +1,7 @@
 """The one error type. Every protocol derives its own status from `InferError.kind` in one place."""
 
 from enum import Enum
+from typing import Any
 
 
 class ErrorKind(Enum):
@@ -37,3 +38,11 @@ HTTP_STATUS = {
 
 def http_status(kind: ErrorKind) -> int:
     return HTTP_STATUS[kind]
+
+
+def describe(value: Any) -> str:
+    """A JSON value as an error message shows it: its type and the start of its text."""
+    if value is None:
+        return "null"
+    text = repr(value)
+    return f"{type(value).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"

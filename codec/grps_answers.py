@@ -19,7 +19,7 @@ import numpy as np
 import orjson
 
 import proto.grps.protos.v1 as pb
-from codec.datatypes import BY_GRPS, BY_V2
+from codec.datatypes import BY_GRPS, BY_V2, bf16_to_float32
 from codec.errors import ErrorKind, InferError, http_status, invalid
 from codec.grps import BIN_DATA, FLOATS, GMAP, GTENSORS, NDARRAY, STR_DATA, flat_field
 from codec.tensor import InferResponse, Tensor
@@ -99,7 +99,7 @@ def _carried(tensor: Tensor, what: str, strings: bool = True) -> Any:
             return data
         return [_text(_as_bytes(e), what, "flat_string") for e in data]
     if datatype.v2 == "BF16":
-        return (data.astype(np.uint32) << 16).view(np.float32)
+        return bf16_to_float32(data)
     if datatype.v2 == "UINT64" and data.size and int(data.max()) > _INT64_MAX:
         raise InferError(ErrorKind.INTERNAL, f"{what} holds UINT64 values past DT_INT64, which carries them")
     carrier = np.float32 if datatype.grps == "DT_FLOAT16" else BY_GRPS[datatype.grps].numpy

@@ -17,10 +17,10 @@ from typing import Protocol
 
 import numpy as np
 
-from codec.datatypes import BY_V2, DataType
+from codec.datatypes import BY_V2, DataType, bf16_bits
 from codec.errors import ErrorKind, InferError, invalid
 from codec.grps import FLOATS, GMAP, GTENSORS, NDARRAY, Payload
-from codec.tensor import InferRequest, Tensor
+from codec.tensor import InferRequest, Tensor, narrowed
 
 
 class InputSpec(Protocol):
@@ -109,11 +109,10 @@ def _convert(data: np.ndarray, source: DataType, target: DataType, what: str) ->
     if target.v2 in FLOATS:
         floats = data.astype(np.float64 if target.v2 == "FP64" else np.float32)
         if target.v2 == "BF16":
-            return _bf16_bits(floats)
+            return bf16_bits(floats)
         if target.v2 == "FP16":
-            with np.errstate(over="ignore"):
-                narrow = floats.astype(np.float16)
-            if (np.isinf(narrow) & np.isfinite(floats)).any():
+            narrow = narrowed(floats, np.dtype(np.float16))
+            if narrow is None:
                 raise invalid(f"{what} is FP16: the values are outside its range")
             return narrow
         return floats
@@ -123,10 +122,3 @@ def _convert(data: np.ndarray, source: DataType, target: DataType, what: str) ->
     if data.size and (int(data.min()) < low or int(data.max()) > high):
         raise invalid(f"{what} is {target.v2}: the values are outside its range")
     return data.astype(target.numpy)
-
-
-def _bf16_bits(floats: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bit patterns (uint16), rounded to nearest even; NaN stays NaN."""
-    bits = floats.view(np.uint32)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-    return np.where(np.isnan(floats), np.uint16(0x7FC0), rounded)

@@ -103,3 +103,12 @@ def holds_booleans(value: Any) -> bool:
     while type(level) is list and level and type(level[0]) is list:
         level = list(chain.from_iterable(level))
     return bool in set(map(type, level)) if type(level) is list else type(level) is bool
+
+
+def narrowed(wide: np.ndarray, target: np.dtype) -> np.ndarray | None:
+    """Floats cast to a narrower float type, or None when a finite value would become an infinity."""
+    with np.errstate(over="ignore"):
+        narrow = wide.astype(target)
+    if not np.isfinite(narrow).all() and (np.isinf(narrow) & np.isfinite(wide)).any():
+        return None
+    return narrow

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from codec.datatypes import BY_V2
+from codec.datatypes import BY_V2, bf16_to_float32
 from codec.errors import ErrorKind, InferError, invalid
 from codec.tensor import InferRequest, InferResponse, RequestedOutput, Tensor
 from codec.tfserving_json import dumps, is_b64, json_rows, json_value, loads, to_array
@@ -184,7 +184,7 @@ def output_array(tensor: Tensor, info: TensorInfo | None) -> np.ndarray:
     if info is not None and info.shape != info.v2_shape and _matches(array.shape, info.v2_shape):
         array = _reshaped(array, info.v2_shape, info.shape)
     if tensor.datatype == "BF16":
-        array = (array.astype(np.uint32) << 16).view(np.float32)
+        array = bf16_to_float32(array)
     return array
 
 

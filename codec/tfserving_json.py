@@ -9,16 +9,16 @@
 """
 
 import base64
-import binascii
 import json
 from typing import Any
 
 import numpy as np
 import orjson
 
-from codec.datatypes import BY_V2, DataType
-from codec.errors import invalid
-from codec.tensor import MAX_DIMS, holds_booleans
+from codec.bytes_tensor import b64decode
+from codec.datatypes import BY_V2, DataType, bf16_bits
+from codec.errors import describe, invalid
+from codec.tensor import MAX_DIMS, holds_booleans, narrowed
 
 B64 = "b64"
 
@@ -67,7 +67,7 @@ def to_array(value: Any, dtype: DataType, what: str) -> np.ndarray:
     if dtype.v2 == "BYTES":
         return _bytes_array(value, what)
     if dtype.v2 == "BF16":
-        return _bf16_bits(to_array(value, BY_V2["FP32"], what))
+        return bf16_bits(to_array(value, BY_V2["FP32"], what))
     target = dtype.numpy
     # The common case, a flat list of the right JSON types (checked in C): one conversion.
     if type(value) is list and value and set(map(type, value)) <= _JSON_TYPES[target.kind]:
@@ -109,18 +109,10 @@ def _within(value: Any, limit: float) -> bool:
 
 def _narrow(wide: np.ndarray, target: np.dtype, dtype: DataType, what: str) -> np.ndarray:
     """float64 -> a narrower float; values past its range would silently become infinities."""
-    with np.errstate(over="ignore"):
-        narrow = wide.astype(target)
-    if not np.isfinite(narrow).all() and (np.isinf(narrow) & np.isfinite(wide)).any():
+    narrow = narrowed(wide, target)
+    if narrow is None:
         raise invalid(f"{what}: holds values outside the range of {dtype.tf}")
     return narrow
-
-
-def _bf16_bits(floats: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bit patterns (uint16), rounded to nearest even; NaN stays NaN."""
-    bits = floats.view(np.uint32)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-    return np.where(np.isnan(floats), np.uint16(0x7FC0), rounded)
 
 
 def _ragged_or_bad(value: Any, dtype: DataType) -> str:
@@ -146,12 +138,9 @@ def _ragged_or_bad(value: Any, dtype: DataType) -> str:
 
 
 def _describe(item: Any) -> str:
-    if item is None:
-        return "null"
     if type(item) is dict:
         return "an object" if not is_b64(item) else "a {'b64': ...} object"
-    text = repr(item)
-    return f"{type(item).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"
+    return describe(item)
 
 
 def _bytes_array(value: Any, what: str) -> np.ndarray:
@@ -174,7 +163,7 @@ def _bytes_array(value: Any, what: str) -> np.ndarray:
             except UnicodeEncodeError:
                 raise invalid(f"{what}: a string is not valid UTF-8 (a lone surrogate escape)") from None
         elif is_b64(leaf):
-            out[i] = _b64decode(leaf[B64], what)
+            out[i] = b64decode(leaf[B64], what)
         elif type(leaf) is list:
             raise invalid(f"{what}: is ragged: it mixes lists and values at the same depth")
         else:
@@ -182,13 +171,6 @@ def _bytes_array(value: Any, what: str) -> np.ndarray:
                 f"{what}: expected strings or {{'b64': ...}} objects for DT_STRING, got {_describe(leaf)}"
             )
     return out.reshape(shape)
-
-
-def _b64decode(text: str, what: str) -> bytes:
-    try:
-        return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
-    except (binascii.Error, ValueError):
-        raise invalid(f"{what}: {text[:40]!r} is not valid base64") from None
 
 
 # ------------------------------------------------------------------------------------------ numpy -> JSON

@@ -119,14 +119,8 @@ class Grps:
             raise invalid("no model name: send its name (or name-version) as str_data")
         name, version = mapping.split_model(model, self.repository.models.__contains__)
         found = self.repository.model(name)
-        if version:
-            chosen, versions = found.resolve(version), [version]
-        else:
-            ready = [v for v in found.newest_first if v.ready]
-            if not ready:
-                raise InferError(ErrorKind.UNAVAILABLE, f"model '{name}' is not ready: {found.reason}")
-            chosen, versions = ready[0], [v.version_str for v in reversed(ready)]
-        doc = chosen.metadata(versions)
+        doc = found.metadata(version)
+        chosen = found.resolve(version or doc["versions"][-1])
         for tensor in doc["inputs"] + doc["outputs"]:
             tensor["dtype"] = BY_V2[tensor["datatype"]].grps
         doc["max_batch_size"] = chosen.max_batch_size

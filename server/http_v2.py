@@ -3,7 +3,7 @@
 import orjson
 
 from codec import v2_http
-from codec.errors import ErrorKind, InferError, http_status
+from codec.errors import InferError, http_status
 from server import __version__
 from server.app import infer_watching
 from server.repository import Repository
@@ -59,34 +59,17 @@ class V2Endpoints:
         return json_response({"ready": ready}, 200 if ready else 400)
 
     async def model_ready(self, request: HttpRequest) -> HttpResponse:
-        name, version = request.params["model"], request.params["version"] or ""
-        model = self.repository.model(name)
-        try:
-            ready = model.resolve(version).ready
-        except InferError as e:
-            if e.kind is not ErrorKind.UNAVAILABLE:
-                raise
-            ready = False
+        name = request.params["model"]
+        ready = self.repository.model(name).is_ready(request.params["version"] or "")
         return json_response({"name": name, "ready": ready}, 200 if ready else 400)
 
     async def model_metadata(self, request: HttpRequest) -> HttpResponse:
         model = self.repository.model(request.params["model"])
-        version = request.params["version"]
-        if version is not None:
-            return json_response(model.resolve(version).metadata([version]))
-        ready = [v for v in model.newest_first if v.ready]
-        if not ready:
-            raise InferError(ErrorKind.UNAVAILABLE, f"model '{model.name}' is not ready: {model.reason}")
-        return json_response(ready[0].metadata([v.version_str for v in reversed(ready)]))
+        return json_response(model.metadata(request.params["version"] or ""))
 
     async def model_config(self, request: HttpRequest) -> HttpResponse:
         model = self.repository.model(request.params["model"])
-        version = request.params["version"]
-        if version is not None:
-            return json_response(model.resolve(version).config)
-        if model.config is None:
-            raise InferError(ErrorKind.UNAVAILABLE, f"model '{model.name}' is not ready: {model.reason}")
-        return json_response(model.config)
+        return json_response(model.config_of(request.params["version"] or ""))
 
     async def model_stats(self, request: HttpRequest) -> HttpResponse:
         params = request.params

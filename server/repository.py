@@ -85,6 +85,32 @@ class Model:
         if self.owned_dir is not None:
             await asyncio.to_thread(shutil.rmtree, self.owned_dir, True)
 
+    def metadata(self, version: str = "") -> dict:
+        """v2 model metadata: of `version`, else of the newest ready version, listing every ready one."""
+        if version:
+            return self.resolve(version).metadata([version])
+        ready = [v for v in self.newest_first if v.ready]
+        if not ready:
+            raise InferError(ErrorKind.UNAVAILABLE, f"model '{self.name}' is not ready: {self.reason}")
+        return ready[0].metadata([v.version_str for v in reversed(ready)])
+
+    def config_of(self, version: str = "") -> dict:
+        """The model configuration: of `version`, else the model's."""
+        if version:
+            return self.resolve(version).config
+        if self.config is None:
+            raise InferError(ErrorKind.UNAVAILABLE, f"model '{self.name}' is not ready: {self.reason}")
+        return self.config
+
+    def is_ready(self, version: str = "") -> bool:
+        """Whether `version` (else the model) is ready; a version that does not exist raises NOT_FOUND."""
+        try:
+            return self.resolve(version).ready
+        except InferError as e:
+            if e.kind is not ErrorKind.UNAVAILABLE:
+                raise
+            return False
+
     def resolve(self, version: str) -> ModelVersion:
         """The version a request names, or the highest ready one for ""."""
         if not version:

@@ -31,6 +31,7 @@ from server import __version__
 from server.http_v2 import EXTENSIONS
 from server.model import ModelVersion
 from server.repository import Repository
+from server.statistics import model_statistics
 
 log = logging.getLogger("tensorgate.grpc")
 
@@ -116,14 +117,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
 
     @rpc
     async def model_ready(self, message: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
-        model = self.repository.model(message.name)
-        try:
-            ready = model.resolve(message.version).ready
-        except InferError as e:
-            if e.kind is not ErrorKind.UNAVAILABLE:
-                raise
-            ready = False
-        return pb.ModelReadyResponse(ready=ready)
+        return pb.ModelReadyResponse(ready=self.repository.model(message.name).is_ready(message.version))
 
     @rpc
     async def server_metadata(self, message: pb.ServerMetadataRequest) -> pb.ServerMetadataResponse:
@@ -131,54 +125,25 @@ class InferenceService(pb.GrpcInferenceServiceBase):
 
     @rpc
     async def model_metadata(self, message: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
-        model = self.repository.model(message.name)
-        if message.version:
-            return v2_grpc.model_metadata(model.resolve(message.version).metadata([message.version]))
-        ready = [v for v in model.newest_first if v.ready]
-        if not ready:
-            raise InferError(ErrorKind.UNAVAILABLE, f"model '{model.name}' is not ready: {model.reason}")
-        return v2_grpc.model_metadata(ready[0].metadata([v.version_str for v in reversed(ready)]))
+        return v2_grpc.model_metadata(self.repository.model(message.name).metadata(message.version))
 
     @rpc
     async def model_config(self, message: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
-        model = self.repository.model(message.name)
-        if message.version:
-            return v2_grpc.model_config(model.resolve(message.version).config)
-        if model.config is None:
-            raise InferError(ErrorKind.UNAVAILABLE, f"model '{model.name}' is not ready: {model.reason}")
-        return v2_grpc.model_config(model.config)
+        return v2_grpc.model_config(self.repository.model(message.name).config_of(message.version))
 
     @rpc
     async def model_statistics(self, message: pb.ModelStatisticsRequest) -> pb.ModelStatisticsResponse:
         """Triton's: every model when `name` is empty, every ready version when `version` is."""
-        if message.name:
-            models = [self.repository.model(message.name)]
-        else:
-            models = [self.repository.models[name] for name in sorted(self.repository.models)]
-        stats = []
-        for model in models:
-            if message.version:
-                versions = [model.resolve(message.version)]
-            else:
-                versions = [v for _, v in sorted(model.versions.items()) if v.ready]
-            for version in versions:
-                counted = getattr(version, "stats", None)
-                if counted is None:
-                    raise _unimplemented("model statistics")
-                stats.append(v2_grpc.model_statistics(model.name, version.version_str, counted.as_dict()))
-        return pb.ModelStatisticsResponse(model_stats=stats)
+        doc = model_statistics(self.repository, message.name, message.version)
+        return pb.ModelStatisticsResponse(
+            model_stats=[v2_grpc.model_statistics(s["name"], s["version"], s) for s in doc["model_stats"]]
+        )
 
     # --------------------------------------------------------------------------------- repository
 
-    def _repository_call(self, name: str) -> Callable[..., Any]:
-        call = getattr(self.repository, name, None)
-        if call is None:
-            raise _unimplemented(f"the model repository extension ({name})")
-        return call
-
     @rpc
     async def repository_index(self, message: pb.RepositoryIndexRequest) -> pb.RepositoryIndexResponse:
-        entries = self._repository_call("index")(message.ready)
+        entries = self.repository.index(message.ready)
         return pb.RepositoryIndexResponse(
             models=[
                 pb.RepositoryIndexResponseModelIndex(e["name"], e["version"], e["state"], e["reason"])
@@ -190,21 +155,19 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     async def repository_model_load(
         self, message: pb.RepositoryModelLoadRequest
     ) -> pb.RepositoryModelLoadResponse:
-        load = self._repository_call("load_model")
         config, files = v2_grpc.repository_parameters(message.parameters)
-        await load(message.model_name, config, files or None)
+        await self.repository.load_model(message.model_name, config, files or None)
         return pb.RepositoryModelLoadResponse()
 
     @rpc
     async def repository_model_unload(
         self, message: pb.RepositoryModelUnloadRequest
     ) -> pb.RepositoryModelUnloadResponse:
-        unload = self._repository_call("unload_model")
         parameter = message.parameters.get("unload_dependents")
         dependents = parameter.bool_param if parameter is not None else None
         if parameter is not None and dependents is None:
             raise InferError(ErrorKind.INVALID_ARGUMENT, "'unload_dependents' must be a bool_param")
-        await unload(message.model_name, bool(dependents))
+        await self.repository.unload_model(message.model_name, bool(dependents))
         return pb.RepositoryModelUnloadResponse()
 
     # ------------------------------------------------------------------- what this server does not do
