@@ -117,7 +117,14 @@ class InferenceService(pb.GrpcInferenceServiceBase):
 
     @rpc
     async def model_ready(self, message: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
-        return pb.ModelReadyResponse(ready=self.repository.model(message.name).is_ready(message.version))
+        """As Triton's: an unknown model or version is not ready, not an error."""
+        try:
+            ready = self.repository.model(message.name).is_ready(message.version)
+        except InferError as e:
+            if e.kind is not ErrorKind.NOT_FOUND:
+                raise
+            ready = False
+        return pb.ModelReadyResponse(ready=ready)
 
     @rpc
     async def server_metadata(self, message: pb.ServerMetadataRequest) -> pb.ServerMetadataResponse:
