@@ -189,21 +189,8 @@ async def serve(args: argparse.Namespace) -> None:
         await stop.wait()
         if poller is not None:
             await poller  # returns once a poll under way is done; models unload after HTTP drains
-        # gRPC first: the models unload once HTTP has drained, after this returns. No new connections;
-        # calls in flight (on any connection) finish, up to the graceful timeout; open ModelStreamInfer
-        # streams answer what they have read and end. grpclib's own close() would cancel them all.
-        grpc_server._server.close()  # grpclib keeps its asyncio server there (see the listening log)
-        for service in grpc_services:
-            if hasattr(service, "begin_shutdown"):
-                service.begin_shutdown()
-        deadline = loop.time() + config.graceful_timeout
-        while loop.time() < deadline:
-            calls = [t for h in grpc_server._handlers for t in h._tasks.values() if not t.done()]
-            if not calls:
-                break
-            await asyncio.wait(calls, timeout=deadline - loop.time())
-        grpc_server.close()
-        await grpc_server.wait_closed()
+        # gRPC first: the models unload once HTTP has drained, after this returns.
+        await grpc.drain(grpc_server, grpc_services, config.graceful_timeout)
 
     serving = [
         worker_serve(wrap_app(app, 0, "asgi"), config, sockets=sockets, shutdown_trigger=shutdown_trigger)

@@ -3,12 +3,14 @@
 `services()` lists every servicer the gRPC port serves; each protocol module adds its own here.
 """
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
 from grpclib.const import Status
 from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError
+from grpclib.server import Server
 
 from server.grpc.grps import GrpsService
 from server.grpc.inference import InferenceService
@@ -52,3 +54,22 @@ class MessageSizeCodec(ProtoCodec):
                 f"{self.max_bytes} bytes (--grpc-max-message-bytes)",
             )
         return data
+
+
+async def drain(server: Server, services: list, timeout: float) -> None:
+    """Stops a grpclib server gracefully: no new connections; calls in flight (on any connection) finish,
+    up to `timeout` seconds; open ModelStreamInfer streams answer what they have read and end. grpclib's
+    own close() would cancel them all, so this reaches into its listener and handlers."""
+    loop = asyncio.get_running_loop()
+    server._server.close()  # the asyncio server grpclib listens with
+    for service in services:
+        if hasattr(service, "begin_shutdown"):
+            service.begin_shutdown()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        calls = [t for h in server._handlers for t in h._tasks.values() if not t.done()]
+        if not calls:
+            break
+        await asyncio.wait(calls, timeout=deadline - loop.time())
+    server.close()
+    await server.wait_closed()
