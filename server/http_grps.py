@@ -22,12 +22,11 @@ from server import __version__
 from server.app import Receive, infer_watching
 from server.model import ModelVersion
 from server.repository import Repository
-from server.router import HttpRequest, HttpResponse, MethodNotAllowed, Router
+from server.router import HttpRequest, HttpResponse, MethodNotAllowed, Router, body_response
 
 log = logging.getLogger("tensorgate.grps")
 
 ROOT = "/grps/v1"
-JSON_CONTENT_TYPE = b"application/json"
 OCTET_STREAM = b"application/octet-stream"
 UNAVAILABLE = answers.status_code(ErrorKind.UNAVAILABLE)
 
@@ -160,13 +159,8 @@ async def _answers(
 # ------------------------------------------------------------------------------------------ REST
 
 
-def json_response(body: bytes, status: int = answers.OK) -> HttpResponse:
-    headers = [(b"content-type", JSON_CONTENT_TYPE), (b"content-length", str(len(body)).encode())]
-    return HttpResponse(status, headers, [body])
-
-
 def status_response(code: int, msg: str) -> HttpResponse:
-    return json_response(answers.status_json(code, msg), code)
+    return body_response(answers.status_json(code, msg), status=code)
 
 
 def error_response(error: InferError) -> HttpResponse:
@@ -207,14 +201,14 @@ class GrpsEndpoints:
         return status_response(*self.grps.readiness())
 
     async def server_metadata(self, request: HttpRequest) -> HttpResponse:
-        return json_response(answers.answer_json(answers.Answer(wire.STR_DATA, self.grps.server_metadata())))
+        return body_response(answers.answer_json(answers.Answer(wire.STR_DATA, self.grps.server_metadata())))
 
     async def model_metadata(self, request: HttpRequest) -> HttpResponse:
         payload = wire.payload_from_json(request.body)
         if payload.kind != wire.STR_DATA:
             raise invalid("metadata/model takes the model's name as str_data")
         name = payload.tensors[0].data[()].decode()
-        return json_response(
+        return body_response(
             answers.answer_json(answers.Answer(wire.STR_DATA, self.grps.model_metadata(name)))
         )
 
@@ -232,9 +226,8 @@ class GrpsEndpoints:
             return HttpResponse(answers.OK, [(b"content-type", OCTET_STREAM)], _chunks(stream))
         answer = await self.grps.predict(payload, return_ndarray, request.receive)
         if answer.kind == wire.BIN_DATA:
-            headers = [(b"content-type", OCTET_STREAM), (b"content-length", str(len(answer.data)).encode())]
-            return HttpResponse(answers.OK, headers, [answer.data])
-        return json_response(answers.answer_json(answer))
+            return body_response(answer.data, OCTET_STREAM, answers.OK)
+        return body_response(answers.answer_json(answer))
 
 
 async def _chunks(stream: AsyncIterator[answers.Answer]) -> AsyncIterator[bytes]:

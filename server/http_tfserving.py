@@ -17,7 +17,7 @@ from codec.tfserving import TensorInfo
 from server.app import BodyTooLarge, infer_watching
 from server.model import ModelState, ModelVersion, TensorSpec
 from server.repository import Repository
-from server.router import HttpRequest, HttpResponse, Router
+from server.router import HttpRequest, HttpResponse, Router, body_response
 
 VERBS = ("predict", "classify", "regress")
 # Every method gets the catch-all, so nothing under /v1/ is answered 405 or with another protocol's body.
@@ -28,15 +28,10 @@ METHOD_NAMES = ("tensorflow/serving/predict", "tensorflow/serving/classify", "te
 _STATES = {ModelState.READY: "AVAILABLE", ModelState.LOADING: "LOADING", ModelState.UNLOADING: "UNLOADING"}
 
 
-def json_response(body: bytes, status: int = 200) -> HttpResponse:
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    return HttpResponse(status, headers, [body])
-
-
 def error_response(error: InferError) -> HttpResponse:
     status, body = tfserving.error_body(error)
     # A body over --max-request-bytes is refused before it is read, as on every endpoint: 413, not 429.
-    return json_response(body, 413 if isinstance(error, BodyTooLarge) else status)
+    return body_response(body, status=413 if isinstance(error, BodyTooLarge) else status)
 
 
 def _info(spec: TensorSpec) -> TensorInfo:
@@ -166,7 +161,7 @@ class TFServingEndpoints:
             if infer_request is None
             else await infer_watching(model_version, infer_request, request.receive)
         )
-        return json_response(tfserving.encode_predict(response, view.outputs, columnar))
+        return body_response(tfserving.encode_predict(response, view.outputs, columnar))
 
     async def classify(self, request: HttpRequest) -> HttpResponse:
         return await self._examples(request, tfserving.classify_outputs, tfserving.encode_classify)
@@ -192,7 +187,7 @@ class TFServingEndpoints:
             if infer_request is None
             else await infer_watching(model_version, infer_request, request.receive)
         )
-        return json_response(encode(response, names, view.outputs))
+        return body_response(encode(response, names, view.outputs))
 
     async def status(self, request: HttpRequest) -> HttpResponse:
         name = request.params["model"]
@@ -209,7 +204,7 @@ class TFServingEndpoints:
                 reason = f": {model.reason}" if model.reason else ""
                 raise InferError(ErrorKind.NOT_FOUND, f"Could not find any versions of model {name}{reason}")
         statuses = [tfserving.version_status(v.version, *_state(v)) for v in versions]
-        return json_response(tfserving.model_status(statuses))
+        return body_response(tfserving.model_status(statuses))
 
     async def metadata(self, request: HttpRequest) -> HttpResponse:
         model_version, view = self._resolve(request)
@@ -219,7 +214,7 @@ class TFServingEndpoints:
             for name, outputs in view.signatures.items()
         }
         body = tfserving.model_metadata(model_version.name, model_version.version_str, signature_defs)
-        return json_response(body)
+        return body_response(body)
 
     async def malformed(self, request: HttpRequest) -> HttpResponse:
         if request.method == "GET" and request.path.rstrip("/") == "/v1/models":

@@ -7,7 +7,7 @@ from codec.errors import InferError, http_status
 from server import __version__
 from server.app import infer_watching
 from server.repository import Repository
-from server.router import HttpRequest, HttpResponse, Router
+from server.router import HttpRequest, HttpResponse, Router, body_response
 from server.statistics import model_statistics
 
 EXTENSIONS = [
@@ -17,12 +17,10 @@ EXTENSIONS = [
     "model_repository(unload_dependents)",
     "statistics",
 ]
-JSON_HEADERS = [(b"content-type", v2_http.JSON_CONTENT_TYPE)]
 
 
 def json_response(doc: object, status: int = 200) -> HttpResponse:
-    body = orjson.dumps(doc)
-    return HttpResponse(status, [*JSON_HEADERS, (b"content-length", str(len(body)).encode())], [body])
+    return body_response(orjson.dumps(doc), v2_http.JSON_CONTENT_TYPE, status)
 
 
 def error_response(error: InferError) -> HttpResponse:

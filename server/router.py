@@ -28,6 +28,13 @@ class HttpResponse:
     chunks: Chunks  # a list is sent with its Content-Length; an async iterator is streamed
 
 
+def body_response(body: bytes, content_type: bytes = b"application/json", status: int = 200) -> HttpResponse:
+    """A whole body with its Content-Type and Content-Length."""
+    return HttpResponse(
+        status, [(b"content-type", content_type), (b"content-length", str(len(body)).encode())], [body]
+    )
+
+
 Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
 ErrorResponder = Callable[[InferError], HttpResponse]
 
