@@ -8,6 +8,13 @@ request executes alone). Each request is one row (64 FP32, binary tensor data) o
 concurrency the two models are loaded in turn; the mean batch size comes from the server's statistics
 (rows inferred / executions). The GPU run is the same command on a machine with CUDA (the config's
 KIND_AUTO instance group then puts the model on the device).
+
+After the table come the figures issue 5's GPU targets are checked with, read from the statistics of the
+batched model: the execution time of its largest batch (compute_infer per execution), the p99 bound
+(max_queue_delay + 3 x that time) at the highest concurrency, and the rate at which a batch's input
+reaches the model (batch bytes / compute_input per execution: gathering into the pinned buffer and the
+host-to-device copy together, so a lower bound of the copy's own rate) beside the pinned-memory copy
+bandwidth torch measures on the same device (CUDA only).
 """
 
 import argparse
@@ -73,9 +80,67 @@ def infer_request(host: str, port: int, model: str) -> bytes:
     return build_request("POST", f"/v2/models/{model}/infer", f"{host}:{port}", header + row, headers)
 
 
-def counts(base_url: str, model: str) -> tuple[int, int]:
+def model_stats(base_url: str, model: str) -> dict:
     (stats,) = httpx.get(f"{base_url}/v2/models/{model}/stats").json()["model_stats"]
+    return stats
+
+
+def counts(base_url: str, model: str) -> tuple[int, int]:
+    stats = model_stats(base_url, model)
     return stats["inference_count"], stats["execution_count"]
+
+
+def largest_batch(stats: dict) -> tuple[int, float, float]:
+    """The largest batch size executed, and its mean compute_input and compute_infer times in ms."""
+    batch = max(stats["batch_stats"], key=lambda b: b["batch_size"])
+
+    def mean_ms(phase: dict) -> float:
+        return phase["ns"] / max(1, phase["count"]) / 1e6
+
+    return batch["batch_size"], mean_ms(batch["compute_input"]), mean_ms(batch["compute_infer"])
+
+
+def pinned_copy_gbps() -> float | None:
+    """Host-to-device bandwidth from pinned memory (64 MiB, best of 5), or None without CUDA."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    host = torch.empty(64 << 20, dtype=torch.uint8).pin_memory()
+    device = torch.empty_like(host, device="cuda")
+    best = float("inf")
+    for _ in range(5):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        device.copy_(host, non_blocking=True)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return host.numel() / best / 1e9
+
+
+def gpu_figures(rows: list[Row], stats: dict, delay_ms: float) -> list[str]:
+    size, input_ms, infer_ms = largest_batch(stats)
+    top = max(r.concurrency for r in rows)
+    p99 = next(r.p99_ms for r in rows if r.concurrency == top and r.batching == "on")
+    bound = delay_ms + 3 * infer_ms
+    lines = [
+        "",
+        f"- largest batch: {size} rows; compute_input {input_ms:.3f} ms, compute_infer {infer_ms:.3f} ms",
+        f"- p99 at concurrency {top}: {p99:.2f} ms; bound max_queue_delay + 3 x full batch = {bound:.2f} ms"
+        f" ({'within' if p99 <= bound else 'over'})",
+    ]
+    pinned = pinned_copy_gbps()
+    batch_gbps = size * 64 * 4 / (input_ms / 1e3) / 1e9 if input_ms > 0 else float("nan")
+    if pinned is None:
+        lines.append(f"- batch input staging: {batch_gbps:.2f} GB/s (no CUDA: no pinned-copy bandwidth)")
+    else:
+        lines.append(
+            f"- batch input staging: {batch_gbps:.2f} GB/s = {batch_gbps / pinned:.0%} of the pinned-memory "
+            f"copy bandwidth ({pinned:.1f} GB/s)"
+        )
+    return lines
 
 
 async def measure(host: str, port: int, model: str, concurrency: int, opts: argparse.Namespace) -> Row:
@@ -91,7 +156,7 @@ async def measure(host: str, port: int, model: str, concurrency: int, opts: argp
     return Row(concurrency, batching, summary.rps, summary.p50_ms, summary.p99_ms, mean_batch, summary.errors)
 
 
-def render(rows: list[Row], device: str) -> str:
+def render(rows: list[Row], device: str, extra: list[str]) -> str:
     lines = [
         f"# Dynamic batching on/off, example MLP, {time.strftime('%Y-%m-%d')}, {device}",
         "",
@@ -108,7 +173,7 @@ def render(rows: list[Row], device: str) -> str:
         on = next(r for r in rows if r.concurrency == c and r.batching == "on")
         off = next(r for r in rows if r.concurrency == c and r.batching == "off")
         lines.append(f"- concurrency {c}: batching on / off = {on.rps / max(off.rps, 1e-9):.2f}x requests/s")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + extra) + "\n"
 
 
 def device_name() -> str:
@@ -138,7 +203,11 @@ def main(argv: list[str] | None = None) -> int:
             for concurrency in opts.concurrency:
                 for model in MODELS.values():
                     rows.append(asyncio.run(measure(server.host, server.port, model, concurrency, opts)))
-    report = render(rows, device_name())
+            base_url = f"http://{server.host}:{server.port}"
+            stats = model_stats(base_url, MODELS["on"])
+            config = httpx.get(f"{base_url}/v2/models/{MODELS['on']}/config").json()
+    delay_ms = config["dynamic_batching"].get("max_queue_delay_microseconds", 0) / 1000
+    report = render(rows, device_name(), gpu_figures(rows, stats, delay_ms))
     print(report)
     if opts.out:
         out = Path(opts.out)
