@@ -23,28 +23,13 @@ from grpclib.exceptions import StreamTerminatedError
 import proto.inference as pb
 from bench.connections import run_until_cancelled
 from bench.stats import Recorder
+from server.grpc.inference import RawMessage as Raw  # messages as their bytes, as the server reads them
 
 INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
 STREAM_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"
 _INPUT0 = np.arange(16, dtype="<i4")
 _INPUT1 = np.ones(16, dtype="<i4")
 _LOST = (GRPCError, StreamTerminatedError, ConnectionError, OSError)
-
-
-class Raw:
-    """A message as bytes: grpclib's codec calls FromString / SerializeToString, and these do nothing."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    @classmethod
-    def FromString(cls, data: bytes) -> "Raw":  # noqa: N802 (grpclib's name)
-        return cls(data)
-
-    def SerializeToString(self) -> bytes:  # noqa: N802 (grpclib's name)
-        return self.data
 
 
 def infer_request() -> pb.ModelInferRequest:

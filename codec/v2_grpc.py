@@ -446,18 +446,6 @@ def encode_stream_error(message: str, request_id: str | None = None) -> bytes:
 # -------------------------------------------------------------------------------- the other messages
 
 
-def parameters_from_proto(parameters: dict[str, pb.InferParameter]) -> dict[str, Any]:
-    """map<string, InferParameter> of a betterproto2 message -> plain values."""
-    out = {}
-    for key, parameter in parameters.items():
-        out[key] = None
-        for name in ("bool_param", "int64_param", "string_param", "double_param", "uint64_param"):
-            value = getattr(parameter, name)
-            if value is not None:
-                out[key] = value
-    return out
-
-
 def model_metadata(doc: dict) -> pb.ModelMetadataResponse:
     """The REST metadata document (server/model.py) as ModelMetadataResponse."""
 

@@ -140,10 +140,6 @@ class ModelVersion:
         outputs = [self._response_tensor(name, produced) for name in wanted]
         return InferResponse(self.name, self.version_str, outputs, request.id)
 
-    def _model_inputs(self, request: InferRequest) -> dict[str, Any]:
-        """The arrays the model executes on."""
-        return self._inputs_and_rows(request)[0]
-
     def _inputs_and_rows(self, request: InferRequest) -> tuple[dict[str, Any], int]:
         """The arrays the model executes on, and the request's batch size (1 without batching)."""
         arrays: dict[str, Any] = {}
@@ -242,7 +238,7 @@ class ModelVersion:
         execute_stream = getattr(backend, "execute_stream", None)
         if execute_stream is None:
             raise invalid(f"model '{self.name}' does not stream its answers: use plain infer")
-        arrays = self._model_inputs(request)
+        arrays, _ = self._inputs_and_rows(request)
         wanted = self._wanted_outputs(request)
         return self._stream(execute_stream(arrays), wanted, request.id)
 
