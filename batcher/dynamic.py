@@ -57,6 +57,7 @@ class DynamicBatcher:
         `dynamic_batching` section may be absent (all defaults)."""
         self.executor = executor
         self.stats = stats if stats is not None else ModelStats()
+        self.now = False  # requests wait in a queue: never run_now (see batcher/scheduler.py)
         self.clock: Clock = clock if clock is not None else MonotonicClock()
         max_batch_size = int(config.get("max_batch_size", 0))
         # Without batching (max_batch_size 0) each request is a batch of one: the queue policies apply.

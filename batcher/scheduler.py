@@ -1,6 +1,7 @@
 """How a model version's requests reach its backend: `DirectScheduler` without `dynamic_batching` (each
 request executes alone), `batcher.dynamic.DynamicBatcher` with it. Both answer `run(inputs, rows,
-priority, timeout_us) -> outputs` and `drain()`, and count statistics in a `ModelStats`.
+priority, timeout_us) -> outputs` and `drain()`, and count statistics in a `ModelStats`. Where `now` is
+true (DirectScheduler of a numpy model on the event loop), `run_now(inputs, rows)` is `run` as a plain call.
 """
 
 import asyncio
@@ -23,6 +24,7 @@ class DirectScheduler:
     def __init__(self, executor: Executor, stats: ModelStats | None = None) -> None:
         self.executor = executor
         self.stats = stats if stats is not None else ModelStats()
+        self.now = executor.inline and executor.host  # then run_now() is run() without a coroutine
         self._slots = asyncio.Semaphore(executor.instances)
         self._in_flight = 0
         self._drained: asyncio.Event | None = None
@@ -30,29 +32,33 @@ class DirectScheduler:
     async def run(self, inputs: Arrays, rows: int = 1, priority: int = 0, timeout_us: int = 0) -> Any:
         """The model's outputs for one request (`rows`: its batch size, 1 without batching).
         priority and timeout_us matter only to the dynamic batcher."""
+        if self.now:
+            return self.run_now(inputs, rows)
         executor = self.executor
         if not executor.inline:
             return await self._run_waiting(inputs, rows)
-        if not executor.host:
-            start = perf_counter_ns()
-            try:
-                outputs, input_ns, infer_ns, output_ns = executor.run_one(inputs)
-            except InferError:
-                self.stats.record_failure(1, perf_counter_ns() - start)
-                raise
-            self._record(rows, perf_counter_ns() - start, 0, input_ns, infer_ns, output_ns)
-            return outputs
-        # The common case, numpy on the event loop: one clock pair, and the whole time is compute_infer.
         start = perf_counter_ns()
         try:
-            outputs = executor.execute(inputs)
+            outputs, input_ns, infer_ns, output_ns = executor.run_one(inputs)
+        except InferError:
+            self.stats.record_failure(1, perf_counter_ns() - start)
+            raise
+        self._record(rows, perf_counter_ns() - start, 0, input_ns, infer_ns, output_ns)
+        return outputs
+
+    def run_now(self, inputs: Arrays, rows: int = 1) -> Any:
+        """`run` without a coroutine, where `now` says it never waits: numpy on the event loop, the whole
+        time counted as compute_infer. The hot path of small models."""
+        start = perf_counter_ns()
+        try:
+            outputs = self.executor.execute(inputs)
         except InferError:
             self.stats.record_failure(1, perf_counter_ns() - start)
             raise
         except Exception as e:
             self.stats.record_failure(1, perf_counter_ns() - start)
-            raise executor.failure(e) from None
-        self.stats.record_alone(max(1, rows), perf_counter_ns() - start)
+            raise self.executor.failure(e) from None
+        self.stats.record_alone(rows or 1, perf_counter_ns() - start)
         return outputs
 
     async def _run_waiting(self, inputs: Arrays, rows: int) -> Any:

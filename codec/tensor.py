@@ -14,6 +14,17 @@ from codec.errors import invalid
 MAX_DIMS = 32  # numpy allows 64; no model has more than a handful
 MAX_DIM = 2**62
 
+# What JSON values a numeric tensor of each numpy kind accepts (integers fill float tensors, nothing
+# else mixes): as the Python types orjson decodes them to, and as the kinds numpy infers for them.
+JSON_TYPES = {
+    "b": frozenset({bool}),
+    "i": frozenset({int}),
+    "u": frozenset({int}),
+    "f": frozenset({int, float}),
+}
+JSON_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
+KIND_NAMES = {"b": "booleans", "i": "integers", "u": "integers", "f": "non-integer numbers", "U": "strings"}
+
 
 @dataclass(slots=True)
 class Tensor:

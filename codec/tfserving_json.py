@@ -18,15 +18,11 @@ import orjson
 from codec.bytes_tensor import b64decode
 from codec.datatypes import BY_V2, DataType, bf16_bits
 from codec.errors import describe, invalid
-from codec.tensor import MAX_DIMS, holds_booleans, narrowed
+from codec.tensor import JSON_KINDS, JSON_TYPES, MAX_DIMS, holds_booleans, narrowed
 
 B64 = "b64"
 
 _DUMPS_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
-# What JSON values each numpy kind accepts, as the Python types orjson gives and as the kinds numpy infers.
-_JSON_TYPES = {"b": {bool}, "i": {int}, "u": {int}, "f": {int, float}}
-_JSON_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
-_KIND_NAMES = {"b": "booleans", "i": "integers", "u": "integers", "f": "non-integer numbers", "U": "strings"}
 _TF_TYPE_NAMES = {"b": "booleans", "i": "integers", "u": "non-negative integers", "f": "numbers"}
 _NARROW_LIMITS = {np.dtype(t): float(np.finfo(t).max) for t in ("<f2", "<f4")}
 
@@ -70,7 +66,7 @@ def to_array(value: Any, dtype: DataType, what: str) -> np.ndarray:
         return bf16_bits(to_array(value, BY_V2["FP32"], what))
     target = dtype.numpy
     # The common case, a flat list of the right JSON types (checked in C): one conversion.
-    if type(value) is list and value and set(map(type, value)) <= _JSON_TYPES[target.kind]:
+    if type(value) is list and value and set(map(type, value)) <= JSON_TYPES[target.kind]:
         return _convert(value, target, dtype, what)
     try:
         parsed = np.array(value)  # numpy infers bool, int64/uint64, float64, or str/object for anything else
@@ -78,7 +74,7 @@ def to_array(value: Any, dtype: DataType, what: str) -> np.ndarray:
         raise invalid(f"{what}: {_ragged_or_bad(value, dtype)}") from None
     if parsed.ndim > MAX_DIMS:
         raise invalid(f"{what}: is nested more than the {MAX_DIMS} dimensions allowed")
-    if parsed.size and parsed.dtype.kind not in _JSON_KINDS[target.kind]:
+    if parsed.size and parsed.dtype.kind not in JSON_KINDS[target.kind]:
         raise invalid(f"{what}: {_ragged_or_bad(value, dtype)}")
     if target.kind != "b" and parsed.dtype.kind != "b" and holds_booleans(value):
         raise invalid(f"{what}: holds booleans where {dtype.tf} takes {_TF_TYPE_NAMES[target.kind]}")
@@ -117,7 +113,7 @@ def _narrow(wide: np.ndarray, target: np.dtype, dtype: DataType, what: str) -> n
 
 def _ragged_or_bad(value: Any, dtype: DataType) -> str:
     """Why `value` is not a dense array of `dtype` (error path only): the first offending element."""
-    accepted = _JSON_TYPES[dtype.numpy.kind]
+    accepted = JSON_TYPES[dtype.numpy.kind]
     level, depth = [value], 0
     while level:
         lists = [item for item in level if type(item) is list]

@@ -14,9 +14,12 @@ import numpy as np
 import orjson
 
 from codec.bytes_tensor import encode_bytes
-from codec.datatypes import BY_V2, DataType
+from codec.datatypes import BY_V2, TABLE, DataType
 from codec.errors import invalid
 from codec.tensor import (
+    JSON_KINDS,
+    JSON_TYPES,
+    KIND_NAMES,
     InferRequest,
     InferResponse,
     RequestedOutput,
@@ -101,7 +104,7 @@ def decode_request(
 
 def _parameters(raw: Any, what: str) -> dict:
     if raw is None:
-        return {}
+        return {}  # a dict of its own: codecs and models may add to a tensor's parameters
     if not isinstance(raw, dict):
         raise invalid(f"{what}: 'parameters' must be a JSON object")
     return dict(raw)
@@ -118,7 +121,7 @@ def _decode_input(raw: Any, binary: memoryview, offset: int, model_name: str) ->
         raise invalid(f"{what}: unknown datatype {raw.get('datatype')!r}")
     shape, count = checked_shape(raw.get("shape"), what)
     parameters = _parameters(raw.get("parameters"), what)
-    size = parameters.pop("binary_data_size", None)
+    size = parameters.pop("binary_data_size", None) if parameters else None
 
     if size is not None:
         if "data" in raw:
@@ -133,11 +136,30 @@ def _decode_input(raw: Any, binary: memoryview, offset: int, model_name: str) ->
 
     if "data" not in raw:
         raise invalid(f"{what}: has neither 'data' nor binary_data_size")
-    data = _from_json(raw["data"], dtype, shape, count, what)
-    return Tensor(name, dtype.v2, shape, data, parameters), 0
+    data = raw["data"]
+    accepted = _NUMERIC_JSON_TYPES.get(dtype.v2)
+    # The common case, a flat list of the right JSON type (checked in C): one conversion.
+    if (
+        accepted is not None
+        and type(data) is list
+        and len(data) == count
+        and set(map(type, data)) <= accepted
+    ):
+        try:
+            array = np.array(data, dtype=dtype.numpy).reshape(shape)
+        except OverflowError:
+            raise invalid(f"{what}: 'data' holds values outside the range of {dtype.v2}") from None
+    else:
+        array = _from_json(data, dtype, shape, count, what)
+    return Tensor(name, dtype.v2, shape, array, parameters), 0
+
+
+# datatype -> the Python types of the JSON values a flat list of it may hold (BF16 and BYTES: none)
+_NUMERIC_JSON_TYPES = {t.v2: JSON_TYPES[t.numpy.kind] for t in TABLE if t.v2 not in ("BF16", "BYTES")}
 
 
 def _from_json(data: Any, dtype: DataType, shape: tuple, count: int, what: str) -> np.ndarray:
+    """Any other JSON `data`: nested lists, BYTES strings, or the errors in them."""
     if dtype.v2 == "BF16":
         raise invalid(f"{what}: BF16 data can only be sent as binary tensor data")
     if dtype.v2 == "BYTES":
@@ -148,15 +170,6 @@ def _from_json(data: Any, dtype: DataType, shape: tuple, count: int, what: str) 
         array[:] = flat
         return array.reshape(shape)
     target = dtype.numpy
-    # The common case, a flat list of the right JSON type (checked in C): one conversion.
-    if type(data) is list and data and set(map(type, data)) <= _JSON_TYPES[target.kind]:
-        if len(data) != count:
-            raise invalid(f"{what}: 'data' holds {len(data)} elements, shape {list(shape)} needs {count}")
-        try:
-            array = np.array(data, dtype=target)
-        except OverflowError:
-            raise invalid(f"{what}: 'data' holds values outside the range of {dtype.v2}") from None
-        return array if array.shape == shape else array.reshape(shape)
     try:
         parsed = np.array(data)  # numpy infers bool, int64/uint64, float64, or str/object for anything else
     except ValueError as e:
@@ -165,8 +178,8 @@ def _from_json(data: Any, dtype: DataType, shape: tuple, count: int, what: str) 
         raise invalid(f"{what}: 'data' holds {parsed.size} elements, shape {list(shape)} needs {count}")
     if target == np.uint64 and parsed.dtype.kind == "f":  # numpy infers float64 for ints past 2**63
         parsed = _uint64_exactly(data, parsed, what)
-    if count and parsed.dtype.kind not in _JSON_KINDS[target.kind]:
-        raise invalid(f"{what}: 'data' holds {_KIND_NAMES.get(parsed.dtype.kind, 'values')}, not {dtype.v2}")
+    if count and parsed.dtype.kind not in JSON_KINDS[target.kind]:
+        raise invalid(f"{what}: 'data' holds {KIND_NAMES.get(parsed.dtype.kind, 'values')}, not {dtype.v2}")
     if target.kind != "b" and parsed.dtype.kind != "b" and holds_booleans(data):
         raise invalid(f"{what}: 'data' holds booleans, not {dtype.v2}")
     if target.kind in "iu" and parsed.dtype != target:
@@ -177,13 +190,6 @@ def _from_json(data: Any, dtype: DataType, shape: tuple, count: int, what: str) 
     if parsed.dtype != target:
         parsed = parsed.astype(target)
     return parsed if parsed.shape == shape else parsed.reshape(shape)
-
-
-# What JSON values each target kind accepts: integers fill float tensors, nothing else mixes; as the
-# Python types orjson decodes them to, and as the numpy kinds numpy infers for them.
-_JSON_TYPES = {"b": {bool}, "i": {int}, "u": {int}, "f": {int, float}}
-_JSON_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
-_KIND_NAMES = {"b": "booleans", "i": "integers", "u": "integers", "f": "non-integer numbers", "U": "strings"}
 
 
 def _uint64_exactly(data: Any, inferred: np.ndarray, what: str) -> np.ndarray:
@@ -232,10 +238,10 @@ class EncodedResponse:
 
 
 def encode_response(response: InferResponse, request: InferRequest) -> EncodedResponse:
-    wanted = {o.name: o.binary for o in request.outputs if o.binary is not None} if request.outputs else {}
+    default_binary = request.binary_output
+    wanted = {o.name: o.binary for o in request.outputs if o.binary is not None} if request.outputs else None
     outputs_json, raw_chunks = [], []
     for tensor in response.outputs:
-        binary = wanted.get(tensor.name, request.binary_output)
         entry: dict[str, Any] = {
             "name": tensor.name,
             "datatype": tensor.datatype,
@@ -243,7 +249,7 @@ def encode_response(response: InferResponse, request: InferRequest) -> EncodedRe
         }
         if tensor.parameters:
             entry["parameters"] = dict(tensor.parameters)
-        if binary:
+        if wanted.get(tensor.name, default_binary) if wanted else default_binary:
             raw = _to_binary(tensor)
             raw_chunks.append(raw)
             entry.setdefault("parameters", {})["binary_data_size"] = len(raw)
@@ -258,13 +264,16 @@ def encode_response(response: InferResponse, request: InferRequest) -> EncodedRe
         doc["parameters"] = response.parameters
     doc["outputs"] = outputs_json
     header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not raw_chunks:
+        return EncodedResponse(
+            [(b"content-length", str(len(header)).encode()), (b"content-type", JSON_CONTENT_TYPE)], [header]
+        )
     length = len(header) + sum(len(c) for c in raw_chunks)
-    headers = [(b"content-length", str(length).encode())]
-    if raw_chunks:
-        headers.append((b"content-type", BINARY_CONTENT_TYPE))
-        headers.append((HEADER_LENGTH_BYTES, str(len(header)).encode()))
-    else:
-        headers.append((b"content-type", JSON_CONTENT_TYPE))
+    headers = [
+        (b"content-length", str(length).encode()),
+        (b"content-type", BINARY_CONTENT_TYPE),
+        (HEADER_LENGTH_BYTES, str(len(header)).encode()),
+    ]
     return EncodedResponse(headers, [header, *raw_chunks])
 
 
@@ -283,6 +292,9 @@ def _to_binary(tensor: Tensor) -> bytes | memoryview:
 
 
 def _to_json(tensor: Tensor, model_name: str) -> Any:
+    data = tensor.data
+    if type(data) is np.ndarray and data.dtype is _JSON_NUMPY.get(tensor.datatype):  # the common case
+        return data.ravel()  # orjson writes a numpy array as JSON numbers, in C
     if tensor.datatype == "BF16":
         raise invalid(
             f"model '{model_name}', output '{tensor.name}': BF16 can only be returned as binary data"
@@ -290,8 +302,7 @@ def _to_json(tensor: Tensor, model_name: str) -> Any:
     if tensor.datatype == "BYTES":
         try:
             return [
-                e.decode("utf-8") if isinstance(e, bytes) else str(e)
-                for e in np.asarray(tensor.data).reshape(-1)
+                e.decode("utf-8") if isinstance(e, bytes) else str(e) for e in np.asarray(data).reshape(-1)
             ]
         except UnicodeDecodeError:
             raise invalid(
@@ -299,3 +310,7 @@ def _to_json(tensor: Tensor, model_name: str) -> Any:
                 "request it with binary_data"
             ) from None
     return _flat_host_array(tensor)
+
+
+# datatype -> numpy dtype of the tensors JSON carries as numbers (BF16 and BYTES: none)
+_JSON_NUMPY = {t.v2: t.numpy for t in TABLE if t.v2 not in ("BF16", "BYTES")}

@@ -91,22 +91,53 @@ class App:
         if expected is not None and expected > limit:
             await discard_body(receive)
             raise BodyTooLarge(limit)
-        first: bytes | None = None
-        view: memoryview | None = None
-        parts: list[bytes] = []
-        received, more = 0, True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
+        message = await receive()
+        body = message.get("body", b"")
+        if len(body) == expected and message["type"] == "http.request":
+            # The usual case: the whole body in one message (hypercorn then sends an empty last one).
+            if message.get("more_body", False) and not await discard_body(receive):
                 raise ClientGone
-            chunk, more = message.get("body", b""), message.get("more_body", False)
-            if not chunk:
-                continue
-            end = received + len(chunk)
-            if end > limit:
-                if more:
-                    await discard_body(receive)
-                raise BodyTooLarge(limit)
+            return body
+        return await _gather_body(receive, message, expected, limit)
+
+    async def _send(self, send: Send, response: HttpResponse, receive: Receive) -> None:
+        try:
+            await send(
+                {"type": "http.response.start", "status": response.status, "headers": response.headers}
+            )
+            chunks: Any = response.chunks
+            if isinstance(chunks, list):
+                if len(chunks) == 1 and len(chunks[0]) <= SEND_SLICE:  # the usual answer
+                    await send({"type": "http.response.body", "body": chunks[0]})
+                    return
+                pieces = list(_slices(chunks))
+                for chunk in pieces[:-1]:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": pieces[-1] if pieces else b""})
+                return
+            await _stream(send, receive, chunks)
+        except (OSError, RuntimeError):  # the client went away mid-response
+            return
+
+
+async def _gather_body(
+    receive: Receive, message: dict, expected: int | None, limit: int
+) -> bytes | memoryview:
+    """A body that comes in several messages, `message` the first."""
+    first: bytes | None = None
+    view: memoryview | None = None
+    parts: list[bytes] = []
+    received = 0
+    while True:
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk, more = message.get("body", b""), message.get("more_body", False)
+        end = received + len(chunk)
+        if end > limit:
+            if more:
+                await discard_body(receive)
+            raise BodyTooLarge(limit)
+        if chunk:
             if first is None:
                 first = chunk
             elif expected is None:
@@ -120,30 +151,15 @@ class App:
                     view = memoryview(np.empty(expected, dtype=np.uint8))
                     view[: len(first)] = first
                 view[received:end] = chunk
-            received = end
-        if view is not None:
-            return view[:received]
-        if parts:
-            return b"".join([first, *parts])
-        return first if first is not None else b""
-
-    async def _send(self, send: Send, response: HttpResponse, receive: Receive) -> None:
-        try:
-            await send(
-                {"type": "http.response.start", "status": response.status, "headers": response.headers}
-            )
-            chunks: Any = response.chunks
-            if isinstance(chunks, list):
-                pieces = (
-                    chunks if len(chunks) == 1 and len(chunks[0]) <= SEND_SLICE else list(_slices(chunks))
-                )
-                for chunk in pieces[:-1]:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                await send({"type": "http.response.body", "body": pieces[-1] if pieces else b""})
-                return
-            await _stream(send, receive, chunks)
-        except (OSError, RuntimeError):  # the client went away mid-response
-            return
+        received = end
+        if not more:
+            break
+        message = await receive()
+    if view is not None:
+        return view[:received]
+    if parts:
+        return b"".join([first, *parts])
+    return first if first is not None else b""
 
 
 async def _stream(send: Send, receive: Receive, chunks: Any) -> None:

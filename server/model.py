@@ -126,17 +126,20 @@ class ModelVersion:
         return self.state is ModelState.READY
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        if self.scheduler is None or not self.ready:
+        if self.state is not ModelState.READY or self.scheduler is None:
             raise InferError(
                 ErrorKind.UNAVAILABLE, f"model '{self.name}' version {self.version} is not ready"
             )
         arrays, rows = self._inputs_and_rows(request)
         wanted = self._wanted_outputs(request)
+        scheduler = self.scheduler
         if request.parameters:
             priority, timeout = self._scheduling(request.parameters)
-            produced = await self.scheduler.run(arrays, rows, priority, timeout)
+            produced = await scheduler.run(arrays, rows, priority, timeout)
+        elif scheduler.now:
+            produced = scheduler.run_now(arrays, rows)
         else:
-            produced = await self.scheduler.run(arrays, rows)
+            produced = await scheduler.run(arrays, rows)
         outputs = [self._response_tensor(name, produced) for name in wanted]
         return InferResponse(self.name, self.version_str, outputs, request.id)
 
@@ -144,39 +147,42 @@ class ModelVersion:
         """The arrays the model executes on, and the request's batch size (1 without batching)."""
         arrays: dict[str, Any] = {}
         batch = None
+        inputs = self.inputs
         for tensor in request.inputs:
-            spec = self.inputs.get(tensor.name)
-            if spec is None:
-                raise self._input_error(tensor, f"is unknown (expected: {', '.join(self.inputs)})")
-            if tensor.name in arrays:
-                raise self._input_error(tensor, "is given twice")
-            if tensor.datatype != spec.dtype.v2:
-                raise self._input_error(
-                    tensor, f"has datatype {tensor.datatype} where the model expects {spec.dtype.v2}"
-                )
-            if not spec.matches(tensor.shape):
-                raise self._input_error(
-                    tensor, f"has shape {list(tensor.shape)} where the model expects {list(spec.shape)}"
-                )
+            name, shape = tensor.name, tensor.shape
+            spec = inputs.get(name)
+            if spec is None or name in arrays or tensor.datatype != spec.dtype.v2 or not spec.matches(shape):
+                raise self._input_error(tensor, spec, name in arrays)
             data = tensor.data
             if spec.batched:
-                if tensor.shape[0] > self.max_batch_size:
-                    raise self._input_error(
-                        tensor,
-                        f"has batch size {tensor.shape[0]}, "
-                        f"over the model's max_batch_size {self.max_batch_size}",
+                if shape[0] > self.max_batch_size:
+                    raise invalid(
+                        f"model '{self.name}', input '{name}' has batch size {shape[0]}, "
+                        f"over the model's max_batch_size {self.max_batch_size}"
                     )
-                if batch is not None and tensor.shape[0] != batch:
+                if batch is not None and shape[0] != batch:
                     raise invalid(f"model '{self.name}': inputs disagree on the batch size")
-                batch = tensor.shape[0]
+                batch = shape[0]
             if spec.model_dims is not None:
-                data = data.reshape(tensor.shape[:1] + spec.model_dims if spec.batched else spec.model_dims)
-            arrays[tensor.name] = data
-        if len(arrays) < len(self.inputs):
-            missing = [n for n, s in self.inputs.items() if n not in arrays and not s.optional]
+                data = data.reshape(shape[:1] + spec.model_dims if spec.batched else spec.model_dims)
+            arrays[name] = data
+        if len(arrays) < len(inputs):
+            missing = [n for n, s in inputs.items() if n not in arrays and not s.optional]
             if missing:
                 raise invalid(f"model '{self.name}': missing input(s) {', '.join(repr(n) for n in missing)}")
         return arrays, 1 if batch is None else batch
+
+    def _input_error(self, tensor: Tensor, spec: TensorSpec | None, repeated: bool) -> InferError:
+        """What is wrong with an input that `_inputs_and_rows` refused."""
+        if spec is None:
+            problem = f"is unknown (expected: {', '.join(self.inputs)})"
+        elif repeated:
+            problem = "is given twice"
+        elif tensor.datatype != spec.dtype.v2:
+            problem = f"has datatype {tensor.datatype} where the model expects {spec.dtype.v2}"
+        else:
+            problem = f"has shape {list(tensor.shape)} where the model expects {list(spec.shape)}"
+        return invalid(f"model '{self.name}', input '{tensor.name}' {problem}")
 
     def _scheduling(self, parameters: dict) -> tuple[int, int]:
         """The request parameters `priority` and `timeout` (microseconds in the queue), as Triton reads
@@ -191,9 +197,6 @@ class ModelVersion:
                 )
             values.append(value)
         return values[0], values[1]
-
-    def _input_error(self, tensor: Tensor, problem: str) -> InferError:
-        return invalid(f"model '{self.name}', input '{tensor.name}' {problem}")
 
     def _wanted_outputs(self, request: InferRequest) -> list[str]:
         """The outputs to answer, in order: those requested, else all (a shared list: do not modify)."""
@@ -211,9 +214,10 @@ class ModelVersion:
         spec = self.outputs[name]
         if not isinstance(produced, dict) or name not in produced:
             raise InferError(ErrorKind.INTERNAL, f"model '{self.name}' did not return output '{name}'")
-        array = produced[name]
-        if not isinstance(array, np.ndarray) or array.dtype != spec.dtype.numpy:
-            array = np.asarray(array, dtype=spec.dtype.numpy)
+        array, dtype = produced[name], spec.dtype.numpy
+        # numpy's dtypes of the built-in types are singletons: `is` settles the common case cheaply
+        if type(array) is not np.ndarray or (array.dtype is not dtype and array.dtype != dtype):
+            array = np.asarray(array, dtype=dtype)
         if spec.model_dims is not None:
             array = array.reshape(array.shape[:1] + spec.dims if spec.batched else spec.dims)
         return Tensor(name, spec.dtype.v2, array.shape, array)

@@ -8,6 +8,7 @@ from typing import Any
 from codec.errors import ErrorKind, InferError
 
 Chunks = list[bytes | memoryview] | AsyncIterator[bytes]
+MATCHES_KEPT = 1024
 
 
 @dataclass(slots=True)
@@ -60,15 +61,25 @@ class Router:
     def __init__(self, fallback_errors: ErrorResponder) -> None:
         self.routes: dict[str, list[Route]] = {}  # by method: a request tries only its method's routes
         self.fallback_errors = fallback_errors
+        # (method, path) -> its match: a server sees the same few paths again and again. Handlers
+        # only read the parameters, so a match is shared. Cleared when full, so any path may come.
+        self._matched: dict[tuple[str, str], tuple[Route, dict[str, str | None]]] = {}
 
     def add(self, method: str, template: str, handler: Handler, errors: ErrorResponder) -> None:
         self.routes.setdefault(method, []).append(Route(method, compile_path(template), handler, errors))
+        self._matched.clear()
 
     def match(self, method: str, path: str) -> tuple[Route, dict[str, str | None]]:
+        matched = self._matched.get((method, path))
+        if matched is not None:
+            return matched
         for route in self.routes.get(method, ()):
             found = route.pattern.match(path)
             if found is not None:
-                return route, found.groupdict()
+                if len(self._matched) >= MATCHES_KEPT:
+                    self._matched.clear()
+                matched = self._matched[method, path] = (route, found.groupdict())
+                return matched
         allowed = [
             route
             for other, routes in self.routes.items()
