@@ -107,6 +107,14 @@ def array_from_bytes(
     return np.frombuffer(chunk, dtype=dtype.numpy).reshape(shape)
 
 
+def as_dtype(array: Any, dtype: np.dtype) -> np.ndarray:
+    """`array` as a numpy array of `dtype`: itself when it already is one."""
+    # numpy's dtypes of the built-in types are singletons: `is` settles the common case cheaply
+    if isinstance(array, np.ndarray) and (array.dtype is dtype or array.dtype == dtype):
+        return array
+    return np.asarray(array, dtype=dtype)
+
+
 def holds_booleans(value: Any) -> bool:
     """Whether regular nested JSON lists (numpy has already read them as numbers) hold a true/false:
     numpy reads [true, 2] as integers, which a numeric tensor must refuse. Flattened level by level in C."""

@@ -46,6 +46,7 @@ from codec.tensor import (
     RequestedOutput,
     Tensor,
     array_from_bytes,
+    as_dtype,
     checked_shape,
 )
 
@@ -424,9 +425,7 @@ def encode_parameter(value: Any) -> bytes:
 def _to_raw(tensor: Tensor) -> bytes | memoryview:
     if tensor.datatype == "BYTES":
         return encode_bytes(np.asarray(tensor.data))
-    array, target = tensor.data, BY_V2[tensor.datatype].numpy
-    if not isinstance(array, np.ndarray) or array.dtype != target:
-        array = np.asarray(array, dtype=target)
+    array = as_dtype(tensor.data, BY_V2[tensor.datatype].numpy)
     if not array.flags.c_contiguous:
         array = np.ascontiguousarray(array)
     return memoryview(array.reshape(-1).view(np.uint8))

@@ -25,6 +25,7 @@ from codec.tensor import (
     RequestedOutput,
     Tensor,
     array_from_bytes,
+    as_dtype,
     checked_shape,
     holds_booleans,
 )
@@ -279,10 +280,7 @@ def encode_response(response: InferResponse, request: InferRequest) -> EncodedRe
 
 def _flat_host_array(tensor: Tensor) -> np.ndarray:
     """The tensor as a flat C-order little-endian array of its datatype: a view when it already is one."""
-    array, target = tensor.data, BY_V2[tensor.datatype].numpy
-    if not isinstance(array, np.ndarray) or array.dtype != target:
-        array = np.asarray(array, dtype=target)
-    return array.ravel()
+    return as_dtype(tensor.data, BY_V2[tensor.datatype].numpy).ravel()
 
 
 def _to_binary(tensor: Tensor) -> bytes | memoryview:
@@ -292,9 +290,6 @@ def _to_binary(tensor: Tensor) -> bytes | memoryview:
 
 
 def _to_json(tensor: Tensor, model_name: str) -> Any:
-    data = tensor.data
-    if type(data) is np.ndarray and data.dtype is _JSON_NUMPY.get(tensor.datatype):  # the common case
-        return data.ravel()  # orjson writes a numpy array as JSON numbers, in C
     if tensor.datatype == "BF16":
         raise invalid(
             f"model '{model_name}', output '{tensor.name}': BF16 can only be returned as binary data"
@@ -302,15 +297,12 @@ def _to_json(tensor: Tensor, model_name: str) -> Any:
     if tensor.datatype == "BYTES":
         try:
             return [
-                e.decode("utf-8") if isinstance(e, bytes) else str(e) for e in np.asarray(data).reshape(-1)
+                e.decode("utf-8") if isinstance(e, bytes) else str(e)
+                for e in np.asarray(tensor.data).reshape(-1)
             ]
         except UnicodeDecodeError:
             raise invalid(
                 f"model '{model_name}', output '{tensor.name}' holds bytes that are not UTF-8: "
                 "request it with binary_data"
             ) from None
-    return _flat_host_array(tensor)
-
-
-# datatype -> numpy dtype of the tensors JSON carries as numbers (BF16 and BYTES: none)
-_JSON_NUMPY = {t.v2: t.numpy for t in TABLE if t.v2 not in ("BF16", "BYTES")}
+    return _flat_host_array(tensor)  # orjson writes a numpy array as JSON numbers, in C

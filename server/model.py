@@ -8,8 +8,6 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from batcher.dynamic import DynamicBatcher
 from batcher.execution import Executor
 from batcher.scheduler import DirectScheduler
@@ -17,7 +15,7 @@ from batcher.staging import make_staging
 from batcher.stats import ModelStats
 from codec.datatypes import BY_CONFIG, DataType
 from codec.errors import ErrorKind, InferError, invalid
-from codec.tensor import InferRequest, InferResponse, Tensor
+from codec.tensor import InferRequest, InferResponse, Tensor, as_dtype
 from server.backends import Backend, load_backend
 
 
@@ -214,10 +212,7 @@ class ModelVersion:
         spec = self.outputs[name]
         if not isinstance(produced, dict) or name not in produced:
             raise InferError(ErrorKind.INTERNAL, f"model '{self.name}' did not return output '{name}'")
-        array, dtype = produced[name], spec.dtype.numpy
-        # numpy's dtypes of the built-in types are singletons: `is` settles the common case cheaply
-        if type(array) is not np.ndarray or (array.dtype is not dtype and array.dtype != dtype):
-            array = np.asarray(array, dtype=dtype)
+        array = as_dtype(produced[name], spec.dtype.numpy)
         if spec.model_dims is not None:
             array = array.reshape(array.shape[:1] + spec.dims if spec.batched else spec.dims)
         return Tensor(name, spec.dtype.v2, array.shape, array)
