@@ -25,7 +25,7 @@ import proto.grps.protos.v1 as pb
 from codec.bytes_tensor import b64decode
 from codec.datatypes import BY_GRPS, BY_V2, DataType
 from codec.errors import describe, invalid
-from codec.tensor import MAX_DIMS, Tensor, element_count, holds_booleans, narrowed
+from codec.tensor import MAX_DIMS, Tensor, holds_booleans, narrowed
 
 BIN_DATA, STR_DATA, GTENSORS, NDARRAY, GMAP = "bin_data", "str_data", "gtensors", "ndarray", "gmap"
 DATA_FIELDS = (BIN_DATA, STR_DATA, GTENSORS, NDARRAY, GMAP)
@@ -205,10 +205,8 @@ def _gtensor(name: str, dtype: int, shape: Any, flats: dict[str, Any], what: str
     dims = _shape(shape, what)
     if not dims:  # no shape: a flat vector of the values
         dims = (len(values),)
-    if element_count(dims) != len(values):
-        raise invalid(
-            f"{what} holds {len(values)} values, its shape {list(dims)} needs {element_count(dims)}"
-        )
+    if math.prod(dims) != len(values):
+        raise invalid(f"{what} holds {len(values)} values, its shape {list(dims)} needs {math.prod(dims)}")
     return Tensor(name, datatype.v2, dims, array.reshape(dims))
 
 

@@ -67,10 +67,6 @@ class InferResponse:
     parameters: dict[str, Any] = field(default_factory=dict)
 
 
-def element_count(shape: tuple[int, ...]) -> int:
-    return math.prod(shape)
-
-
 def checked_shape(raw: Any, what: str) -> tuple[tuple[int, ...], int]:
     """A request's shape (a list of non-negative ints, at most MAX_DIMS) and its element count."""
     if type(raw) is not list or len(raw) > MAX_DIMS:
@@ -83,7 +79,7 @@ def checked_shape(raw: Any, what: str) -> tuple[tuple[int, ...], int]:
         if dim > MAX_DIM:
             raise invalid(f"{what}: shape {raw} holds too many elements")
     shape = tuple(raw)
-    count = element_count(shape)
+    count = math.prod(shape)
     if count > MAX_DIM:
         raise invalid(f"{what}: shape {raw} holds too many elements")
     return shape, count
