@@ -98,7 +98,10 @@ class Model:
                 n += 1
                 await asyncio.sleep(0.02)
         finally:
-            (Path(__file__).parent / "closed").write_text(str(n))
+            # written whole, then renamed: the test reads it as soon as it exists
+            here = Path(__file__).parent
+            (here / "closed.tmp").write_text(str(n))
+            (here / "closed.tmp").replace(here / "closed")
 """
 # Yields twice, then fails.
 FAILING_MODEL = """
