@@ -31,6 +31,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from bench.bare_app import new_event_loop
 from bench.h1client import build_request, run_h1
 from bench.procs import ServerProcess
 from bench.stats import Recorder, drive
@@ -145,12 +146,17 @@ def gpu_figures(rows: list[Row], stats: dict, delay_ms: float) -> list[str]:
 
 async def measure(host: str, port: int, model: str, concurrency: int, opts: argparse.Namespace) -> Row:
     base_url = f"http://{host}:{port}"
-    rows_before, executions_before = counts(base_url, model)
+    before: list[tuple[int, int]] = []
+
+    async def read_counts() -> None:  # at the end of the warmup, in a thread: the load goes on meanwhile
+        before.append(await asyncio.to_thread(counts, base_url, model))
+
     rec = Recorder()
     load = asyncio.create_task(run_h1(host, port, infer_request(host, port, model), concurrency, rec))
     label = f"{model} c{concurrency}"
-    summary, _ = await drive(label, rec, load, opts.warmup, opts.duration)
+    summary, _ = await drive(label, rec, load, opts.warmup, opts.duration, warmed=read_counts)
     rows, executions = counts(base_url, model)
+    rows_before, executions_before = before[0]
     mean_batch = (rows - rows_before) / max(1, executions - executions_before)
     batching = "on" if model == MODELS["on"] else "off"
     return Row(concurrency, batching, summary.rps, summary.p50_ms, summary.p99_ms, mean_batch, summary.errors)
@@ -199,10 +205,13 @@ def main(argv: list[str] | None = None) -> int:
         repository = make_repository(Path(tmp))
         argv_server = [sys.executable, "-m", "server", "serve", "--model-repository", str(repository)]
         argv_server += ["--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
-        with ServerProcess(argv_server, cwd=str(ROOT)) as server:
+        with (
+            ServerProcess(argv_server, cwd=str(ROOT)) as server,
+            asyncio.Runner(loop_factory=new_event_loop) as runner,
+        ):
             for concurrency in opts.concurrency:
                 for model in MODELS.values():
-                    rows.append(asyncio.run(measure(server.host, server.port, model, concurrency, opts)))
+                    rows.append(runner.run(measure(server.host, server.port, model, concurrency, opts)))
             base_url = f"http://{server.host}:{server.port}"
             stats = model_stats(base_url, MODELS["on"])
             config = httpx.get(f"{base_url}/v2/models/{MODELS['on']}/config").json()

@@ -8,6 +8,7 @@ the client adds no copies of its own to what is measured.
 import asyncio
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,7 +57,6 @@ class Response:
 
 class BinaryClient:
     def __init__(self, host: str, port: int, path: str, payload: np.ndarray) -> None:
-        self.payload = payload
         self.data = memoryview(payload).cast("B")
         self.head = build_head(f"{host}:{port}", path, self.data.nbytes)
         self.sock = socket.create_connection((host, port))
@@ -160,16 +160,27 @@ def check(response: Response, payload: np.ndarray, full: bool) -> str:
 class BinaryResult:
     round_trips: int
     seconds: float
-    payload_bytes: int  # per direction, per round trip
     gb_per_s: float
     problem: str
     chunked: bool
+    cpu: dict[str, float]  # cores each clock kept busy during the timed round trips
 
 
 async def run_binary(
-    host: str, port: int, path: str, nbytes: int, rounds: int, rec: Recorder, max_seconds: float = 120.0
+    host: str,
+    port: int,
+    path: str,
+    nbytes: int,
+    rounds: int,
+    rec: Recorder,
+    max_seconds: float = 120.0,
+    clocks: dict[str, Callable[[], float]] | None = None,
 ) -> BinaryResult:
-    """One verified warm-up round trip, then up to `rounds` timed ones (sequential)."""
+    """One verified warm-up round trip, then up to `rounds` timed ones (sequential).
+
+    `clocks` are CPU-seconds counters, as for `stats.drive`: read over the timed round trips only.
+    """
+    clocks = clocks or {}
     payload = make_payload(nbytes)
     client = BinaryClient(host, port, path, payload)
     try:
@@ -177,6 +188,7 @@ async def run_binary(
         problem = check(first, payload, full=True)
         chunked = first.chunked
         rec.reset()
+        start = {key: clock() for key, clock in clocks.items()}
         done = 0
         t0 = time.perf_counter()
         while not problem and done < rounds and time.perf_counter() - t0 < max_seconds:
@@ -186,8 +198,10 @@ async def run_binary(
             rec.record(time.perf_counter() - t, not problem)
             done += 1
         seconds = time.perf_counter() - t0
+        cpu = {key: (clock() - start[key]) / seconds for key, clock in clocks.items()} if done else {}
     finally:
         client.close()
     rec.stop()
     moved = 2 * nbytes * done  # tensor bytes sent plus received; HTTP and JSON headers not counted
-    return BinaryResult(done, seconds, nbytes, moved / seconds / 1e9 if seconds else 0.0, problem, chunked)
+    gb_per_s = moved / seconds / 1e9 if seconds else 0.0
+    return BinaryResult(done, seconds, gb_per_s, problem, chunked, cpu)

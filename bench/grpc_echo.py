@@ -15,17 +15,15 @@ import asyncio
 import signal
 import sys
 
-import numpy as np
 from grpclib.const import Cardinality, Handler
 from grpclib.server import Server, Stream
 
 import proto.inference as pb
 from bench.bare_app import new_event_loop
-from bench.grpc_load import INFER_PATH, STREAM_PATH, Raw
+from bench.grpc_load import INFER_PATH, INPUT0, INPUT1, STREAM_PATH, Raw
 
 
 def fixed_response() -> bytes:
-    a, b = np.arange(16, dtype="<i4"), np.ones(16, dtype="<i4")
     outputs = [
         pb.ModelInferResponseInferOutputTensor(name, "INT32", [1, 16]) for name in ("OUTPUT0", "OUTPUT1")
     ]
@@ -33,7 +31,7 @@ def fixed_response() -> bytes:
         model_name="simple",
         model_version="1",
         outputs=outputs,
-        raw_output_contents=[(a + b).tobytes(), (a - b).tobytes()],
+        raw_output_contents=[(INPUT0 + INPUT1).tobytes(), (INPUT0 - INPUT1).tobytes()],
     )
     return bytes(message)
 

@@ -27,8 +27,8 @@ from server.grpc.inference import RawMessage as Raw  # messages as their bytes, 
 
 INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
 STREAM_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"
-_INPUT0 = np.arange(16, dtype="<i4")
-_INPUT1 = np.ones(16, dtype="<i4")
+INPUT0 = np.arange(16, dtype="<i4")
+INPUT1 = np.ones(16, dtype="<i4")
 _LOST = (GRPCError, StreamTerminatedError, ConnectionError, OSError)
 
 
@@ -36,7 +36,7 @@ def infer_request() -> pb.ModelInferRequest:
     """The bench's `simple` request, as the JSON scenarios send it."""
     inputs = [pb.ModelInferRequestInferInputTensor(name, "INT32", [1, 16]) for name in ("INPUT0", "INPUT1")]
     return pb.ModelInferRequest(
-        model_name="simple", inputs=inputs, raw_input_contents=[_INPUT0.tobytes(), _INPUT1.tobytes()]
+        model_name="simple", inputs=inputs, raw_input_contents=[INPUT0.tobytes(), INPUT1.tobytes()]
     )
 
 
@@ -47,7 +47,7 @@ def check_answer(response: pb.ModelInferResponse) -> str:
         return f"unexpected outputs: {response.outputs}"
     got0 = np.frombuffer(response.raw_output_contents[outputs["OUTPUT0"]], "<i4")
     got1 = np.frombuffer(response.raw_output_contents[outputs["OUTPUT1"]], "<i4")
-    if not (np.array_equal(got0, _INPUT0 + _INPUT1) and np.array_equal(got1, _INPUT0 - _INPUT1)):
+    if not (np.array_equal(got0, INPUT0 + INPUT1) and np.array_equal(got1, INPUT0 - INPUT1)):
         return f"wrong outputs: {got0.tolist()}, {got1.tolist()}"
     return ""
 

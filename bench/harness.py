@@ -2,23 +2,26 @@
 
 import asyncio
 import contextlib
+import math
 import os
 import statistics
 import sys
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import orjson
 
 from bench import crosscheck
+from bench.bare_app import new_event_loop
 from bench.binary import run_binary
 from bench.grpc_load import GRPC_MODES, run_grpc
 from bench.grpc_load import verify as verify_grpc
 from bench.h1client import build_request, run_h1
 from bench.h2client import build_headers, run_h2
-from bench.procs import ServerProcess, exit_note, memory_kib, reset_peak_rss
+from bench.procs import ServerProcess, cpu_clock, exit_note, memory_kib, reset_peak_rss
 from bench.stats import Recorder, drive, show_progress, summarize
 
 SCENARIOS = (
@@ -69,6 +72,12 @@ def family(name: str) -> str:
     return name.rsplit("-", 1)[0]
 
 
+def baseline_of(name: str) -> str | None:
+    """The scenario `name` is measured against (json-h2 -> bare-h2), or None."""
+    base = BASELINES.get(family(name))
+    return f"{base}-{name.rsplit('-', 1)[1]}" if base else None
+
+
 @dataclass
 class Options:
     url: str | None = None
@@ -109,32 +118,28 @@ class Result:
     notes: list[str] = field(default_factory=list)
 
 
-def cpu_clock(pid: int) -> float:
-    """CPU seconds (user + system) a process has used so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _new_result(name: str, concurrency: int, **fields: Any) -> Result:
+    http = "gRPC" if name in GRPC_MODES else "2" if name.endswith("h2") else "1.1"
+    return Result(name, "bare" if name.startswith("bare") else "server", http, concurrency, **fields)
 
 
-def new_event_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
+def _clocks(pid: int | None) -> dict[str, Callable[[], float]]:
+    """CPU-seconds counters of the load generator (this process) and of the server, where its pid is known."""
+    clocks = {"client": time.process_time}
+    if pid is not None:
+        clocks["server"] = lambda: cpu_clock(pid)
+    return clocks
 
 
 async def _load(name: str, host: str, port: int, opts: Options, pid: int | None) -> Result:
-    http = "2" if name.endswith("h2") else "1.1"
-    result = Result(name, "bare" if name.startswith("bare") else "server", http, opts.concurrency)
+    result = _new_result(name, opts.concurrency)
     rec = Recorder()
     authority = f"{host}:{port}"
     path, body = REQUESTS.get(family(name), REQUESTS["json"])
     if name in GRPC_MODES:  # our server's gRPC port, or the bare grpclib echo service (bench/grpc_echo.py)
-        result.http = "gRPC"
         mode = GRPC_MODES[name]
         load = asyncio.create_task(run_grpc(host, port, mode, opts.concurrency, rec, opts.h2_connections))
-    elif http == "1.1":
+    elif result.http == "1.1":
         request = build_request("POST", path, authority, body, {"Content-Type": "application/json"})
         load = asyncio.create_task(run_h1(host, port, request, opts.concurrency, rec))
     else:
@@ -142,10 +147,7 @@ async def _load(name: str, host: str, port: int, opts: Options, pid: int | None)
         load = asyncio.create_task(
             run_h2(host, port, headers, body, opts.concurrency, rec, opts.h2_connections)
         )
-    clocks = {"client": time.process_time}
-    if pid is not None:
-        clocks["server"] = lambda: cpu_clock(pid)
-    summary, result.cpu = await drive(name, rec, load, opts.warmup, opts.duration, clocks)
+    summary, result.cpu = await drive(name, rec, load, opts.warmup, opts.duration, _clocks(pid))
     for key, value in asdict(summary).items():
         setattr(result, key, value)
     if summary.requests == 0:
@@ -154,7 +156,7 @@ async def _load(name: str, host: str, port: int, opts: Options, pid: int | None)
 
 
 async def _binary(host: str, port: int, opts: Options, pid: int | None) -> Result:
-    result = Result("binary-h1", "server", "1.1", 1)
+    result = _new_result("binary-h1", 1)
     nbytes = opts.binary_mib * 1024 * 1024
     rec = Recorder()
     before: dict[str, int] = {}
@@ -162,20 +164,15 @@ async def _binary(host: str, port: int, opts: Options, pid: int | None) -> Resul
         if not reset_peak_rss(pid):
             result.notes.append("could not reset the peak RSS; growth may include an earlier peak")
         before = memory_kib(pid)
-    t0 = time.perf_counter()
-    cpu0 = {"client": time.process_time(), "server": cpu_clock(pid) if pid is not None else 0.0}
-    progress = asyncio.create_task(show_progress("binary-h1", rec, t0))
+    progress = asyncio.create_task(show_progress("binary-h1", rec, time.perf_counter()))
     try:
-        out = await run_binary(
-            host, port, BINARY_PATH, nbytes, opts.rounds, rec, max_seconds=6 * opts.duration + 60
-        )
+        max_seconds = 6 * opts.duration + 60
+        out = await run_binary(host, port, BINARY_PATH, nbytes, opts.rounds, rec, max_seconds, _clocks(pid))
     finally:
         progress.cancel()
         await asyncio.gather(progress, return_exceptions=True)
-    wall = time.perf_counter() - t0
-    result.cpu = {"client": (time.process_time() - cpu0["client"]) / wall}
+    result.cpu = out.cpu
     if pid is not None:
-        result.cpu["server"] = (cpu_clock(pid) - cpu0["server"]) / wall
         after = memory_kib(pid)
         growth = (after["VmHWM"] - before["VmRSS"]) * 1024
         result.rss = {
@@ -246,15 +243,31 @@ def _cross_check(result: Result, host: str, port: int, opts: Options) -> None:
 
 
 def _failed(name: str, opts: Options, why: str) -> Result:
-    binary = name.startswith("binary")
-    http = "gRPC" if name in GRPC_MODES else "2" if name.endswith("h2") else "1.1"
-    target = "bare" if name.startswith("bare") else "server"
-    return Result(name, target, http, 1 if binary else opts.concurrency, errors=1, notes=[why])
+    concurrency = 1 if name == "binary-h1" else opts.concurrency
+    return _new_result(name, concurrency, errors=1, notes=[why])
+
+
+def _verify(name: str, host: str, port: int) -> str:
+    """'' when one request of the scenario gets the right answer, else what went wrong. The ceilings are
+    not checked, and binary-h1 checks its own answers."""
+    kind = family(name)
+    if kind in ("bare", "binary"):
+        return ""
+    if name in GRPC_MODES:
+        with asyncio.Runner(loop_factory=new_event_loop) as runner:
+            return runner.run(verify_grpc(host, port))
+    return verify_json(host, port, name.endswith("h2"), kind)
 
 
 def _run_on(
-    names: list[str], host: str, port: int, opts: Options, proc: ServerProcess | None
+    names: list[str],
+    host: str,
+    port: int,
+    opts: Options,
+    proc: ServerProcess | None,
+    checks: dict[str, str] | None = None,
 ) -> list[Result]:
+    """Each scenario once; `checks`: what _verify found wrong with a scenario, noted on its result."""
     results = []
     pid = proc.pid if proc is not None else None
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
@@ -266,18 +279,13 @@ def _run_on(
                 if name == "binary-h1":
                     result = runner.run(_binary(host, port, opts, pid))
                 else:
-                    kind = family(name)
-                    if name in GRPC_MODES:
-                        problem = runner.run(verify_grpc(host, port)) if kind != "bare" else ""
-                    else:
-                        problem = verify_json(host, port, name.endswith("h2"), kind) if kind != "bare" else ""
                     result = runner.run(_load(name, host, port, opts, pid))
-                    if problem:
-                        result.notes.insert(0, f"check failed: {problem}")
                     if opts.cross_check:
                         _cross_check(result, host, port, opts)
             except Exception as exc:
                 result = _failed(name, opts, f"failed: {type(exc).__name__}: {exc}")
+            if problem := (checks or {}).get(name):
+                result.notes.insert(0, f"check failed: {problem}")
             results.append(result)
             print(f"{name}: {result.rps:.0f}/s, {result.errors} errors", file=sys.stderr)
     return results
@@ -291,9 +299,9 @@ def run_all(opts: Options) -> tuple[list[Result], list[str]]:
     warning, anything there is worth a look).
     """
     selected = [name for name in SCENARIOS if name in opts.only]
-    if opts.url:  # gRPC scenarios need the harness's own server (and its gRPC port): not run here
-        selected = [name for name in selected if name not in GRPC_MODES]
     if opts.url:  # a server of the user's: the ceiling first, then that server, not interleaved
+        # gRPC scenarios need the harness's own server (and its gRPC port): not run here
+        selected = [name for name in selected if name not in GRPC_MODES]
         parts = urllib.parse.urlsplit(opts.url)
         host, port = parts.hostname or "127.0.0.1", parts.port or 80
         results = []
@@ -301,9 +309,8 @@ def run_all(opts: Options) -> tuple[list[Result], list[str]]:
             with ServerProcess([sys.executable, "-m", "bench.bare_app"], cwd=ROOT) as bare:
                 results += _run_on(bare_names, "127.0.0.1", bare.port, opts, bare)
         ours = [name for name in selected if not name.startswith("bare")]
-        return _with_ratios(results + _run_on(ours, host, port, opts, None)), []
-    results: list[Result] = []
-    log: list[str] = []
+        checks = {name: _verify(name, host, port) for name in ours}
+        return _with_ratios(results + _run_on(ours, host, port, opts, None, checks)), []
     argv = [sys.executable, "-m", "server", "serve", "--model-repository", opts.model_repository]
     argv += [
         "--host",
@@ -331,8 +338,10 @@ def run_all(opts: Options) -> tuple[list[Result], list[str]]:
             results = [_failed(name, opts, "server did not start") for name in selected]
             return results, str(exc).splitlines()[-20:]
         with server:
-            procs = {name: bare if name.startswith("bare") else server for name in selected}
-            procs.update({name: echo for name in selected if name.startswith("bare") and name in GRPC_MODES})
+            procs = {
+                name: ((echo if name in GRPC_MODES else bare) if name.startswith("bare") else server)
+                for name in selected
+            }
             loads = [name for name in selected if name != "binary-h1"]
             results = _interleaved(loads, procs, opts)
             if "binary-h1" in selected:
@@ -346,25 +355,25 @@ def run_all(opts: Options) -> tuple[list[Result], list[str]]:
 def _interleaved(names: list[str], procs: dict[str, ServerProcess], opts: Options) -> list[Result]:
     """`opts.ratio_rounds` rounds, each running every scenario for duration / rounds: the ceiling and our
     server then share the same moments of a machine whose speed drifts (other work on these cores), and
-    each round gives one ratio."""
+    each round gives one ratio. The order reverses every other round (A B, B A, A B, ...), so that a drift
+    favours neither side of a pair. Each scenario's answer is checked once, before the rounds."""
     short = replace(opts, duration=opts.duration / opts.ratio_rounds, cross_check=False)
+    ports = {name: procs[name].grpc_port if name in GRPC_MODES else procs[name].port for name in names}
+    checks = {name: _verify(name, "127.0.0.1", ports[name]) for name in names}
     rounds: dict[str, list[Result]] = {name: [] for name in names}
-    for _ in range(opts.ratio_rounds):
-        for name in names:
-            proc = procs[name]
-            port = proc.grpc_port if name in GRPC_MODES else proc.port
-            rounds[name] += _run_on([name], "127.0.0.1", port, short, proc)
+    for i in range(opts.ratio_rounds):
+        for name in names if i % 2 == 0 else names[::-1]:
+            rounds[name] += _run_on([name], "127.0.0.1", ports[name], short, procs[name], checks)
     merged = [_merge(rounds[name]) for name in names]
     for name, result in zip(names, merged, strict=True):
         if opts.cross_check and result.requests:
             _cross_check(result, "127.0.0.1", procs[name].port, opts)
-        if family(name) in BASELINES:
-            baseline = rounds.get(BASELINES[family(name)] + "-" + name.rsplit("-", 1)[1], [])
-            result.ratios = [
-                ours.rps / base.rps
-                for ours, base in zip(rounds[name], baseline, strict=False)
-                if base.rps > 0
-            ]
+        baseline = rounds.get(baseline_of(name) or "", [])
+        result.ratios = [  # a failed round (rps NaN) on either side gives no ratio
+            ours.rps / base.rps
+            for ours, base in zip(rounds[name], baseline, strict=False)
+            if base.rps > 0 and not math.isnan(ours.rps)
+        ]
     return merged
 
 
@@ -382,16 +391,15 @@ def _merge(rounds: list[Result]) -> Result:
 
 
 def _with_ratios(results: list[Result]) -> list[Result]:
-    """vs_ceiling (json-*) and vs_v2 (hpt-tf-*): the median per-round ratio to the baseline where rounds
-    were interleaved, else the plain ratio."""
+    """vs_ceiling (json-*, infer-grpc*) and vs_v2 (hpt-tf-*): the median per-round ratio to the baseline
+    where rounds were interleaved, else (with --url) the plain ratio of the two sequential runs."""
     rates = {r.name: r.rps for r in results if r.requests}
     for r in results:
-        base = BASELINES.get(family(r.name))
-        if base is None:
+        if (base := baseline_of(r.name)) is None:
             continue
-        baseline = rates.get(base + "-" + r.name.rsplit("-", 1)[1])
+        baseline = rates.get(base)
         ratio = statistics.median(r.ratios) if r.ratios else (r.rps / baseline if baseline else None)
-        if base == "bare":
+        if base.startswith("bare"):
             r.vs_ceiling = ratio
         else:
             r.vs_v2 = ratio

@@ -1,6 +1,7 @@
 """Servers under test as subprocesses: start, find the port in the log, stop, and read their memory."""
 
 import collections
+import os
 import re
 import signal
 import subprocess
@@ -27,7 +28,6 @@ class ServerProcess:
         grace: float = 15.0,
         listens: str = "HTTP",
     ):
-        self.argv = argv
         self.grace = grace
         self.tail: collections.deque[str] = collections.deque(maxlen=40)
         self.proc = subprocess.Popen(
@@ -91,6 +91,13 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def cpu_clock(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def memory_kib(pid: int) -> dict[str, int]:

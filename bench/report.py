@@ -32,6 +32,21 @@ WHAT = {
 JSON_RATIO, BINARY_GBPS, RSS_RATIO = 0.75, 1.0, 3.0
 GRPC_RATIO = 0.7  # gRPC ModelInfer against the bare grpclib echo service
 TF_RATIO = 0.85  # TF Serving predict within 15% of the v2 JSON infer on the same model
+# The ratio targets: scenario, target, the Result attribute holding the ratio, its minimum, and what is
+# shown when the scenario ran without its baseline. The json rows are listed even when they did not run.
+RATIO_TARGETS = (
+    ("json-h1", f"JSON infer HTTP/1.1 >= {JSON_RATIO} x ceiling, no errors", "vs_ceiling", JSON_RATIO,
+     "no ceiling in this run"),
+    ("json-h2", f"JSON infer HTTP/2 >= {JSON_RATIO} x ceiling, no errors", "vs_ceiling", JSON_RATIO,
+     "no ceiling in this run"),
+    ("hpt-tf-h1", f"TF predict HTTP/1.1 >= {TF_RATIO} x v2 JSON infer (half_plus_two)", "vs_v2", TF_RATIO,
+     "no v2 run beside it"),
+    ("hpt-tf-h2", f"TF predict HTTP/2 >= {TF_RATIO} x v2 JSON infer (half_plus_two)", "vs_v2", TF_RATIO,
+     "no v2 run beside it"),
+    ("infer-grpc", f"gRPC ModelInfer >= {GRPC_RATIO} x grpclib echo, no errors", "vs_ceiling", GRPC_RATIO,
+     "no echo run beside it"),
+)  # fmt: skip
+SEQUENTIAL = " (sequential, not side by side)"  # a plain ratio of two runs one after the other (--url)
 
 
 def machine() -> dict[str, Any]:
@@ -80,34 +95,16 @@ def targets(results: list[Result]) -> list[dict[str, Any]]:
             status = "met" if passed else "NOT met"
         rows.append({"target": label, "value": value, "shown": shown, "status": status})
 
-    for name, http in (("json-h1", "HTTP/1.1"), ("json-h2", "HTTP/2")):
+    for name, label, attr, minimum, missing in RATIO_TARGETS:
         r = by_name.get(name)
-        ratio = r.vs_ceiling if r and r.vs_ceiling is not None and not math.isnan(r.vs_ceiling) else None
-        if ratio is not None:
-            shown = f"{ratio:.2f} x"
-        else:
-            shown = "no ceiling in this run" if r and r.requests else "-"
-        label = f"JSON infer {http} >= {JSON_RATIO} x ceiling, no errors"
-        add(label, r, ratio, shown, (ratio or 0) >= JSON_RATIO)
-    for name, http in (("hpt-tf-h1", "HTTP/1.1"), ("hpt-tf-h2", "HTTP/2")):
-        r = by_name.get(name)
-        if r is None:
+        if r is None and not name.startswith("json"):
             continue
-        ratio = r.vs_v2 if r.vs_v2 is not None and not math.isnan(r.vs_v2) else None
-        shown = f"{ratio:.2f} x" if ratio is not None else "no v2 run beside it"
-        add(
-            f"TF predict {http} >= {TF_RATIO} x v2 JSON infer (half_plus_two)",
-            r,
-            ratio,
-            shown,
-            (ratio or 0) >= TF_RATIO,
-        )
-    r = by_name.get("infer-grpc")
-    if r is not None:
-        ratio = r.vs_ceiling if r.vs_ceiling is not None and not math.isnan(r.vs_ceiling) else None
-        shown = f"{ratio:.2f} x" if ratio is not None else "no echo run beside it"
-        label = f"gRPC ModelInfer >= {GRPC_RATIO} x grpclib echo, no errors"
-        add(label, r, ratio, shown, (ratio or 0) >= GRPC_RATIO)
+        ratio = getattr(r, attr) if r else None
+        if ratio is None or math.isnan(ratio):
+            ratio, shown = None, (missing if r and r.requests else "-")
+        else:
+            shown = f"{ratio:.2f} x" + ("" if r.ratios else SEQUENTIAL)
+        add(label, r, ratio, shown, ratio is not None and ratio >= minimum)
     r = by_name.get("binary-h1")
     gbps = r.gb_per_s if r else None
     label = f"binary round trip >= {BINARY_GBPS} GB/s, bytes intact"
@@ -138,14 +135,16 @@ def _result_cell(r: Result) -> str:
             growth, ratio = r.rss["peak_growth_bytes"] / 2**20, r.rss["ratio_to_payload"]
             cell += f"; peak RSS +{growth:.0f} MiB = {ratio:.2f} x payload"
         return cell
-    if r.vs_v2 is not None:
-        cell = _num(r.vs_v2, "{:.2f} x v2 JSON")
-    elif family(r.name) == "hpt-v2":
+    if family(r.name) == "hpt-v2":
         return "baseline of hpt-tf"
-    else:
-        cell = _num(r.vs_ceiling, "{:.2f} x ceiling")
+    ratio, of = (r.vs_v2, "v2 JSON") if r.vs_v2 is not None else (r.vs_ceiling, "ceiling")
+    if ratio is None or math.isnan(ratio):
+        return "-"
+    cell = f"{ratio:.2f} x {of}"
     if len(r.ratios) > 1:
         cell += f" (median of {len(r.ratios)} rounds, {min(r.ratios):.2f}-{max(r.ratios):.2f})"
+    elif not r.ratios:
+        cell += SEQUENTIAL
     return cell
 
 
@@ -174,18 +173,29 @@ def render(results: list[Result], opts: Options, info: dict[str, Any], log: list
             f" | {_num(r.p50_ms, '{:.2f}')} | {_num(r.p90_ms, '{:.2f}')} | {_num(r.p99_ms, '{:.2f}')}"
             f" | {r.errors} | {cpu} | {_result_cell(r)} | {cross} | {notes} |"
         )
+    if opts.url:
+        rounds = (
+            f" The ceiling ran first, {opts.duration:g} s per scenario, then the server at {opts.url}:"
+            " the two were measured one after the other, not side by side, and each ratio is the plain"
+            " ratio of their req/s (hpt-tf: to hpt-v2)."
+        )
+    else:
+        rounds = (
+            f" The ceiling and our server run their load scenarios in {opts.ratio_rounds} interleaved"
+            f" rounds of {opts.duration / opts.ratio_rounds:g} s each (every other round in reverse order),"
+            " both processes up (the speed of these shared cores drifts between moments): req/s is over all"
+            " rounds, latencies and CPU are medians of the rounds, and the ratio to the ceiling is the median"
+            " of the per-round ratios (hpt-tf: to hpt-v2, the same three numbers through half_plus_two as a"
+            " v2 JSON infer)."
+        )
     lines += [
         "",
         "How it is counted: req/s and latencies cover the measured part only (after the warmup); errors are"
-        f" non-2xx answers plus lost or refused connections. The ceiling and the JSON scenarios run in"
-        f" {opts.ratio_rounds} alternating rounds of {opts.duration / opts.ratio_rounds:g} s each, both"
-        " processes up (the speed of these shared cores drifts between moments): req/s is over all rounds,"
-        " latencies and CPU are medians of the rounds, and the ratio to the ceiling is the median of the"
-        " per-round ratios (hpt-tf: to hpt-v2, the same three numbers through half_plus_two as a v2 JSON"
-        " infer). CPU is cores kept busy (server process / load"
-        " generator). For binary-h1, req/s is round trips/s and GB/s = tensor bytes sent + tensor bytes"
-        f" received ({opts.binary_mib} MiB each way per round trip; HTTP and JSON headers not counted) / wall"
-        " time of the sequential timed round trips, 1 GB = 10^9 bytes. Peak RSS growth = server VmHWM after"
+        f" non-2xx answers plus lost or refused connections.{rounds} CPU is cores kept busy during the"
+        " measured part (server process / load generator). For binary-h1, req/s is round trips/s and GB/s"
+        f" = tensor bytes sent + tensor bytes received ({opts.binary_mib} MiB each way per round trip; HTTP"
+        " and JSON headers not counted) / wall time of the sequential timed round trips (its CPU covers"
+        " the same round trips), 1 GB = 10^9 bytes. Peak RSS growth = server VmHWM after"
         " the scenario - VmRSS before it (VmHWM reset first through /proc/PID/clear_refs), divided by the"
         " payload size.",
         "",

@@ -3,7 +3,7 @@
 import asyncio
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,17 +110,21 @@ async def drive(
     warmup: float,
     duration: float,
     clocks: dict[str, Callable[[], float]] | None = None,
+    warmed: Callable[[], Awaitable[object]] | None = None,
 ) -> tuple[Summary, dict[str, float]]:
     """Let `load` run for warmup + duration, measuring only the second part, then cancel it.
 
     `clocks` are CPU-seconds counters (this process, the server's pid); the second value returned is how
-    many cores each kept busy during the measured part.
+    many cores each kept busy during the measured part. `warmed` is awaited when the warmup ends, before
+    the measured part starts (the load goes on meanwhile).
     """
     clocks = clocks or {}
     t0 = time.perf_counter()
     progress = asyncio.create_task(show_progress(name, rec, t0))
     try:
         await asyncio.sleep(warmup)
+        if warmed is not None:
+            await warmed()
         rec.reset()
         start = {key: clock() for key, clock in clocks.items()}
         await asyncio.sleep(duration)

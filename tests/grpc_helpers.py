@@ -4,17 +4,17 @@ fresh channel per call, request builders, and answers read back as a client read
 from __future__ import annotations
 
 import asyncio
-import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
-from e2e_helpers import A, B, ServerProcess
+from e2e_helpers import A, B, ServerProcess, decode_bytes_elements
 from grpclib import GRPCError
 from grpclib.client import Channel
 from grpclib.const import Cardinality, Status
+from v2_client import WIRE_DTYPES
 
 import proto.inference as pb
 
@@ -68,14 +68,9 @@ def outputs(response: pb.ModelInferResponse) -> dict[str, list]:
     for meta, raw in zip(response.outputs, response.raw_output_contents, strict=True):
         assert meta.contents is None
         if meta.datatype == "BYTES":
-            elements, offset = [], 0
-            while offset < len(raw):
-                (n,) = struct.unpack_from("<I", raw, offset)
-                elements.append(raw[offset + 4 : offset + 4 + n])
-                offset += 4 + n
-            out[meta.name] = elements
+            out[meta.name] = decode_bytes_elements(raw)
         else:
-            out[meta.name] = np.frombuffer(raw, {"INT32": "<i4", "FP32": "<f4"}[meta.datatype]).tolist()
+            out[meta.name] = np.frombuffer(raw, WIRE_DTYPES[meta.datatype]).tolist()
     return out
 
 
