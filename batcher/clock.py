@@ -66,8 +66,3 @@ class ManualClock:
             if not timer.cancelled:
                 callback()
         self._now = end
-
-    @property
-    def pending(self) -> int:
-        """Timers set and not yet fired or cancelled."""
-        return sum(not t[2].cancelled for t in self._timers)

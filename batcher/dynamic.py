@@ -23,6 +23,7 @@ import numpy as np
 
 from batcher.clock import Clock, MonotonicClock, Timer
 from batcher.execution import Arrays, Executor, Result
+from batcher.inflight import InFlight
 from batcher.queue import TIMED_OUT, PriorityQueues, QueuePolicy, Waiter
 from batcher.stats import ModelStats
 from codec.datatypes import BY_CONFIG
@@ -58,6 +59,7 @@ class DynamicBatcher:
         self.executor = executor
         self.stats = stats if stats is not None else ModelStats()
         self.now = False  # requests wait in a queue: never run_now (see batcher/scheduler.py)
+        self.queuing = True
         self.clock: Clock = clock if clock is not None else MonotonicClock()
         max_batch_size = int(config.get("max_batch_size", 0))
         # Without batching (max_batch_size 0) each request is a batch of one: the queue policies apply.
@@ -83,13 +85,12 @@ class DynamicBatcher:
         self._dtypes = {o["name"]: BY_CONFIG[o["data_type"]].numpy for o in config.get("output", ())}
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first request
         self._free = executor.instances  # instances not executing a batch
-        self._in_flight = 0
+        self._unanswered = InFlight()  # requests queued or in a batch not yet answered: drain() waits
         self._kicked = False
         self._timer: Timer | None = None
         self._timer_at: int | None = None
         self._tasks: set[asyncio.Task] = set()
         self._formed: deque[_Batch] = deque()  # preserve_ordering: batches not yet answered, in order
-        self._idle: asyncio.Event | None = None
 
     # ------------------------------------------------------------------------------------------ requests
 
@@ -99,6 +100,7 @@ class DynamicBatcher:
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
+        # The server checks this first (server/model.py); this guards direct users of the batcher.
         if self.batched and rows > self.max_batch_size:
             raise invalid(f"batch size {rows} is over max_batch_size {self.max_batch_size}")
         waiter = Waiter(
@@ -109,19 +111,19 @@ class DynamicBatcher:
             loop.create_future(),
         )
         self.queues.push(waiter, priority, timeout_us)
+        self._unanswered.enter()
         self._kick()
         try:
             return await waiter.future
         except asyncio.CancelledError:
             if self.queues.remove(waiter):  # the caller went away before its batch was formed
+                self._unanswered.leave()
                 self._kick()
             raise
 
     async def drain(self) -> None:
         """Waits until every queued request is answered and no batch is executing."""
-        while self.queues or self._in_flight:
-            self._idle = asyncio.Event()
-            await self._idle.wait()
+        await self._unanswered.wait_idle()
 
     def close(self) -> None:
         if self._timer is not None:
@@ -138,7 +140,6 @@ class DynamicBatcher:
 
     def _schedule(self) -> None:
         self._kicked = False
-        wake = None
         while True:
             now = self.clock.now_ns()
             rejected = self.queues.expire(now)
@@ -152,7 +153,6 @@ class DynamicBatcher:
                 break
             self._dispatch(self.queues.take(count), now)
         self._arm(wake)
-        self._check_idle()
 
     def _form(self, now: int) -> tuple[int, int | None]:
         """How many requests from the front of the queue make the next batch now (0: none yet), and
@@ -206,10 +206,7 @@ class DynamicBatcher:
         for waiter in waiters:
             if not waiter.future.done():
                 waiter.future.set_exception(InferError(ErrorKind.UNAVAILABLE, TIMED_OUT))
-
-    def _check_idle(self) -> None:
-        if self._idle is not None and not self.queues and not self._in_flight:
-            self._idle.set()
+        self._unanswered.leave(len(waiters))
 
     # ------------------------------------------------------------------------------------------ execution
 
@@ -218,7 +215,6 @@ class DynamicBatcher:
         if self.preserve_ordering:
             self._formed.append(batch)
         self._free -= 1
-        self._in_flight += 1
         parts = {name: [w.inputs[name] for w in waiters] for name in waiters[0].inputs}
         if self.executor.inline:  # a plain execute runs here, on the loop, as it would in a task
             try:
@@ -250,7 +246,6 @@ class DynamicBatcher:
     ) -> None:
         now = self.clock.now_ns()
         self._free += 1
-        self._in_flight -= 1
         waiters = batch.waiters
         if result is not None:
             outputs, input_ns, infer_ns, output_ns = result
@@ -276,14 +271,13 @@ class DynamicBatcher:
             batch.outcome = error
             self.stats.record_failure(len(waiters), sum(now - w.arrival_ns for w in waiters))
         if not self.preserve_ordering:
-            _answer(batch)
+            self._answer(batch)
         else:
             formed = self._formed
             while formed and formed[0].outcome is not None:
-                _answer(formed.popleft())
+                self._answer(formed.popleft())
         if not from_schedule:  # _schedule looks at the queue again by itself
             self._kick()
-            self._check_idle()
 
     def _split(self, waiters: list[Waiter], outputs: Any) -> list[Arrays]:
         """Each request's rows of the batch outputs, as views."""
@@ -318,14 +312,14 @@ class DynamicBatcher:
             start = end
         return answers
 
-
-def _answer(batch: _Batch) -> None:
-    outcome = batch.outcome
-    if isinstance(outcome, InferError):
-        for waiter in batch.waiters:
-            if not waiter.future.done():  # done: its caller went away
-                waiter.future.set_exception(InferError(outcome.kind, outcome.message))
-        return
-    for waiter, answer in zip(batch.waiters, outcome, strict=True):
-        if not waiter.future.done():
-            waiter.future.set_result(answer)
+    def _answer(self, batch: _Batch) -> None:
+        outcome = batch.outcome
+        if isinstance(outcome, InferError):
+            for waiter in batch.waiters:
+                if not waiter.future.done():  # done: its caller went away
+                    waiter.future.set_exception(InferError(outcome.kind, outcome.message))
+        else:
+            for waiter, answer in zip(batch.waiters, outcome, strict=True):
+                if not waiter.future.done():
+                    waiter.future.set_result(answer)
+        self._unanswered.leave(len(batch.waiters))

@@ -1,7 +1,8 @@
 """How a model version's requests reach its backend: `DirectScheduler` without `dynamic_batching` (each
 request executes alone), `batcher.dynamic.DynamicBatcher` with it. Both answer `run(inputs, rows,
-priority, timeout_us) -> outputs` and `drain()`, and count statistics in a `ModelStats`. Where `now` is
-true (DirectScheduler of a numpy model on the event loop), `run_now(inputs, rows)` is `run` as a plain call.
+priority, timeout_us) -> outputs`, `drain()` and `close()`, and count statistics in a `ModelStats`. Where
+`now` is true (DirectScheduler of a numpy model on the event loop), `run_now(inputs, rows)` is `run` as a
+plain call. `queuing` says whether a request may wait in a queue to execute (the dynamic batcher's).
 """
 
 import asyncio
@@ -9,6 +10,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from batcher.execution import Arrays, Executor
+from batcher.inflight import InFlight
 from batcher.stats import ModelStats
 from codec.errors import InferError
 
@@ -25,9 +27,9 @@ class DirectScheduler:
         self.executor = executor
         self.stats = stats if stats is not None else ModelStats()
         self.now = executor.inline and executor.host  # then run_now() is run() without a coroutine
+        self.queuing = False
         self._slots = asyncio.Semaphore(executor.instances)
-        self._in_flight = 0
-        self._drained: asyncio.Event | None = None
+        self._in_flight = InFlight()  # requests executing or waiting for a slot: what drain() waits for
 
     async def run(self, inputs: Arrays, rows: int = 1, priority: int = 0, timeout_us: int = 0) -> Any:
         """The model's outputs for one request (`rows`: its batch size, 1 without batching).
@@ -58,12 +60,12 @@ class DirectScheduler:
         except Exception as e:
             self.stats.record_failure(1, perf_counter_ns() - start)
             raise self.executor.failure(e) from None
-        self.stats.record_alone(rows or 1, perf_counter_ns() - start)
+        self.stats.record_alone(rows, perf_counter_ns() - start)
         return outputs
 
     async def _run_waiting(self, inputs: Arrays, rows: int) -> Any:
         executor = self.executor
-        self._in_flight += 1
+        self._in_flight.enter()
         handed_off = False  # once a worker thread has the request, its completion ends it
         start = perf_counter_ns()
         try:
@@ -87,14 +89,13 @@ class DirectScheduler:
             raise
         finally:
             if not handed_off:
-                self._end_one()
+                self._in_flight.leave()
         self._record(rows, perf_counter_ns() - start, queue_ns, input_ns, infer_ns, output_ns)
         return outputs
 
     def _record(
         self, rows: int, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int
     ) -> None:
-        rows = max(1, rows)  # a request of no rows still counts as one, as in Triton
         self.stats.record_batch(rows, input_ns, infer_ns, output_ns)
         self.stats.record_success(1, total_ns, queue_ns, input_ns, infer_ns, output_ns)
 
@@ -102,15 +103,11 @@ class DirectScheduler:
         if not work.cancelled():
             work.exception()  # retrieved here: the caller may be gone
         self._slots.release()
-        self._end_one()
-
-    def _end_one(self) -> None:
-        self._in_flight -= 1
-        if not self._in_flight and self._drained is not None:
-            self._drained.set()
+        self._in_flight.leave()
 
     async def drain(self) -> None:
         """Waits until no request is executing or waiting to execute."""
-        if self._in_flight:
-            self._drained = asyncio.Event()
-            await self._drained.wait()
+        await self._in_flight.wait_idle()
+
+    def close(self) -> None:
+        """Nothing to release: no timers, no queue."""

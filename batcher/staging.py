@@ -54,7 +54,7 @@ class HostStaging:
     array_module = "numpy"
 
     def gather(self, name: str, parts: list[np.ndarray]) -> np.ndarray:
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return _concatenate(parts)
 
     def to_host(self, outputs: dict[str, Any]) -> dict[str, Any]:
         return outputs
@@ -160,9 +160,10 @@ class TorchHostStaging:
     array_module = "torch"
 
     def __init__(self, config: dict) -> None:
-        self.torch = import_torch()
-        self._inputs = {n: getattr(self.torch, t.torch) for n, t in _config_types(config, "input").items()}
-        self._outputs = {n: getattr(self.torch, t.torch) for n, t in _config_types(config, "output").items()}
+        ops = _TorchOps(self.device)
+        self.torch = ops.torch
+        self._inputs = {n: ops.dtype(t) for n, t in _config_types(config, "input").items()}
+        self._outputs = {n: ops.dtype(t) for n, t in _config_types(config, "output").items()}
 
     def gather(self, name: str, parts: list[np.ndarray]) -> Any:
         array = _concatenate(parts)
@@ -278,7 +279,7 @@ class DeviceStaging:
     def _buffer(self, lane: _Lane, name: str, nbytes: int) -> _Buffer:
         buffer = lane.buffers.get(name)
         if buffer is not None:
-            self.ops.wait(buffer.event)  # the last copy out of it has finished: it may be refilled
+            _wait(buffer.event)  # the last copy out of it has finished: it may be refilled
             if buffer.array.nbytes >= nbytes:
                 return buffer
         size = max(MIN_BUFFER_BYTES, 1 << max(nbytes - 1, 0).bit_length())
@@ -288,6 +289,12 @@ class DeviceStaging:
     def to_host(self, outputs: dict[str, Any]) -> dict[str, Any]:
         with self._lane() as lane:
             return self.ops.to_host(outputs, self._outputs, lane.stream)
+
+
+def _wait(event: Any) -> None:
+    """Blocks until a CUDA event (torch's or CuPy's) has happened; None: nothing to wait for."""
+    if event is not None:
+        event.synchronize()
 
 
 class _TorchOps:
@@ -307,10 +314,6 @@ class _TorchOps:
     def host_buffer(self, nbytes: int) -> tuple[np.ndarray, Any]:
         tensor = self.torch.empty(nbytes, dtype=self.torch.uint8, pin_memory=self.cuda)
         return tensor.numpy(), tensor
-
-    def wait(self, event: Any) -> None:
-        if event is not None:
-            event.synchronize()
 
     def to_device(self, buffer: _Buffer, nbytes: int, shape: tuple, dtype: Any, stream: Any) -> Any:
         torch = self.torch
@@ -384,10 +387,6 @@ class _CupyOps:
     def host_buffer(self, nbytes: int) -> tuple[np.ndarray, Any]:
         array = self.cupyx.empty_pinned((nbytes,), dtype=np.uint8)
         return array, array
-
-    def wait(self, event: Any) -> None:
-        if event is not None:
-            event.synchronize()
 
     def to_device(self, buffer: _Buffer, nbytes: int, shape: tuple, dtype: Any, stream: Any) -> Any:
         cupy = self.cupy

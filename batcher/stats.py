@@ -89,6 +89,7 @@ class ModelStats:
 
     def _execution(self, rows: int) -> BatchStats:
         """Counts one execution of `rows` rows; its batch size's stats."""
+        rows = rows or 1  # a request of no rows still counts as one, as in Triton
         self.inference_count += rows
         self.execution_count += 1
         self.last_inference = time.time_ns() // 1_000_000

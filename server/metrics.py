@@ -22,9 +22,11 @@ from batcher.stats import ModelStats
 from server.app import Receive, Send, discard_body, lifespan
 from server.http_config import hypercorn_config
 from server.repository import Repository
+from server.router import body_response
 from server.statistics import ready_versions
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+PLAIN = b"text/plain; charset=utf-8"  # the 404 and 405 answers
 METRICS_PATH = "/metrics"
 
 # Triton's per model version counters (core src/metrics.cc): name, HELP text, what it counts.
@@ -126,20 +128,17 @@ class MetricsApp:
             return
         if scope["type"] != "http":
             return
-        headers = [(b"content-type", b"text/plain; charset=utf-8")]
         if scope["path"] != METRICS_PATH:
-            status, body = 404, b"not found: this port serves GET /metrics\n"
+            response = body_response(b"not found: this port serves GET /metrics\n", PLAIN, 404)
         elif scope["method"] not in ("GET", "HEAD"):
-            status, body = 405, b"method not allowed: use GET\n"
-            headers.append((b"allow", b"GET, HEAD"))
+            response = body_response(b"method not allowed: use GET\n", PLAIN, 405)
+            response.headers.append((b"allow", b"GET, HEAD"))
         else:
-            status, body = 200, exposition(self.registry)
-            headers = [(b"content-type", CONTENT_TYPE)]
+            response = body_response(exposition(self.registry), CONTENT_TYPE)
         if not await discard_body(receive):
             return
-        headers.append((b"content-length", str(len(body)).encode()))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await send({"type": "http.response.start", "status": response.status, "headers": response.headers})
+        await send({"type": "http.response.body", "body": response.chunks[0]})
 
 
 class MetricsServer:

@@ -1,6 +1,5 @@
 """One loaded model version: checks requests against its config, runs them, shapes the response."""
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -10,6 +9,7 @@ from typing import Any
 
 from batcher.dynamic import DynamicBatcher
 from batcher.execution import Executor
+from batcher.inflight import InFlight
 from batcher.scheduler import DirectScheduler
 from batcher.staging import make_staging
 from batcher.stats import ModelStats
@@ -17,6 +17,8 @@ from codec.datatypes import BY_CONFIG, DataType
 from codec.errors import ErrorKind, InferError, invalid
 from codec.tensor import InferRequest, InferResponse, Tensor, as_dtype
 from server.backends import Backend, load_backend
+
+UNLOADED = "unloaded"  # the reason of a version unloaded on purpose (a clean end, not a failure)
 
 
 class ModelState(Enum):
@@ -68,23 +70,23 @@ class ModelVersion:
         self.backend: Backend | None = None
         self.scheduler: DirectScheduler | DynamicBatcher | None = None
         self.executor: Executor | None = None
-        self.queues = False  # whether a request may wait in a queue (dynamic batching) to execute
+        self.queues = False  # whether a request may wait in a queue to execute (the scheduler's `queuing`)
         self.stats = ModelStats()  # Triton's statistics for this version (batcher/stats.py)
-        self._open_streams = 0  # infer_stream answers in progress: unload waits for them too
-        self._streams_closed: asyncio.Event | None = None
+        self._open_streams = InFlight()  # infer_stream answers in progress: unload waits for them too
 
     def load(self) -> None:
         """Blocking: imports and initializes the backend. Sets state and reason either way."""
         self.state = ModelState.LOADING
         try:
             self.backend = load_backend(self.version_dir, self.config, self.version)
+            staging = getattr(self.backend, "staging", None)  # the one a backend built for itself
             self.executor = Executor(
                 self.backend.execute,
                 label=f"model '{self.name}' version {self.version}",
                 is_async=self.backend.is_async,
                 in_thread=getattr(self.backend, "in_thread", False),
                 instances=sum(g.get("count", 1) for g in self.config.get("instance_group", [{}])),
-                staging=make_staging(self.config),
+                staging=staging if staging is not None else make_staging(self.config),
             )
         except BaseException as e:  # a model's code may raise anything, SystemExit included
             if self.backend is not None:  # loaded, but no staging for it (e.g. a GPU id not present)
@@ -96,28 +98,25 @@ class ModelVersion:
             return
         if "dynamic_batching" in self.config:
             self.scheduler = DynamicBatcher(self.executor, self.config, self.stats)
-            self.queues = True
         else:
             self.scheduler = DirectScheduler(self.executor, self.stats)
+        self.queues = self.scheduler.queuing
         self.state = ModelState.READY
         self.reason = ""
 
     async def unload(self) -> None:
         self.state = ModelState.UNLOADING
-        if self._open_streams:
-            self._streams_closed = asyncio.Event()
-            await self._streams_closed.wait()
+        await self._open_streams.wait_idle()
         if self.scheduler is not None:
             await self.scheduler.drain()
-            if isinstance(self.scheduler, DynamicBatcher):
-                self.scheduler.close()
+            self.scheduler.close()
         if self.executor is not None:
             self.executor.close()
         if self.backend is not None:
             self.backend.close()
         self.backend = self.scheduler = self.executor = None
         self.state = ModelState.UNAVAILABLE
-        self.reason = "unloaded"
+        self.reason = UNLOADED
 
     @property
     def ready(self) -> bool:
@@ -226,6 +225,11 @@ class ModelVersion:
             "outputs": [s.metadata() for s in self.outputs.values()],
         }
 
+    @property
+    def streams(self) -> bool:
+        """Whether the model answers in a stream (its backend has `execute_stream`)."""
+        return getattr(self.backend, "execute_stream", None) is not None
+
     def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         """One response per yield of the model's `execute_stream`. Bad requests raise here, at the call;
         what the model raises comes out of the iteration. Closing the iterator closes the model's."""
@@ -234,12 +238,11 @@ class ModelVersion:
             raise InferError(
                 ErrorKind.UNAVAILABLE, f"model '{self.name}' version {self.version} is not ready"
             )
-        execute_stream = getattr(backend, "execute_stream", None)
-        if execute_stream is None:
+        if not self.streams:
             raise invalid(f"model '{self.name}' does not stream its answers: use plain infer")
         arrays, _ = self._inputs_and_rows(request)
         wanted = self._wanted_outputs(request)
-        return self._stream(execute_stream(arrays), wanted, request.id)
+        return self._stream(backend.execute_stream(arrays), wanted, request.id)
 
     async def _stream(
         self, produced_stream: AsyncIterator[Any], wanted: list[str], request_id: str | None
@@ -249,13 +252,15 @@ class ModelVersion:
             raise InferError(
                 ErrorKind.UNAVAILABLE, f"model '{self.name}' version {self.version} is not ready"
             )
-        self._open_streams += 1
+        self._open_streams.enter()
         try:
             async with aclosing(produced_stream):
                 async for produced in produced_stream:
                     outputs = [self._response_tensor(name, produced) for name in wanted]
                     yield InferResponse(self.name, self.version_str, outputs, request_id)
+        except InferError:
+            raise
+        except Exception as e:  # the model's execute_stream failed: as a failed execute, for every protocol
+            raise self.executor.failure(e) from None
         finally:
-            self._open_streams -= 1
-            if not self._open_streams and self._streams_closed is not None:
-                self._streams_closed.set()
+            self._open_streams.leave()

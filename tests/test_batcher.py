@@ -17,6 +17,8 @@ import pytest
 from batcher.clock import ManualClock
 from batcher.dynamic import DynamicBatcher
 from batcher.execution import Executor
+from batcher.inflight import InFlight
+from batcher.scheduler import DirectScheduler
 from codec.errors import ErrorKind, InferError
 
 US = 1000  # ns
@@ -507,6 +509,76 @@ async def test_drain_waits_for_queued_and_executing_requests():
     model.gates[0].set()
     await settle()
     assert drained.done() and all(t.done() for t in tasks)
+
+
+@async_test
+async def test_every_waiter_wakes_when_the_work_in_flight_ends():
+    in_flight = InFlight()
+    await in_flight.wait_idle()  # nothing in flight: returns at once
+    in_flight.enter()
+    in_flight.enter()
+    waiters = [asyncio.ensure_future(in_flight.wait_idle()) for _ in range(2)]
+    in_flight.leave()
+    await settle()
+    assert not any(w.done() for w in waiters)
+    in_flight.leave()
+    await settle()
+    assert all(w.done() for w in waiters)
+
+
+@async_test
+async def test_two_drains_at_once_both_return():
+    model = Model(gated=True)
+    batcher, _ = make_batcher(model)
+    task = submit(batcher, tagged(1))
+    await settle()
+    drains = [asyncio.ensure_future(batcher.drain()) for _ in range(2)]
+    await settle()
+    assert not any(d.done() for d in drains)
+    model.gates[0].set()
+    await settle()
+    assert task.done() and all(d.done() for d in drains)
+
+
+@async_test
+async def test_drain_is_not_held_by_callers_gone_or_requests_timed_out():
+    model = Model(gated=True)
+    batcher, clock = make_batcher(
+        model, max_batch_size=1, default_queue_policy={"default_timeout_microseconds": 10}
+    )
+    running = submit(batcher, tagged(0))
+    await settle()
+    gone, timed_out = submit(batcher, tagged(1)), submit(batcher, tagged(2))
+    await settle()
+    drained = asyncio.ensure_future(batcher.drain())
+    gone.cancel()
+    await settle()
+    clock.advance(11 * US)
+    await settle()
+    assert gone.cancelled() and error_of(timed_out).message == "Request timeout expired"
+    assert not drained.done()
+    model.gates[0].set()
+    await settle()
+    assert drained.done() and answer_tag(running) == [0]
+
+
+@async_test
+async def test_two_drains_of_a_direct_scheduler_both_return():
+    gate = asyncio.Event()
+
+    async def execute(inputs):
+        await gate.wait()
+        return {"Y": inputs["X"] * 2}
+
+    scheduler = DirectScheduler(Executor(execute, label="m", is_async=True))
+    task = asyncio.ensure_future(scheduler.run(tagged(1)))
+    await settle()
+    drains = [asyncio.ensure_future(scheduler.drain()) for _ in range(2)]
+    await settle()
+    assert not any(d.done() for d in drains)
+    gate.set()
+    await settle()
+    assert answer_tag(task) == [1] and all(d.done() for d in drains)
 
 
 @async_test

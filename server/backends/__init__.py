@@ -9,7 +9,8 @@ SUPPORTED = ("python", "pytorch")
 class Backend(Protocol):
     is_async: bool  # execute is `async def`
     # A backend may also set `in_thread = True`: its execute blocks (a forward pass), so the batcher runs
-    # it in a worker thread instead of on the event loop.
+    # it in a worker thread instead of on the event loop. It may set `staging` (batcher/staging.py): the
+    # staging it built for itself, which then stages its batches (the pytorch backend's device is its).
 
     def execute(self, inputs: dict[str, Any]) -> Any: ...
 

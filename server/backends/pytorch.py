@@ -1,7 +1,8 @@
 """The pytorch backend: `<version>/model.pt` (TorchScript) or `<version>/model.pt2` (torch.export).
 
-The module runs under `torch.inference_mode()` on the device its instance_group says (see
-batcher.staging.placement). Inputs reach `forward` as Triton's pytorch backend passes them:
+The module runs under `torch.inference_mode()` on the device its instance_group says: that of the
+staging built for it (`staging`, from batcher.staging.make_staging), which the server stages its batches
+with. Inputs reach `forward` as Triton's pytorch backend passes them:
 
 - by the names of forward's arguments, when every config input is one of them;
 - else by Triton's `<name>__<index>` convention (`INPUT__0`, `INPUT__1`, ...) when every input follows it;
@@ -9,7 +10,7 @@ batcher.staging.placement). Inputs reach `forward` as Triton's pytorch backend p
 
 What forward returns becomes the outputs: a dict by name; a tuple or list in the config's output order
 (or by `__<index>`); a single tensor as the one output. The staging hands the backend torch tensors and
-takes the output tensors back to the host; numpy inputs are accepted too (converted here).
+takes the output tensors back to the host; numpy inputs are accepted too (staged here).
 
 CPU threads: torch's intra-op thread pool spins between parallel regions, and on a small machine those
 spinning threads starve the event loop (measured: batched MLP requests 10x slower at concurrency 8 on
@@ -23,7 +24,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from batcher.staging import TorchHostStaging, import_torch, placement
+import numpy as np
+
+from batcher.staging import import_torch, make_staging
 from codec.errors import ErrorKind, InferError
 
 MODEL_FILES = ("model.pt", "model.pt2")
@@ -42,7 +45,8 @@ class PyTorchBackend:
         self.torch = torch
         self.name: str = config["name"]
         self.intra_op_threads = _intra_op_threads(config)
-        self.device = torch.device(placement(config, "torch")[0])
+        self.staging = make_staging(config)  # the server stages this model's batches with it
+        self.device = torch.device(self.staging.device)
         for entry in (*config["input"], *config["output"]):
             if entry["data_type"] == "TYPE_STRING":
                 raise ValueError(f"the pytorch backend does not support BYTES tensors ('{entry['name']}')")
@@ -59,7 +63,6 @@ class PyTorchBackend:
             params = [a.name for a in self.module.forward.schema.arguments[1:]]  # [0] is self
         self.arguments = _argument_order([e["name"] for e in config["input"]], params, path)
         self.output_names = _indexed_order([e["name"] for e in config["output"]])
-        self._host = TorchHostStaging(config)  # for inputs that arrive as numpy
 
     def execute(self, inputs: dict[str, Any]) -> dict[str, Any]:
         if getattr(_worker, "threads", None) != self.intra_op_threads:
@@ -74,13 +77,8 @@ class PyTorchBackend:
         self.module = None
 
     def _tensor(self, name: str, value: Any) -> Any:
-        if value is None or isinstance(value, self.torch.Tensor):
-            tensor = value
-        else:
-            tensor = self._host.gather(name, [value])
-        if tensor is not None and tensor.device != self.device:
-            tensor = tensor.to(self.device)
-        return tensor
+        """The tensor for one input: staged already, or numpy from a direct caller, staged here."""
+        return self.staging.gather(name, [value]) if isinstance(value, np.ndarray) else value
 
     def _outputs(self, result: Any) -> dict[str, Any]:
         names = self.output_names
