@@ -48,7 +48,6 @@ TABLE: tuple[DataType, ...] = (
 
 BY_V2: dict[str, DataType] = {t.v2: t for t in TABLE}
 BY_CONFIG: dict[str, DataType] = {t.config: t for t in TABLE}
-BY_TF: dict[str, DataType] = {t.tf: t for t in TABLE}
 # grps dtype -> the type it stands for exactly (the others only travel widened in it)
 BY_GRPS: dict[str, DataType] = {
     t.grps: t for t in TABLE if t.v2 not in ("BOOL", "UINT16", "UINT32", "UINT64", "BF16")

@@ -36,22 +36,7 @@ def varint(buf: bytes, pos: int) -> tuple[int, int]:
         raise Malformed("a varint runs past the end") from None
 
 
-def skip(buf: bytes, pos: int, wire: int, end: int) -> int:
-    """The position after a field's value whose tag was just read (unknown fields are skipped)."""
-    if wire == VARINT:
-        return varint(buf, pos)[1]
-    if wire == LEN:
-        length, pos = varint(buf, pos)
-        pos += length
-    elif wire == I64:
-        pos += 8
-    elif wire == I32:
-        pos += 4
-    else:
-        raise Malformed(f"wire type {wire} is not used by proto3")
-    if pos > end:
-        raise Malformed("a field runs past the end of its message")
-    return pos
+_FIXED_WIDTH = {I64: 8, I32: 4}
 
 
 def fields(buf: bytes, pos: int, end: int) -> list[tuple[int, int, int, int]]:
@@ -83,8 +68,12 @@ def fields(buf: bytes, pos: int, end: int) -> list[tuple[int, int, int, int]]:
                 value, pos = varint(buf, pos)
                 out.append((key >> 3, VARINT, value, pos))
             else:
-                start = pos
-                pos = skip(buf, pos, wire, end)
+                width = _FIXED_WIDTH.get(wire)
+                if width is None:
+                    raise Malformed(f"wire type {wire} is not used by proto3")
+                start, pos = pos, pos + width
+                if pos > end:
+                    raise Malformed("a field runs past the end of its message")
                 out.append((key >> 3, wire, start, pos))
     except IndexError:
         raise Malformed("a field runs past the end of its message") from None

@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from codec.bytes_tensor import decode_bytes
-from codec.datatypes import DataType
+from codec.bytes_tensor import decode_bytes, encode_bytes
+from codec.datatypes import BY_V2, DataType
 from codec.errors import invalid
 
 MAX_DIMS = 32  # numpy allows 64; no model has more than a handful
@@ -109,6 +109,14 @@ def as_dtype(array: Any, dtype: np.dtype) -> np.ndarray:
     if isinstance(array, np.ndarray) and (array.dtype is dtype or array.dtype == dtype):
         return array
     return np.asarray(array, dtype=dtype)
+
+
+def tensor_bytes(tensor: Tensor) -> bytes | memoryview:
+    """The tensor's elements as the v2 binary / raw_contents layout: BYTES length-prefixed, anything else
+    C-order little-endian (a view when the data already is so)."""
+    if tensor.datatype == "BYTES":
+        return encode_bytes(np.asarray(tensor.data))
+    return memoryview(as_dtype(tensor.data, BY_V2[tensor.datatype].numpy).ravel().view(np.uint8))
 
 
 def holds_booleans(value: Any) -> bool:

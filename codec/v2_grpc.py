@@ -18,7 +18,6 @@ import numpy as np
 from grpclib.const import Status
 
 import proto.inference as pb
-from codec.bytes_tensor import encode_bytes
 from codec.datatypes import BY_V2, DataType
 from codec.errors import ErrorKind, InferError, invalid
 from codec.protowire import (
@@ -46,8 +45,8 @@ from codec.tensor import (
     RequestedOutput,
     Tensor,
     array_from_bytes,
-    as_dtype,
     checked_shape,
+    tensor_bytes,
 )
 
 # The tags of length-delimited fields 1 to 6, the fields this codec writes in every message.
@@ -84,17 +83,16 @@ _CONTENTS = {
     8: ("bytes_contents", ("BYTES",), "bytes"),
 }
 _FIELD_FOR = {dt: number for number, (_, types, _) in _CONTENTS.items() for dt in types}
-_WIDTH = {"<f4": 4, "<f8": 8}
 _UNPACKED = {"varint": VARINT, "<f4": I32, "<f8": I64, "bytes": LEN}  # the wire type of a lone element
 
 
 class _Input:
-    """An InferInputTensor as read; `checked` once its datatype and shape passed the checks."""
+    """An InferInputTensor as read; `dtype` is set once its datatype and shape passed the checks."""
 
-    __slots__ = ("span", "name", "datatype", "shape", "parameters", "contents", "dtype", "count", "checked")
+    __slots__ = ("key", "name", "datatype", "shape", "parameters", "contents", "dtype", "count")
 
-    def __init__(self, span: tuple[int, int]) -> None:
-        self.span = span  # where the message lies in the request
+    def __init__(self, key: bytes) -> None:
+        self.key = key  # the message's bytes
         self.name = ""
         self.datatype = ""
         self.shape: list[int] | tuple[int, ...] = []
@@ -102,14 +100,12 @@ class _Input:
         self.contents: tuple[int, int] | None = None  # the InferTensorContents span in the message
         self.dtype: DataType | None = None
         self.count = 0
-        self.checked = False
 
 
 # Checked inputs without contents or parameters, by their bytes: a client sends the same few input
 # headers (name, datatype, shape) again and again, and a dict lookup is ~20x cheaper than reading and
-# checking one. Bounded: cleared when full.
+# checking one. Bounded, as the response caches below.
 _CHECKED: dict[bytes, _Input] = {}
-_CHECKED_MAX = 4096
 
 
 def decode_request(data: bytes) -> InferRequest:
@@ -136,8 +132,9 @@ def _decode_request(data: bytes) -> InferRequest:
         if field == 7:
             raw.append(view[start:stop])
         elif field == 5:
-            entry = _CHECKED.get(data[start:stop])
-            inputs.append(entry if entry is not None else _decode_input(data, start, stop))
+            key = data[start:stop]
+            entry = _CHECKED.get(key)
+            inputs.append(entry if entry is not None else _decode_input(data, start, stop, key))
         elif field == 1:
             model_name = text(data, start, stop)
         elif field == 2:
@@ -163,8 +160,8 @@ def _decode_request(data: bytes) -> InferRequest:
     return InferRequest(model_name, model_version, request_id or None, tensors, outputs or None, parameters)
 
 
-def _decode_input(buf: bytes, pos: int, end: int) -> _Input:
-    entry = _Input((pos, end))
+def _decode_input(buf: bytes, pos: int, end: int, key: bytes) -> _Input:
+    entry = _Input(key)
     for field, wire, start, stop in fields(buf, pos, end):
         if field == 1 and wire == LEN:
             entry.name = text(buf, start, stop)
@@ -227,8 +224,8 @@ def _decode_parameter(buf: bytes, pos: int, end: int) -> Any:
 
 def _tensor(buf: bytes, view: memoryview, entry: _Input, raw: memoryview | None, model: str) -> Tensor:
     what = f"model '{model}', input '{entry.name}'"
-    if not entry.checked:
-        _check(entry, what, buf)
+    if entry.dtype is None:
+        _check(entry, what)
     if raw is not None:
         if entry.contents is not None:
             raise invalid(
@@ -243,7 +240,7 @@ def _tensor(buf: bytes, view: memoryview, entry: _Input, raw: memoryview | None,
     return Tensor(entry.name, entry.dtype.v2, entry.shape, data, entry.parameters or {})
 
 
-def _check(entry: _Input, what: str, buf: bytes) -> None:
+def _check(entry: _Input, what: str) -> None:
     """Checks an input's datatype and shape; remembers it by its bytes when it has no contents and no
     parameters (it then holds nothing a request could change)."""
     dtype = BY_V2.get(entry.datatype)
@@ -251,11 +248,8 @@ def _check(entry: _Input, what: str, buf: bytes) -> None:
         raise invalid(f"{what}: unknown datatype {entry.datatype!r}")
     entry.dtype = dtype
     entry.shape, entry.count = checked_shape(entry.shape, what)
-    entry.checked = True
     if entry.contents is None and not entry.parameters:
-        if len(_CHECKED) >= _CHECKED_MAX:
-            _CHECKED.clear()
-        _CHECKED[buf[entry.span[0] : entry.span[1]]] = entry
+        _remember(_CHECKED, entry.key, entry)
 
 
 def _from_contents(
@@ -264,6 +258,8 @@ def _from_contents(
     if dtype.v2 in ("FP16", "BF16"):
         raise invalid(f"{what}: {dtype.v2} data can only be sent in raw_input_contents")
     wanted = _FIELD_FOR[dtype.v2]
+    packing = _CONTENTS[wanted][2]
+    lone_wire = _UNPACKED[packing]
     # The wanted field's packed chunks, and its elements written alone (an int for a varint), in order.
     packed: list[memoryview | int] = []
     strings: list[bytes] = []  # BYTES elements
@@ -275,12 +271,11 @@ def _from_contents(
                 f"{what}: contents hold {_CONTENTS[field][0]} where datatype {dtype.v2} "
                 f"takes {_CONTENTS[wanted][0]}"
             )
-        packing = _CONTENTS[field][2]
         if field == 8 and wire == LEN:
             strings.append(bytes(view[start:stop]))
         elif wire == LEN:
             packed.append(view[start:stop])
-        elif wire == _UNPACKED[packing]:  # an element written alone (proto2 style)
+        elif wire == lone_wire:  # an element written alone (proto2 style)
             if wire == VARINT:
                 packed.append(start)
             else:  # a fixed32 / fixed64 element: its bytes, as a packed run would hold them
@@ -293,23 +288,15 @@ def _from_contents(
         array = np.empty(count, dtype=object)
         array[:] = strings
         return array.reshape(shape)
-    array = _numbers(packed, _CONTENTS[wanted][2], dtype, what)
+    array = _numbers(packed, packing, dtype, what)
     if array.size != count:
         raise invalid(f"{what}: contents hold {array.size} elements, shape {list(shape)} needs {count}")
     return array.reshape(shape)
 
 
-_INT_RANGE = {
-    "INT8": (-(1 << 7), 1 << 7),
-    "INT16": (-(1 << 15), 1 << 15),
-    "UINT8": (0, 1 << 8),
-    "UINT16": (0, 1 << 16),
-}
-
-
 def _numbers(packed: list[memoryview | int], packing: str, dtype: DataType, what: str) -> np.ndarray:
     if packing != "varint":
-        width = _WIDTH[packing]
+        width = dtype.size
         if any(len(chunk) % width for chunk in packed):
             raise Malformed(f"packed {dtype.v2} contents are not a whole number of {width}-byte elements")
         if len(packed) == 1:
@@ -334,9 +321,10 @@ def _numbers(packed: list[memoryview | int], packing: str, dtype: DataType, what
         return values.view(dtype.numpy)
     # int32 / uint32 fields: protobuf keeps the low 32 bits of the varint
     values = values.astype(np.uint32).view(np.int32 if kind.startswith("INT") else np.uint32)
-    bounds = _INT_RANGE.get(kind)
-    if bounds is not None and values.size and (values.min() < bounds[0] or values.max() >= bounds[1]):
-        raise invalid(f"{what}: contents hold values outside the range of {kind}")
+    if dtype.size < 4 and values.size:  # 8 and 16 bits travel in 32-bit fields
+        limits = np.iinfo(dtype.numpy)
+        if values.min() < limits.min or values.max() > limits.max:
+            raise invalid(f"{what}: contents hold values outside the range of {kind}")
     return values if values.dtype == dtype.numpy else values.astype(dtype.numpy)
 
 
@@ -364,7 +352,7 @@ def encode_response(response: InferResponse) -> bytes:
             parts.append(
                 meta if meta is not None else _remember(_METAS, key, len_field(_K5, _output_metadata(tensor)))
             )
-        raws.append(_to_raw(tensor))
+        raws.append(tensor_bytes(tensor))
     for chunk in raws:
         parts.append(_K6 + uvarint(len(chunk)))
         parts.append(chunk)
@@ -378,7 +366,7 @@ _METAS: dict[tuple[str, str, tuple[int, ...]], bytes] = {}
 _CACHE_MAX = 4096
 
 
-def _remember(cache: dict, key: Any, value: bytes) -> bytes:
+def _remember(cache: dict, key: Any, value: Any) -> Any:
     if len(cache) >= _CACHE_MAX:
         cache.clear()
     cache[key] = value
@@ -420,15 +408,6 @@ def encode_parameter(value: Any) -> bytes:
     if isinstance(value, float):
         return b"\x21" + DOUBLE.pack(value)
     return str_field(b"\x1a", value if isinstance(value, str) else str(value))
-
-
-def _to_raw(tensor: Tensor) -> bytes | memoryview:
-    if tensor.datatype == "BYTES":
-        return encode_bytes(np.asarray(tensor.data))
-    array = as_dtype(tensor.data, BY_V2[tensor.datatype].numpy)
-    if not array.flags.c_contiguous:
-        array = np.ascontiguousarray(array)
-    return memoryview(array.reshape(-1).view(np.uint8))
 
 
 def encode_stream_response(infer_response: bytes) -> bytes:

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import orjson
 
-from codec.bytes_tensor import encode_bytes
 from codec.datatypes import BY_V2, TABLE, DataType
 from codec.errors import invalid
 from codec.tensor import (
@@ -28,6 +27,7 @@ from codec.tensor import (
     as_dtype,
     checked_shape,
     holds_booleans,
+    tensor_bytes,
 )
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -108,7 +108,7 @@ def _parameters(raw: Any, what: str) -> dict:
         return {}  # a dict of its own: codecs and models may add to a tensor's parameters
     if not isinstance(raw, dict):
         raise invalid(f"{what}: 'parameters' must be a JSON object")
-    return dict(raw)
+    return raw  # orjson's own: nothing else holds it
 
 
 def _decode_input(raw: Any, binary: memoryview, offset: int, model_name: str) -> tuple[Tensor, int]:
@@ -251,7 +251,7 @@ def encode_response(response: InferResponse, request: InferRequest) -> EncodedRe
         if tensor.parameters:
             entry["parameters"] = dict(tensor.parameters)
         if wanted.get(tensor.name, default_binary) if wanted else default_binary:
-            raw = _to_binary(tensor)
+            raw = tensor_bytes(tensor)
             raw_chunks.append(raw)
             entry.setdefault("parameters", {})["binary_data_size"] = len(raw)
         else:
@@ -278,17 +278,6 @@ def encode_response(response: InferResponse, request: InferRequest) -> EncodedRe
     return EncodedResponse(headers, [header, *raw_chunks])
 
 
-def _flat_host_array(tensor: Tensor) -> np.ndarray:
-    """The tensor as a flat C-order little-endian array of its datatype: a view when it already is one."""
-    return as_dtype(tensor.data, BY_V2[tensor.datatype].numpy).ravel()
-
-
-def _to_binary(tensor: Tensor) -> bytes | memoryview:
-    if tensor.datatype == "BYTES":
-        return encode_bytes(np.asarray(tensor.data))
-    return memoryview(_flat_host_array(tensor).view(np.uint8))
-
-
 def _to_json(tensor: Tensor, model_name: str) -> Any:
     if tensor.datatype == "BF16":
         raise invalid(
@@ -305,4 +294,5 @@ def _to_json(tensor: Tensor, model_name: str) -> Any:
                 f"model '{model_name}', output '{tensor.name}' holds bytes that are not UTF-8: "
                 "request it with binary_data"
             ) from None
-    return _flat_host_array(tensor)  # orjson writes a numpy array as JSON numbers, in C
+    # flat, of its datatype (a view when it already is so): orjson writes it as JSON numbers, in C
+    return as_dtype(tensor.data, BY_V2[tensor.datatype].numpy).ravel()
