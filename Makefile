@@ -17,9 +17,7 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(BIN)/tensorgate serve --model-repository $(REPO) $(ARGS)
 
-test: $(STAMP)
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+test: lint
 	$(BIN)/python -m pytest -q $(ARGS)
 
 lint: $(STAMP)

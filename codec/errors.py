@@ -16,6 +16,8 @@ class ErrorKind(Enum):
 class InferError(Exception):
     """An error a client is meant to read: a kind (-> protocol status) and a message naming what failed."""
 
+    fixed_http_status: int | None = None  # an HTTP-level error's own status, whatever the protocol
+
     def __init__(self, kind: ErrorKind, message: str) -> None:
         super().__init__(message)
         self.kind = kind
@@ -36,8 +38,9 @@ HTTP_STATUS = {
 }
 
 
-def http_status(kind: ErrorKind) -> int:
-    return HTTP_STATUS[kind]
+def http_status(error: InferError, table: dict[ErrorKind, int] = HTTP_STATUS) -> int:
+    """The HTTP status answering `error`: its own, else its kind's in `table` (a protocol's)."""
+    return error.fixed_http_status or table[error.kind]
 
 
 def describe(value: Any) -> str:

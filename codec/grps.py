@@ -42,7 +42,14 @@ def flat_field(grps_dtype: str) -> str:
     return "flat_" + grps_dtype[3:].lower()
 
 
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
 FLAT_FIELDS = {flat_field(name): name for name in BY_GRPS}  # flat_int32 -> DT_INT32
+# The lowerCamelCase JSON name of every field spelled with a '_' (str_data -> strData).
+_CAMEL = {field: _camel(field) for field in (*DATA_FIELDS, *MAP_TYPES, *FLAT_FIELDS) if "_" in field}
 _DTYPE_NAMES = {member.value: member.name for member in pb.DataType}
 
 
@@ -126,14 +133,9 @@ def payload_from_message(message: pb.GrpsMessage) -> Payload:
 def _get(doc: dict, field: str) -> Any:
     """A field by its proto name or its lowerCamelCase JSON name; null counts as absent."""
     value = doc.get(field)
-    if value is None and "_" in field:
-        value = doc.get(_camel(field))
+    if value is None and field in _CAMEL:
+        value = doc.get(_CAMEL[field])
     return value
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part[:1].upper() + part[1:] for part in rest)
 
 
 def _scalar(name: str, datatype: str, value: Any) -> Tensor:
@@ -181,6 +183,9 @@ def _gtensor_from_json(raw: Any, index: int) -> Tensor:
 def _gtensor(name: str, dtype: int, shape: Any, flats: dict[str, Any], what: str) -> Tensor:
     """A GenericTensor's fields -> a Tensor of the type its dtype names; DT_INVALID (unset) takes the
     dtype of the one flat_* field that holds values."""
+    for field, values in flats.items():
+        if values is not None and not isinstance(values, list):
+            raise invalid(f"{what}: {field} must be a list")
     filled = [field for field, values in flats.items() if values]
     if dtype == 0:
         if len(filled) != 1:
@@ -195,8 +200,6 @@ def _gtensor(name: str, dtype: int, shape: Any, flats: dict[str, Any], what: str
             raise invalid(f"{what} has dtype {dtype_name} but its values are in {', '.join(stray)}")
     datatype = BY_GRPS[dtype_name]
     values = flats[flat_field(dtype_name)] or []
-    if not isinstance(values, list):
-        raise invalid(f"{what}: {flat_field(dtype_name)} must be a list")
     if datatype.v2 == "BYTES":
         array = np.empty(len(values), dtype=object)
         array[:] = [_utf8(v, what) for v in values]
@@ -205,8 +208,9 @@ def _gtensor(name: str, dtype: int, shape: Any, flats: dict[str, Any], what: str
     dims = _shape(shape, what)
     if not dims:  # no shape: a flat vector of the values
         dims = (len(values),)
-    if math.prod(dims) != len(values):
-        raise invalid(f"{what} holds {len(values)} values, its shape {list(dims)} needs {math.prod(dims)}")
+    needed = math.prod(dims)
+    if needed != len(values):
+        raise invalid(f"{what} holds {len(values)} values, its shape {list(dims)} needs {needed}")
     return Tensor(name, datatype.v2, dims, array.reshape(dims))
 
 
@@ -226,19 +230,23 @@ def _numbers(values: list, datatype: DataType, what: str) -> np.ndarray:
     if target.kind == "f":
         if not kinds <= {int, float}:
             values = [_float(v, what) for v in values]
-        wide = np.array(values, dtype=np.float64)
-        if target.itemsize == 8:
-            return wide
-        narrow = narrowed(wide, target)
-        if narrow is None:
-            raise invalid(f"{what} holds values outside the range of {datatype.grps}")
-        return narrow
+        return _floats(np.array(values, dtype=np.float64), datatype, what)
     if not kinds <= {int}:
         values = [_integer(v, what) for v in values]
     try:
         return np.array(values, dtype=target)
     except OverflowError:
         raise invalid(f"{what} holds values outside the range of {datatype.grps}") from None
+
+
+def _floats(wide: np.ndarray, datatype: DataType, what: str) -> np.ndarray:
+    """float64 values -> an array of the floating-point `datatype`, refusing values past its range."""
+    if datatype.numpy.itemsize == 8:
+        return wide
+    narrow = narrowed(wide, datatype.numpy)
+    if narrow is None:
+        raise invalid(f"{what} holds values outside the range of {datatype.grps}")
+    return narrow
 
 
 def _integer(value: Any, what: str) -> int:
@@ -275,8 +283,7 @@ def _ndarray(value: Any) -> tuple[tuple[int, ...], np.ndarray]:
         raise invalid("ndarray must be a dense nested array of numbers, every row of the same length")
     if parsed.ndim > MAX_DIMS:
         raise invalid(f"ndarray is nested more than the {MAX_DIMS} dimensions allowed")
-    array = _numbers(parsed.reshape(-1).tolist(), BY_V2["FP32"], "ndarray").reshape(parsed.shape)
-    return parsed.shape, array
+    return parsed.shape, _floats(parsed.astype(np.float64, copy=False), BY_V2["FP32"], "ndarray")
 
 
 def _gmap(maps: dict[str, Any], from_json: bool) -> list[Tensor]:

@@ -30,9 +30,9 @@ _MAP_FIELDS |= {"DT_INT64": "s_i64", "DT_FLOAT16": "s_f", "DT_FLOAT32": "s_f", "
 _INT64_MAX = np.iinfo(np.int64).max
 
 
-def status_code(kind: ErrorKind) -> int:
+def status_code(error: InferError) -> int:
     """grps answers with HTTP status codes in `status.code` (REST mirrors it as the HTTP status)."""
-    return http_status(kind)
+    return http_status(error)
 
 
 @dataclass(slots=True)
@@ -134,7 +134,7 @@ def status_json(code: int, msg: str) -> bytes:
 
 
 def error_json(error: InferError) -> bytes:
-    return status_json(status_code(error.kind), error.message)
+    return status_json(status_code(error), error.message)
 
 
 def answer_json(answer: Answer) -> bytes:
@@ -206,7 +206,7 @@ def status_message(code: int, msg: str, **data: Any) -> pb.GrpsMessage:
 
 
 def error_message(error: InferError) -> pb.GrpsMessage:
-    return status_message(status_code(error.kind), error.message)
+    return status_message(status_code(error), error.message)
 
 
 def answer_message(answer: Answer) -> pb.GrpsMessage:

@@ -7,12 +7,13 @@ Requests (Payload -> InferRequest), by the member of data_oneof the client used:
 - gmap: each value is the input of its key, as one element.
 One element is shaped as the input wants it, with every dimension 1 ([1], or [1, 1] with batching).
 Values are converted to the input's datatype when none changes: integers to any integer type that holds
-them (BOOL from 0 and 1) or to floating point, floating point to any floating-point width. grps has no
-BOOL, unsigned types past UINT8 nor BF16: their inputs take the grps dtype that carries them.
+them (BOOL from 0 and 1) or to floating point, floating point to any floating-point width whose range
+holds them (rounded to its precision). grps has no BOOL, unsigned types past UINT8 nor BF16: their
+inputs take the grps dtype that carries them.
 
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 import numpy as np
@@ -49,10 +50,10 @@ def split_model(spec: str, known: Callable[[str], bool]) -> tuple[str, str]:
 
 
 def to_infer_request(
-    payload: Payload, model_name: str, model_version: str, inputs: Sequence[InputSpec]
+    payload: Payload, model_name: str, model_version: str, inputs: Mapping[str, InputSpec]
 ) -> InferRequest:
+    """`inputs`: the model's inputs by name, in their order."""
     tensors = payload.tensors
-    specs = {spec.name: spec for spec in inputs}
     if payload.kind in (GTENSORS, GMAP):
         fitted = []
         for index, tensor in enumerate(tensors):
@@ -61,9 +62,9 @@ def to_infer_request(
                     raise invalid(
                         f"model '{model_name}' has {len(inputs)} input(s): gtensor {index} needs a name"
                     )
-                spec = inputs[index]
+                spec = list(inputs.values())[index]
             else:
-                spec = specs.get(tensor.name)
+                spec = inputs.get(tensor.name)
             if spec is None:  # left for the model to refuse: it names the inputs it has
                 fitted.append(
                     tensor
@@ -81,10 +82,12 @@ def to_infer_request(
     return InferRequest(model_name, model_version, inputs=fitted)
 
 
-def _only_input(inputs: Sequence[InputSpec], types: tuple, label: str, kind: str, model: str) -> InputSpec:
-    found = [spec for spec in inputs if spec.dtype.v2 in types]
+def _only_input(
+    inputs: Mapping[str, InputSpec], types: tuple, label: str, kind: str, model: str
+) -> InputSpec:
+    found = [spec for spec in inputs.values() if spec.dtype.v2 in types]
     if len(found) != 1:
-        described = ", ".join(f"{s.name} ({s.dtype.v2})" for s in inputs) or "none"
+        described = ", ".join(f"{s.name} ({s.dtype.v2})" for s in inputs.values()) or "none"
         raise invalid(
             f"{kind} fills a model's only {label} input; model '{model}' has "
             f"{len(found)} of them (inputs: {described}): send gtensors or gmap instead"
@@ -107,15 +110,13 @@ def _convert(data: np.ndarray, source: DataType, target: DataType, what: str) ->
     if "BYTES" in (source.v2, target.v2):
         raise invalid(f"{what} is {target.v2}: {source.grps} values cannot fill it")
     if target.v2 in FLOATS:
-        floats = data.astype(np.float64 if target.v2 == "FP64" else np.float32)
-        if target.v2 == "BF16":
-            return bf16_bits(floats)
-        if target.v2 == "FP16":
-            narrow = narrowed(floats, np.dtype(np.float16))
-            if narrow is None:
-                raise invalid(f"{what} is FP16: the values are outside its range")
-            return narrow
-        return floats
+        wide = data.astype(np.float64)
+        if target.v2 == "FP64":
+            return wide
+        narrow = narrowed(wide, np.dtype(np.float16 if target.v2 == "FP16" else np.float32))
+        if narrow is None:
+            raise invalid(f"{what} is {target.v2}: the values are outside its range")
+        return bf16_bits(narrow) if target.v2 == "BF16" else narrow
     if source.numpy.kind == "f":
         raise invalid(f"{what} is {target.v2}: floating-point values ({source.grps}) cannot fill it")
     low, high = (0, 1) if target.v2 == "BOOL" else (np.iinfo(target.numpy).min, np.iinfo(target.numpy).max)

@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from codec import errors
 from codec.datatypes import BY_V2, bf16_to_float32
-from codec.errors import ErrorKind, InferError, invalid
+from codec.errors import ErrorKind, InferError, http_status, invalid
 from codec.tensor import InferRequest, InferResponse, RequestedOutput, Tensor
 from codec.tfserving_json import dumps, is_b64, json_rows, json_value, loads, to_array
 
@@ -26,20 +27,13 @@ PREDICT_METHOD = "tensorflow/serving/predict"
 BYTES_SUFFIX = "_bytes"  # BYTES outputs named so are answered as {"b64": ...}
 EMPTY_PREDICTIONS = b'{"predictions":[]}'
 
-# The one mapping from error kinds to TF Serving's HTTP statuses (its http_server.cc).
-HTTP_STATUS = {
-    ErrorKind.INVALID_ARGUMENT: 400,
-    ErrorKind.NOT_FOUND: 404,
-    ErrorKind.UNAVAILABLE: 503,
-    ErrorKind.RESOURCE_EXHAUSTED: 429,
-    ErrorKind.UNIMPLEMENTED: 501,
-    ErrorKind.INTERNAL: 500,
-}
+# Error kinds -> TF Serving's HTTP statuses (its http_server.cc): the shared ones, but 429 for exhaustion.
+HTTP_STATUS = errors.HTTP_STATUS | {ErrorKind.RESOURCE_EXHAUSTED: 429}
 
 
 def error_body(error: InferError) -> tuple[int, bytes]:
     """TF Serving's error answer: its status and `{"error": "<message>"}`."""
-    return HTTP_STATUS[error.kind], dumps({"error": error.message})
+    return http_status(error, HTTP_STATUS), dumps({"error": error.message})
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,8 @@ Send = Callable[[dict], Awaitable[None]]
 
 
 class BodyTooLarge(InferError):
+    fixed_http_status = 413  # refused before it is read, as on every endpoint (TF Serving's 429 is for load)
+
     def __init__(self, limit: int) -> None:
         super().__init__(
             ErrorKind.RESOURCE_EXHAUSTED,
@@ -71,7 +73,6 @@ class App:
             return
         except MethodNotAllowed as e:
             response = e.errors(e)
-            response.status = 405
             response.headers.append((b"allow", ", ".join(e.allowed).encode()))
         except InferError as e:
             response = errors(e)

@@ -163,8 +163,7 @@ async def serve(args: argparse.Namespace) -> None:
     RepositoryEndpoints(repository).install(router)
     app = App(router, args.max_request_bytes, on_shutdown=repository.unload_all)
 
-    settings = grpc.GrpcSettings(args.grpc_max_message_bytes, args.grps_default_model)
-    grpc_services = grpc.services(repository, settings)
+    grpc_services = grpc.services(repository, args.grps_default_model)
     grpc_server = GrpcServer(grpc_services, codec=grpc.MessageSizeCodec(args.grpc_max_message_bytes))
     await grpc_server.start(args.host, args.grpc_port, reuse_address=True)
     for sock in grpc_server._server.sockets:  # grpclib keeps the asyncio server it listens with there

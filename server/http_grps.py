@@ -15,20 +15,20 @@ from codec import grps as wire
 from codec import grps_answers as answers
 from codec import grps_mapping as mapping
 from codec.datatypes import BY_V2
-from codec.errors import ErrorKind, InferError, invalid
+from codec.errors import HTTP_STATUS, ErrorKind, InferError, invalid
 from codec.grps_yaml import dump as yaml_dump
-from codec.tensor import InferResponse
+from codec.tensor import InferRequest, InferResponse
 from server import __version__
 from server.app import Receive, infer_watching
 from server.model import ModelVersion
 from server.repository import Repository
-from server.router import HttpRequest, HttpResponse, MethodNotAllowed, Router, body_response
+from server.router import HttpRequest, HttpResponse, Router, body_response
 
 log = logging.getLogger("tensorgate.grps")
 
 ROOT = "/grps/v1"
 OCTET_STREAM = b"application/octet-stream"
-UNAVAILABLE = answers.status_code(ErrorKind.UNAVAILABLE)
+UNAVAILABLE = HTTP_STATUS[ErrorKind.UNAVAILABLE]
 
 
 class Grps:
@@ -62,22 +62,26 @@ class Grps:
         self, payload: wire.Payload, return_ndarray: bool = False, receive: Receive | None = None
     ) -> answers.Answer:
         """`receive`: the REST request's, to drop a queued request whose client left (gRPC cancels)."""
-        version = self.select(payload.model)
-        request = mapping.to_infer_request(payload, version.name, version.version_str, _inputs(version))
+        version, request = self._request(payload)
         response = await infer_watching(version, request, receive)
         return answers.to_answer(response, payload.kind, return_ndarray)
 
     async def predict_stream(
-        self, payload: wire.Payload, return_ndarray: bool = False
+        self, payload: wire.Payload, return_ndarray: bool = False, receive: Receive | None = None
     ) -> AsyncIterator[answers.Answer]:
         """The answers, one per yield of the model's execute_stream. A bad request raises here; what
         fails later comes out of the iteration as an InferError. A model without execute_stream
-        answers once (run here, so its errors raise here too)."""
+        answers once (run here as predict runs it, so its errors raise here too)."""
+        version, request = self._request(payload)
+        if not version.streams:
+            response = await infer_watching(version, request, receive)
+            return _once(answers.to_answer(response, payload.kind, return_ndarray))
+        return _answers(version.infer_stream(request), payload.kind, return_ndarray)
+
+    def _request(self, payload: wire.Payload) -> tuple[ModelVersion, InferRequest]:
+        """The version the payload selects, and the payload as that version's request."""
         version = self.select(payload.model)
-        request = mapping.to_infer_request(payload, version.name, version.version_str, _inputs(version))
-        if not _streams(version):
-            return _once(answers.to_answer(await version.infer(request), payload.kind, return_ndarray))
-        return _answers(version.infer_stream(request), version, payload.kind, return_ndarray)
+        return version, mapping.to_infer_request(payload, version.name, version.version_str, version.inputs)
 
     # --------------------------------------------------------------------------- health, metadata
 
@@ -119,20 +123,12 @@ class Grps:
         name, version = mapping.split_model(model, self.repository.models.__contains__)
         found = self.repository.model(name)
         doc = found.metadata(version)
-        chosen = found.resolve(version or doc["versions"][-1])
+        chosen = found.resolve(version)
         for tensor in doc["inputs"] + doc["outputs"]:
             tensor["dtype"] = BY_V2[tensor["datatype"]].grps
         doc["max_batch_size"] = chosen.max_batch_size
-        doc["streaming"] = _streams(chosen)
+        doc["streaming"] = chosen.streams
         return yaml_dump(doc)
-
-
-def _inputs(version: ModelVersion) -> list:
-    return list(version.inputs.values())
-
-
-def _streams(version: ModelVersion) -> bool:
-    return getattr(version.backend, "execute_stream", None) is not None
 
 
 async def _once(answer: answers.Answer) -> AsyncIterator[answers.Answer]:
@@ -140,20 +136,11 @@ async def _once(answer: answers.Answer) -> AsyncIterator[answers.Answer]:
 
 
 async def _answers(
-    responses: AsyncIterator[InferResponse], version: ModelVersion, kind: str, return_ndarray: bool
+    responses: AsyncIterator[InferResponse], kind: str, return_ndarray: bool
 ) -> AsyncIterator[answers.Answer]:
     async with aclosing(responses):  # closing the answers closes the model's generator
-        try:
-            async for response in responses:
-                yield answers.to_answer(response, kind, return_ndarray)
-        except InferError:
-            raise
-        except Exception as e:
-            log.exception("model '%s' version %s failed while streaming", version.name, version.version)
-            raise InferError(
-                ErrorKind.INTERNAL,
-                f"model '{version.name}' version {version.version} failed: {type(e).__name__}: {e}",
-            ) from None
+        async for response in responses:
+            yield answers.to_answer(response, kind, return_ndarray)
 
 
 # ------------------------------------------------------------------------------------------ REST
@@ -164,8 +151,7 @@ def status_response(code: int, msg: str) -> HttpResponse:
 
 
 def error_response(error: InferError) -> HttpResponse:
-    code = 405 if isinstance(error, MethodNotAllowed) else answers.status_code(error.kind)
-    return status_response(code, error.message)
+    return status_response(answers.status_code(error), error.message)
 
 
 class GrpsEndpoints:
@@ -222,7 +208,7 @@ class GrpsEndpoints:
         payload.model = payload.model or query.get("model", "")  # the body's model wins
         return_ndarray = _flag(query, "return-ndarray")
         if _flag(query, "streaming"):
-            stream = await self.grps.predict_stream(payload, return_ndarray)
+            stream = await self.grps.predict_stream(payload, return_ndarray, request.receive)
             return HttpResponse(answers.OK, [(b"content-type", OCTET_STREAM)], _chunks(stream))
         answer = await self.grps.predict(payload, return_ndarray, request.receive)
         if answer.kind == wire.BIN_DATA:

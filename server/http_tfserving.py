@@ -14,8 +14,8 @@ from codec import tfserving
 from codec.errors import ErrorKind, InferError, invalid
 from codec.tensor import InferResponse
 from codec.tfserving import TensorInfo
-from server.app import BodyTooLarge, infer_watching
-from server.model import ModelState, ModelVersion, TensorSpec
+from server.app import infer_watching
+from server.model import UNLOADED, ModelState, ModelVersion, TensorSpec
 from server.repository import Repository
 from server.router import HttpRequest, HttpResponse, Router, body_response
 
@@ -30,8 +30,7 @@ _STATES = {ModelState.READY: "AVAILABLE", ModelState.LOADING: "LOADING", ModelSt
 
 def error_response(error: InferError) -> HttpResponse:
     status, body = tfserving.error_body(error)
-    # A body over --max-request-bytes is refused before it is read, as on every endpoint: 413, not 429.
-    return body_response(body, status=413 if isinstance(error, BodyTooLarge) else status)
+    return body_response(body, status=status)
 
 
 def _info(spec: TensorSpec) -> TensorInfo:
@@ -132,12 +131,12 @@ class TFServingEndpoints:
         name, label, version = params["model"], params.get("label"), params.get("version")
         if ":" in name:
             raise _malformed(request)
-        if label is not None:
+        if label:
             labels = version_labels(self.repository.model(name).config, name)
             if label not in labels:
                 raise invalid(f"Unrecognized servable version label: {label}")
             return str(labels[label])
-        if version is None:
+        if not version:
             return ""
         if not (version.isascii() and version.isdigit()):
             raise _malformed(request)
@@ -232,6 +231,6 @@ def _state(version: ModelVersion) -> tuple[str, str]:
         return _STATES[version.state], ""
     if not version.reason:
         return "START", ""  # not loaded yet
-    if version.reason == "unloaded":  # ModelVersion.unload's reason: a clean end
+    if version.reason == UNLOADED:  # a clean end
         return "END", ""
     return "END", version.reason

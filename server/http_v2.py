@@ -24,7 +24,7 @@ def json_response(doc: object, status: int = 200) -> HttpResponse:
 
 
 def error_response(error: InferError) -> HttpResponse:
-    return json_response({"error": error.message}, http_status(error.kind))
+    return json_response({"error": error.message}, http_status(error))
 
 
 class V2Endpoints:
@@ -58,25 +58,23 @@ class V2Endpoints:
 
     async def model_ready(self, request: HttpRequest) -> HttpResponse:
         name = request.params["model"]
-        ready = self.repository.model(name).is_ready(request.params["version"] or "")
+        ready = self.repository.model(name).is_ready(request.params["version"])
         return json_response({"name": name, "ready": ready}, 200 if ready else 400)
 
     async def model_metadata(self, request: HttpRequest) -> HttpResponse:
         model = self.repository.model(request.params["model"])
-        return json_response(model.metadata(request.params["version"] or ""))
+        return json_response(model.metadata(request.params["version"]))
 
     async def model_config(self, request: HttpRequest) -> HttpResponse:
         model = self.repository.model(request.params["model"])
-        return json_response(model.config_of(request.params["version"] or ""))
+        return json_response(model.config_of(request.params["version"]))
 
     async def model_stats(self, request: HttpRequest) -> HttpResponse:
         params = request.params
-        return json_response(
-            model_statistics(self.repository, params["model"] or "", params["version"] or "")
-        )
+        return json_response(model_statistics(self.repository, params["model"], params["version"]))
 
     async def infer(self, request: HttpRequest) -> HttpResponse:
-        name, version = request.params["model"], request.params["version"] or ""
+        name, version = request.params["model"], request.params["version"]
         model_version = self.repository.resolve(name, version)
         header_length = v2_http.parse_header_length(
             request.headers.get(v2_http.HEADER_LENGTH_BYTES), len(request.body)

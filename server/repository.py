@@ -18,14 +18,13 @@ from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
 from codec.errors import ErrorKind, InferError, invalid
-from server.model import ModelVersion
+from server.model import UNLOADED, ModelVersion
 from server.model_config import ConfigError, load_model_config, normalize_config
 
 log = logging.getLogger("tensorgate.repository")
 T = TypeVar("T")
 
 CONTROL_MODES = ("none", "explicit", "poll")
-UNLOADED = "unloaded"
 Signature = frozenset[tuple[str, int, int]]
 
 
@@ -87,12 +86,9 @@ class Model:
 
     def metadata(self, version: str = "") -> dict:
         """v2 model metadata: of `version`, else of the newest ready version, listing every ready one."""
-        if version:
-            return self.resolve(version).metadata([version])
-        ready = [v for v in self.newest_first if v.ready]
-        if not ready:
-            raise InferError(ErrorKind.UNAVAILABLE, f"model '{self.name}' is not ready: {self.reason}")
-        return ready[0].metadata([v.version_str for v in reversed(ready)])
+        chosen = self.resolve(version)
+        listed = [version] if version else [v.version_str for v in reversed(self.newest_first) if v.ready]
+        return chosen.metadata(listed)
 
     def config_of(self, version: str = "") -> dict:
         """The model configuration: of `version`, else the model's."""
@@ -105,11 +101,12 @@ class Model:
     def is_ready(self, version: str = "") -> bool:
         """Whether `version` (else the model) is ready; a version that does not exist raises NOT_FOUND."""
         try:
-            return self.resolve(version).ready
+            self.resolve(version)  # only a ready version is resolved
         except InferError as e:
             if e.kind is not ErrorKind.UNAVAILABLE:
                 raise
             return False
+        return True
 
     def resolve(self, version: str) -> ModelVersion:
         """The version a request names, or the highest ready one for ""."""
@@ -183,11 +180,11 @@ def check_model_name(name: str) -> None:
 
 
 def override_path(key: str) -> PurePosixPath:
-    """The relative path a file override names ("file:1/model.py" or "1/model.py"), checked to stay inside
-    the model's folder."""
-    path = PurePosixPath(key.removeprefix("file:"))
+    """The relative path a file override names ("1/model.py" for the parameter "file:1/model.py"), checked
+    to stay inside the model's folder."""
+    path = PurePosixPath(key)
     if not path.parts or path.is_absolute() or any(p in ("", ".", "..") for p in path.parts):
-        raise invalid(f"invalid file parameter '{key}': the path must stay within the model directory")
+        raise invalid(f"invalid file parameter 'file:{key}': the path must stay within the model directory")
     return path
 
 
@@ -276,8 +273,8 @@ class Repository:
         self, name: str, config: str | None = None, files: dict[str, bytes] | None = None
     ) -> None:
         """Loads, or reloads, a model (explicit mode). `config` is a model config as a JSON string that
-        replaces the one on disk; `files` ("1/model.py" -> bytes; a "file:" prefix is allowed) form the
-        model's folder instead of the repository's and need `config`. A reload keeps the loaded model
+        replaces the one on disk; `files` ("1/model.py" -> bytes, from the parameter "file:1/model.py")
+        form the model's folder instead of the repository's and need `config`. A reload keeps the loaded model
         serving until the new one is ready, and keeps it when the new one fails."""
         self._check_control("load")
         check_model_name(name)

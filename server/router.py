@@ -18,7 +18,7 @@ class HttpRequest:
     query: bytes
     headers: dict[bytes, bytes]  # lowercased names
     body: bytes | memoryview = b""
-    params: dict[str, str | None] = field(default_factory=dict)  # path parameters; None when left out
+    params: dict[str, str] = field(default_factory=dict)  # path parameters; "" when left out
     receive: Any = None  # the ASGI receive channel: what unless_client_leaves() watches
 
 
@@ -63,13 +63,13 @@ class Router:
         self.fallback_errors = fallback_errors
         # (method, path) -> its match: a server sees the same few paths again and again. Handlers
         # only read the parameters, so a match is shared. Cleared when full, so any path may come.
-        self._matched: dict[tuple[str, str], tuple[Route, dict[str, str | None]]] = {}
+        self._matched: dict[tuple[str, str], tuple[Route, dict[str, str]]] = {}
 
     def add(self, method: str, template: str, handler: Handler, errors: ErrorResponder) -> None:
         self.routes.setdefault(method, []).append(Route(method, compile_path(template), handler, errors))
         self._matched.clear()
 
-    def match(self, method: str, path: str) -> tuple[Route, dict[str, str | None]]:
+    def match(self, method: str, path: str) -> tuple[Route, dict[str, str]]:
         matched = self._matched.get((method, path))
         if matched is not None:
             return matched
@@ -78,7 +78,7 @@ class Router:
             if found is not None:
                 if len(self._matched) >= MATCHES_KEPT:
                     self._matched.clear()
-                matched = self._matched[method, path] = (route, found.groupdict())
+                matched = self._matched[method, path] = (route, found.groupdict(""))
                 return matched
         allowed = [
             route
@@ -93,6 +93,8 @@ class Router:
 
 
 class MethodNotAllowed(InferError):
+    fixed_http_status = 405
+
     def __init__(self, errors: ErrorResponder, allowed: list[str]) -> None:
         super().__init__(ErrorKind.INVALID_ARGUMENT, f"method not allowed here; use {', '.join(allowed)}")
         self.errors = errors

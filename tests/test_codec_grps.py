@@ -29,6 +29,11 @@ def spec(name: str, v2: str, *shape: int) -> Spec:
     return Spec(name, BY_V2[v2], shape)
 
 
+def by_name(*specs: Spec) -> dict[str, Spec]:
+    """A model's inputs as the mapping takes them: by name, in order."""
+    return {s.name: s for s in specs}
+
+
 def decode(doc: object) -> wire.Payload:
     return wire.payload_from_json(orjson.dumps(doc))
 
@@ -199,6 +204,16 @@ def test_our_json_reading_agrees_with_protobuf_json_via_betterproto2(doc: dict) 
             b'{"gtensors": {"tensors": [{"name": "a", "dtype": 4, "shape": [-1], "flat_int32": [1]}]}}',
             "non-negative integers",
         ),
+        # every flat_* field that is set (not null) must be a list, even a falsy one
+        (
+            b'{"gtensors": {"tensors": [{"name": "a", "dtype": "DT_INT32", "flat_int32": 0}]}}',
+            "gtensor 'a': flat_int32 must be a list",
+        ),
+        (b'{"gtensors": {"tensors": [{"flatInt32": ""}]}}', "flat_int32 must be a list"),
+        (
+            b'{"gtensors": {"tensors": [{"dtype": "DT_INT32", "flat_int32": [1], "flat_float32": false}]}}',
+            "flat_float32 must be a list",
+        ),
         (
             b'{"gtensors": {"tensors": [{"name": "a", "dtype": "DT_INT8", "flat_int8": [300]}]}}',
             "outside the range of DT_INT8",
@@ -228,6 +243,7 @@ def test_our_json_reading_agrees_with_protobuf_json_via_betterproto2(doc: dict) 
         (b'{"ndarray": [["a"]]}', "array of numbers"),
         (b'{"ndarray": [true]}', "array of numbers"),
         (b'{"ndarray": [[true], [2]]}', "array of numbers"),
+        (b'{"ndarray": [[1], [1e39]]}', "ndarray holds values outside the range of DT_FLOAT32"),
         (b'{"gmap": {}}', "gmap holds no values"),
         (b'{"gmap": {"s_s": {"k": "a"}, "s_i32": {"k": 1}}}', "gmap key 'k' is given twice"),
         (b'{"gmap": {"s_i32": {"k": 4294967296}}}', "outside the range of DT_INT32"),
@@ -277,7 +293,7 @@ def test_gtensors_go_to_inputs_by_name_or_position_converted_to_their_datatype()
             }
         }
     )
-    inputs = [spec("A", "FP64", -1), spec("B", "BOOL", -1)]
+    inputs = by_name(spec("A", "FP64", -1), spec("B", "BOOL", -1))
     request = mapping.to_infer_request(payload, "m", "2", inputs)
     assert (request.model_name, request.model_version) == ("m", "2")
     a, b = request.inputs
@@ -297,7 +313,7 @@ def test_inputs_without_a_grps_dtype_take_the_one_that_carries_them() -> None:
             }
         }
     )
-    inputs = [spec("u16", "UINT16", -1), spec("u64", "UINT64", -1), spec("bf", "BF16", -1)]
+    inputs = by_name(spec("u16", "UINT16", -1), spec("u64", "UINT64", -1), spec("bf", "BF16", -1))
     u16, u64, bf = mapping.to_infer_request(payload, "m", "", inputs).inputs
     assert u16.data.dtype == np.uint16 and u16.data.tolist() == [65535]
     assert u64.data.dtype == np.uint64 and u64.data.tolist() == [2**63 - 1]
@@ -313,9 +329,13 @@ def test_inputs_without_a_grps_dtype_take_the_one_that_carries_them() -> None:
         ("DT_UINT8", [2], "BOOL", "outside its range"),
         ("DT_INT32", [1], "BYTES", "DT_INT32 values cannot fill it"),
         ("DT_STRING", ["1"], "INT32", "DT_STRING values cannot fill it"),
-        ("DT_FLOAT64", [1e6], "FP16", "outside its range"),
+        ("DT_FLOAT64", [1e6], "FP16", "is FP16: the values are outside its range"),
+        ("DT_INT64", [2**40], "FP16", "is FP16: the values are outside its range"),
+        ("DT_FLOAT64", [1e300], "FP32", "is FP32: the values are outside its range"),
+        ("DT_FLOAT64", [-1e300], "BF16", "is BF16: the values are outside its range"),
     ],
 )
+@pytest.mark.filterwarnings("error")  # refused before anything overflows
 def test_values_a_datatype_cannot_hold_are_refused(
     dtype: str, values: list, target: str, fragment: str
 ) -> None:
@@ -323,47 +343,72 @@ def test_values_a_datatype_cannot_hold_are_refused(
         {"gtensors": {"tensors": [{"name": "x", "dtype": dtype, wire.flat_field(dtype): values}]}}
     )
     refused(
-        lambda: mapping.to_infer_request(payload, "m", "", [spec("x", target, -1)]),
+        lambda: mapping.to_infer_request(payload, "m", "", by_name(spec("x", target, -1))),
         "model 'm', input 'x'",
         fragment,
     )
 
 
+@pytest.mark.filterwarnings("error")  # nothing overflows
+def test_floats_narrow_to_float_inputs_and_infinities_stay_infinite() -> None:
+    payload = decode(
+        {
+            "gtensors": {
+                "tensors": [
+                    {"name": "s", "dtype": "DT_FLOAT64", "flat_float64": [1.5, "Infinity", "NaN"]},
+                    {"name": "b", "dtype": "DT_FLOAT64", "flat_float64": [-2.5, "-Infinity"]},
+                    {"name": "h", "dtype": "DT_INT64", "flat_int64": [2048]},
+                ]
+            }
+        }
+    )
+    inputs = by_name(spec("s", "FP32", -1), spec("b", "BF16", -1), spec("h", "FP16", -1))
+    s, b, h = mapping.to_infer_request(payload, "m", "", inputs).inputs
+    assert s.data.dtype == np.float32 and s.data[:2].tolist() == [1.5, np.inf] and np.isnan(s.data[2])
+    assert b.data.tolist() == [0xC020, 0xFF80]  # bfloat16 bit patterns of -2.5 and -inf
+    assert h.data.dtype == np.float16 and h.data.tolist() == [2048.0]
+
+
 def test_unknown_names_are_left_for_the_model_to_refuse_and_missing_positions_are_refused() -> None:
     payload = decode({"gmap": {"s_i32": {"nope": 1}}})
-    (tensor,) = mapping.to_infer_request(payload, "m", "", [spec("x", "INT32", -1)]).inputs
+    (tensor,) = mapping.to_infer_request(payload, "m", "", by_name(spec("x", "INT32", -1))).inputs
     assert (tensor.name, tensor.shape) == ("nope", (1,))
     unnamed = decode({"gtensors": {"tensors": [{"flat_int32": [1]}, {"flat_int32": [2]}]}})
     refused(
-        lambda: mapping.to_infer_request(unnamed, "m", "", [spec("x", "INT32", -1)]), "gtensor 1 needs a name"
+        lambda: mapping.to_infer_request(unnamed, "m", "", by_name(spec("x", "INT32", -1))),
+        "gtensor 1 needs a name",
     )
 
 
 def test_single_elements_take_the_shape_the_input_wants() -> None:
     text = mapping.to_infer_request(
-        decode({"str_data": "hi"}), "m", "", [spec("N", "INT32", 1), spec("T", "BYTES", -1, 1)]
+        decode({"str_data": "hi"}), "m", "", by_name(spec("N", "INT32", 1), spec("T", "BYTES", -1, 1))
     )
     (tensor,) = text.inputs
     assert (tensor.name, tensor.shape, tensor.data.tolist()) == ("T", (1, 1), [[b"hi"]])
-    gmap = mapping.to_infer_request(decode({"gmap": {"s_f": {"x": 2}}}), "m", "", [spec("x", "FP32", -1, 1)])
+    gmap = mapping.to_infer_request(
+        decode({"gmap": {"s_f": {"x": 2}}}), "m", "", by_name(spec("x", "FP32", -1, 1))
+    )
     assert gmap.inputs[0].shape == (1, 1) and gmap.inputs[0].data.tolist() == [[2.0]]
-    binary = mapping.to_infer_request(wire.payload_from_bytes(b"\xff"), "m", "", [spec("B", "BYTES", -1)])
+    binary = mapping.to_infer_request(
+        wire.payload_from_bytes(b"\xff"), "m", "", by_name(spec("B", "BYTES", -1))
+    )
     assert binary.inputs[0].data.tolist() == [b"\xff"]
 
 
 def test_ndarray_fills_the_only_floating_input_and_str_data_the_only_bytes_input() -> None:
     nd = mapping.to_infer_request(
-        decode({"ndarray": [[1, 2]]}), "m", "", [spec("X", "FP16", -1, 2), spec("I", "INT32", 1)]
+        decode({"ndarray": [[1, 2]]}), "m", "", by_name(spec("X", "FP16", -1, 2), spec("I", "INT32", 1))
     )
     assert (nd.inputs[0].name, nd.inputs[0].datatype, nd.inputs[0].shape) == ("X", "FP16", (1, 2))
-    two = [spec("A", "FP32", -1), spec("B", "FP32", -1)]
+    two = by_name(spec("A", "FP32", -1), spec("B", "FP32", -1))
     refused(
         lambda: mapping.to_infer_request(decode({"ndarray": [1]}), "m", "", two),
         "only floating-point input",
         "has 2",
     )
     refused(
-        lambda: mapping.to_infer_request(decode({"str_data": "x"}), "m", "", [spec("A", "INT32", 1)]),
+        lambda: mapping.to_infer_request(decode({"str_data": "x"}), "m", "", by_name(spec("A", "INT32", 1))),
         "only BYTES input",
         "inputs: A (INT32)",
     )
@@ -482,7 +527,7 @@ def test_status_and_errors_carry_http_codes() -> None:
     assert orjson.loads(answers.status_json(200, "OK")) == {
         "status": {"code": 200, "msg": "OK", "status": "SUCCESS"}
     }
-    codes = {kind: answers.status_code(kind) for kind in ErrorKind}
+    codes = {kind: answers.status_code(InferError(kind, "x")) for kind in ErrorKind}
     assert codes == {
         ErrorKind.INVALID_ARGUMENT: 400, ErrorKind.NOT_FOUND: 404, ErrorKind.UNAVAILABLE: 503,
         ErrorKind.UNIMPLEMENTED: 501, ErrorKind.RESOURCE_EXHAUSTED: 413, ErrorKind.INTERNAL: 500,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -14,9 +15,11 @@ from conftest import ServerFactory
 from e2e_helpers import (
     A,
     B,
+    RawConnection,
     RawH2,
     ServerProcess,
     assert_connection_reused,
+    http_request,
     make_client,
     stop_all,
     write_model,
@@ -100,6 +103,27 @@ class Model:
         raise ValueError("boom in the middle of the stream")
 """
 
+# TEXT is the path of a marker file, written when the model executes; for a path ending in "block" the
+# model then holds its one queue until a "release" file beside it exists.
+QUEUED = """
+import asyncio
+import os
+
+import numpy as np
+
+class Model:
+    async def execute(self, inputs):
+        path = inputs["TEXT"][0].decode()
+        with open(path, "w") as f:
+            f.write("executed")
+        release = os.path.join(os.path.dirname(path), "release")
+        for _ in range(1000):
+            if not path.endswith("block") or os.path.exists(release):
+                break
+            await asyncio.sleep(0.01)
+        return {"TOKEN": np.array([b"done"], dtype=object)}
+"""
+
 BROKEN = """
 class Model:
     def execute(self, inputs):
@@ -109,7 +133,8 @@ class Model:
 
 def write_grps_repository(repository: Path) -> Path:
     """echo (versions 1 and 2), my-model (a '-' in its name), gated, ticker and failing (streaming),
-    broken (raises), unloadable (fails to load). Every model takes TEXT and answers TOKEN (BYTES)."""
+    queued (dynamic batching), broken (raises), unloadable (fails to load). Every model takes TEXT and
+    answers TOKEN (BYTES)."""
     all_versions = "version_policy { all {} }"
     write_model(
         repository,
@@ -121,6 +146,7 @@ def write_grps_repository(repository: Path) -> Path:
     write_model(repository, "gated", bytes_config("gated"), {1: GATED})
     write_model(repository, "ticker", bytes_config("ticker"), {1: TICKER})
     write_model(repository, "failing", bytes_config("failing"), {1: FAILING})
+    write_model(repository, "queued", bytes_config("queued", policy="dynamic_batching { }"), {1: QUEUED})
     write_model(repository, "broken", bytes_config("broken"), {1: BROKEN})
     write_model(
         repository, "unloadable", bytes_config("unloadable"), {1: "raise ImportError('cannot load')\n"}
@@ -397,6 +423,18 @@ def test_default_model_from_the_flag_or_the_only_model(start_server: ServerFacto
             "is FP32: DT_STRING values cannot fill it",
         ),
         (b'{"str_data": "x", "model": "simple-x"}', {}, 404, "model 'simple' has no version 'x'"),
+        (
+            b'{"gtensors": {"tensors": [{"name": "x", "dtype": "DT_FLOAT64", "flat_float64": [1e300]}]}}',
+            {"model": "half_plus_two"},
+            400,
+            "input 'x' is FP32: the values are outside its range",
+        ),
+        (
+            b'{"model": "simple", "gtensors": {"tensors": [{"name": "INPUT0", "flat_int32": 0}]}}',
+            {},
+            400,
+            "flat_int32 must be a list",
+        ),
     ],
 )
 def test_bad_requests_get_their_status_and_keep_the_connection(
@@ -495,6 +533,29 @@ def test_stream_errors_before_and_after_the_first_message(grps_client: httpx.Cli
     assert last["status"]["code"] == 500 and last["status"]["status"] == "FAILURE"
     assert "ValueError: boom in the middle of the stream" in last["status"]["msg"]
     assert_connection_reused(grps_client, response)
+
+
+def test_a_streaming_client_that_leaves_while_queued_is_dropped(
+    grps_server: ServerProcess, tmp_path: Path
+) -> None:
+    """A model without execute_stream answers a streaming request once, watched as predict is: a request
+    whose client left while it waited in the queue never runs."""
+    with httpx.Client(base_url=grps_server.base_url, timeout=15.0) as client, ThreadPoolExecutor(1) as pool:
+        blocker = pool.submit(predict, client, {"model": "queued", "str_data": str(tmp_path / "block")})
+        deadline = time.monotonic() + 10.0
+        while not (tmp_path / "block").exists():  # the model runs the blocker: the queue is held
+            assert time.monotonic() < deadline, "the blocking request never ran"
+            time.sleep(0.01)
+        body = orjson.dumps({"model": "queued", "str_data": str(tmp_path / "dropped")})
+        with RawConnection(grps_server.address) as conn:
+            conn.send(http_request("POST", PREDICT + "?streaming=true", body, port=grps_server.port))
+            time.sleep(0.2)  # let the server queue it before the client goes away
+        time.sleep(0.2)
+        (tmp_path / "release").touch()
+        assert ok(blocker.result(15.0))["str_data"] == "done"
+        after = {"model": "queued", "str_data": str(tmp_path / "after")}
+        assert streamed(client, after) == [{"status": OK_STATUS, "str_data": "done"}]  # the queue is served
+    assert not (tmp_path / "dropped").exists(), "the request of a client that left was executed"
 
 
 def test_a_client_that_goes_away_closes_the_model_stream(

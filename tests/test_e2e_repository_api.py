@@ -289,8 +289,16 @@ BAD_REQUESTS = {
         ["'config' must be specified"],
     ),
     "file not base64": ("good", {"config": GOOD_CONFIG, "file:1/model.py": "@@not base64@@"}, ["base64"]),
-    "file path escapes": ("good", {"config": GOOD_CONFIG, "file:../evil.py": b64("x = 1")}, ["within"]),
-    "file path absolute": ("good", {"config": GOOD_CONFIG, "file:/tmp/evil.py": b64("x = 1")}, ["within"]),
+    "file path escapes": (
+        "good",
+        {"config": GOOD_CONFIG, "file:../evil.py": b64("x = 1")},
+        ["'file:../evil.py'", "within"],
+    ),
+    "file path absolute": (
+        "good",
+        {"config": GOOD_CONFIG, "file:/tmp/evil.py": b64("x = 1")},
+        ["'file:/tmp/evil.py'", "within"],
+    ),
     "model name with dots": ("..good", {}, ["invalid model name"]),
 }
 

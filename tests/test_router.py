@@ -24,14 +24,14 @@ def router() -> Router:
 
 def test_parameters_belong_to_the_path_asked_each_time(router: Router) -> None:
     for _ in range(3):  # again and again: answers from the cache must not mix paths up
-        assert router.match("POST", "/v2/models/a/infer")[1] == {"model": "a", "version": None}
+        assert router.match("POST", "/v2/models/a/infer")[1] == {"model": "a", "version": ""}
         assert router.match("POST", "/v2/models/b/versions/7/infer")[1] == {"model": "b", "version": "7"}
 
 
 def test_matches_stay_right_past_the_cache_size(router: Router) -> None:
     for n in range(MATCHES_KEPT * 2 + 3):
         route, params = router.match("GET", f"/v2/models/m{n}")
-        assert params == {"model": f"m{n}", "version": None}
+        assert params == {"model": f"m{n}", "version": ""}
         assert route.method == "GET"
     assert router.match("GET", "/v2/models/m0")[1]["model"] == "m0"
 

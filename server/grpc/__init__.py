@@ -4,7 +4,6 @@
 """
 
 import asyncio
-from dataclasses import dataclass
 from typing import Any
 
 from grpclib.const import Status
@@ -17,15 +16,9 @@ from server.grpc.inference import InferenceService
 from server.repository import Repository
 
 
-@dataclass(frozen=True, slots=True)
-class GrpcSettings:
-    max_message_bytes: int
-    grps_default_model: str | None
-
-
-def services(repository: Repository, settings: GrpcSettings) -> list:
+def services(repository: Repository, grps_default_model: str | None) -> list:
     """The grpclib servicers served on --grpc-port."""
-    return [InferenceService(repository), GrpsService(repository, settings.grps_default_model)]
+    return [InferenceService(repository), GrpsService(repository, grps_default_model)]
 
 
 class MessageSizeCodec(ProtoCodec):

@@ -19,6 +19,15 @@ from server.repository import Repository
 log = logging.getLogger("tensorgate.grps")
 
 
+def _failure(error: Exception, rpc_name: str) -> pb.GrpsMessage:
+    """The FAILURE message answering an error: an InferError's own, anything unexpected INTERNAL, logged
+    (call it from an except clause)."""
+    if isinstance(error, InferError):
+        return answers.error_message(error)
+    log.exception("unexpected error serving grps %s", rpc_name)
+    return answers.error_message(InferError(ErrorKind.INTERNAL, f"internal error serving {rpc_name}"))
+
+
 class GrpsService(pb.GrpsServiceBase):
     def __init__(self, repository: Repository, default_model: str | None = None) -> None:
         self.grps = Grps(repository, default_model)
@@ -27,11 +36,8 @@ class GrpsService(pb.GrpsServiceBase):
         try:
             answer = await self.grps.predict(wire.payload_from_message(message))
             return answers.answer_message(answer)
-        except InferError as e:
-            return answers.error_message(e)
-        except Exception:
-            log.exception("unexpected error serving grps Predict")
-            return answers.error_message(InferError(ErrorKind.INTERNAL, "internal error serving Predict"))
+        except Exception as e:
+            return _failure(e, "Predict")
 
     async def predict_streaming(self, message: pb.GrpsMessage) -> AsyncIterator[pb.GrpsMessage]:
         try:
@@ -39,13 +45,8 @@ class GrpsService(pb.GrpsServiceBase):
             async with aclosing(stream):  # a client that goes away cancels us: the model's stream closes
                 async for answer in stream:
                     yield answers.answer_message(answer)
-        except InferError as e:
-            yield answers.error_message(e)
-        except Exception:
-            log.exception("unexpected error serving grps PredictStreaming")
-            yield answers.error_message(
-                InferError(ErrorKind.INTERNAL, "internal error serving PredictStreaming")
-            )
+        except Exception as e:
+            yield _failure(e, "PredictStreaming")
 
     async def online(self, message: pb.GrpsMessage) -> pb.GrpsMessage:
         self.grps.set_online(True)
@@ -69,5 +70,5 @@ class GrpsService(pb.GrpsServiceBase):
             return answers.status_message(
                 answers.OK, "OK", str_data=self.grps.model_metadata(message.str_data or "")
             )
-        except InferError as e:
-            return answers.error_message(e)
+        except Exception as e:
+            return _failure(e, "ModelMetadata")

@@ -29,7 +29,6 @@ from codec.errors import ErrorKind, InferError
 from codec.tensor import InferResponse
 from server import __version__
 from server.http_v2 import EXTENSIONS
-from server.model import ModelVersion
 from server.repository import Repository
 from server.statistics import model_statistics
 
@@ -58,24 +57,26 @@ class RawMessage:
         return self.data
 
 
-def _to_grpc_error(error: InferError) -> GRPCError:
-    return GRPCError(v2_grpc.grpc_status(error.kind), error.message)
+def _grpc_error(error: Exception, rpc_name: str) -> GRPCError:
+    """InferError -> its gRPC status and message; anything unexpected -> INTERNAL, logged (call it from
+    an except clause)."""
+    if isinstance(error, InferError):
+        return GRPCError(v2_grpc.grpc_status(error.kind), error.message)
+    log.exception("unexpected error serving %s", rpc_name)
+    return GRPCError(Status.INTERNAL, f"internal error serving {rpc_name}")
 
 
 def rpc(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    """InferError -> its gRPC status and message; anything unexpected -> INTERNAL, logged."""
+    """Errors of a generated RPC method -> gRPC statuses (see _grpc_error)."""
 
     @functools.wraps(method)
     async def wrapper(self: Any, *args: Any) -> Any:
         try:
             return await method(self, *args)
-        except InferError as e:
-            raise _to_grpc_error(e) from None
         except GRPCError:
             raise
-        except Exception:
-            log.exception("unexpected error serving %s", method.__name__)
-            raise GRPCError(Status.INTERNAL, f"internal error serving {method.__name__}") from None
+        except Exception as e:
+            raise _grpc_error(e, method.__name__) from None
 
     return wrapper
 
@@ -213,11 +214,8 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             request = v2_grpc.decode_request(message.data)
             version = self.repository.resolve(request.model_name, request.model_version)
             body = v2_grpc.encode_response(await version.infer(request))
-        except InferError as e:
-            raise _to_grpc_error(e) from None
-        except Exception:
-            log.exception("unexpected error serving ModelInfer")
-            raise GRPCError(Status.INTERNAL, "internal error serving ModelInfer") from None
+        except Exception as e:  # only the work: grpclib handles errors of the stream itself
+            raise _grpc_error(e, "ModelInfer") from None
         await stream.send_message(RawMessage(body))
 
     # ----------------------------------------------------------------------------- ModelStreamInfer
@@ -276,14 +274,14 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             request_id = request.id
             final = request.parameters.pop(ENABLE_FINAL, False) is True
             version = self.repository.resolve(request.model_name, request.model_version)
-            if getattr(version.backend, "execute_stream", None) is not None:
-                return _Pending(request_id, final, version, iterator=version.infer_stream(request))
-            return _Pending(request_id, final, version, task=asyncio.ensure_future(version.infer(request)))
+            if version.streams:
+                return _Pending(request_id, final, iterator=version.infer_stream(request))
+            return _Pending(request_id, final, task=asyncio.ensure_future(version.infer(request)))
         except InferError as e:
-            return _Pending(request_id, False, None, error=e.message)
+            return _Pending(request_id, False, error=e.message)
         except Exception:
             log.exception("unexpected error starting a ModelStreamInfer request")
-            return _Pending(request_id, False, None, error="internal error serving ModelStreamInfer")
+            return _Pending(request_id, False, error="internal error serving ModelStreamInfer")
 
     async def _answer(self, stream: Stream, item: "_Pending") -> None:
         async with aclosing(_answers(item)) as answers:
@@ -313,12 +311,11 @@ async def _answers(item: "_Pending") -> AsyncIterator[bytes]:
                 yield v2_grpc.encode_stream_response(v2_grpc.encode_response(response))
         if item.final:
             yield _final_response(item.request_id)
-    except InferError as e:
+    except InferError as e:  # a model's failure among them (server/model.py)
         error = e.message
-    except Exception as e:  # from the model's execute_stream, or a bug of ours
-        label = f"model '{item.version.name}' version {item.version.version}"
-        log.exception("%s: ModelStreamInfer failed", label)
-        error = f"{label} failed: {type(e).__name__}: {e}"
+    except Exception:
+        log.exception("unexpected error answering a ModelStreamInfer request")
+        error = "internal error serving ModelStreamInfer"
     if error is not None:
         yield v2_grpc.encode_stream_error(error, item.request_id)
 
@@ -338,13 +335,12 @@ class _End:
 class _Pending:
     """One stream request on its way to its answer(s)."""
 
-    __slots__ = ("request_id", "final", "version", "task", "iterator", "error")
+    __slots__ = ("request_id", "final", "task", "iterator", "error")
 
     def __init__(
         self,
         request_id: str | None,
         final: bool,
-        version: ModelVersion | None,
         *,
         task: asyncio.Future | None = None,
         iterator: AsyncIterator | None = None,
@@ -352,7 +348,6 @@ class _Pending:
     ) -> None:
         self.request_id = request_id
         self.final = final
-        self.version = version
         self.task = task
         self.iterator = iterator
         self.error = error
