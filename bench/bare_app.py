@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 from hypercorn.asyncio import serve
 
-from server.http_config import hypercorn_config
+from server.http.asgi import hypercorn_config
 
 BODY = orjson.dumps(
     {
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
 
     sock = listening_socket(args.host, args.port)
     port = sock.getsockname()[1]
-    config = hypercorn_config(args.host, port, log_level=args.log_level)
+    config = hypercorn_config(log_level=args.log_level)
     config.bind = [f"fd://{sock.detach()}"]  # hypercorn adopts the bound socket, so port 0 works
     print(f"HTTP listening on {args.host}:{port}", file=sys.stderr, flush=True)
     with asyncio.Runner(loop_factory=new_event_loop) as runner:

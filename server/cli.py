@@ -8,17 +8,14 @@ import signal
 from pathlib import Path
 
 from grpclib.server import Server as GrpcServer
-from hypercorn.asyncio.run import worker_serve
-from hypercorn.utils import repr_socket_addr, wrap_app
 
 from server import grpc
-from server.app import App
-from server.http_config import hypercorn_config
-from server.http_grps import GrpsEndpoints
-from server.http_repository import RepositoryEndpoints
-from server.http_tfserving import TFServingEndpoints
-from server.http_v2 import V2Endpoints, error_response
-from server.metrics import MetricsServer
+from server.endpoints.grps import GrpsEndpoints
+from server.endpoints.repository import RepositoryEndpoints
+from server.endpoints.tfserving import TFServingEndpoints
+from server.endpoints.v2 import V2Endpoints, error_response
+from server.http.listener import HttpSettings, Listener, address_of, bind, raise_fd_limit, tls_context
+from server.metrics import metrics_router
 from server.repository import CONTROL_MODES, Repository
 from server.router import Router
 
@@ -57,6 +54,71 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1 << 30,
         help="largest request body accepted, in bytes (default 1 GiB); larger ones get 413",
+    )
+    serve.add_argument(
+        "--http-server",
+        choices=("tensorgate", "hypercorn"),
+        default="tensorgate",
+        help="the HTTP transport: tensorgate (our own, on httptools and our HTTP/2 frames) or hypercorn "
+        "(the reference ASGI server, same endpoints); default tensorgate",
+    )
+    serve.add_argument("--ssl-certfile", default=None, help="serve HTTP over TLS with this certificate (PEM)")
+    serve.add_argument("--ssl-keyfile", default=None, help="the private key of --ssl-certfile (PEM)")
+    limits = HttpSettings()
+    serve.add_argument(
+        "--http-max-head-bytes",
+        type=int,
+        default=limits.max_head_bytes,
+        help="largest request head (HTTP/1.1 line + headers, HTTP/2 header list); larger ones get 431 "
+        f"(default {limits.max_head_bytes})",
+    )
+    serve.add_argument(
+        "--http-head-timeout",
+        type=float,
+        default=limits.head_timeout,
+        help="seconds a request head may take to arrive; then 408 and close "
+        f"(default {limits.head_timeout:g})",
+    )
+    serve.add_argument(
+        "--http-keep-alive-timeout",
+        type=float,
+        default=limits.keep_alive_timeout,
+        help=f"seconds an idle connection is kept open (default {limits.keep_alive_timeout:g})",
+    )
+    serve.add_argument(
+        "--http-max-connections",
+        type=int,
+        default=limits.max_connections,
+        help="open connections per port; more are answered 503 and closed "
+        f"(default {limits.max_connections})",
+    )
+    serve.add_argument(
+        "--http2-max-concurrent-streams",
+        type=int,
+        default=limits.h2_max_concurrent_streams,
+        help="HTTP/2 streams open at once per connection; more are refused (REFUSED_STREAM) "
+        f"(default {limits.h2_max_concurrent_streams})",
+    )
+    serve.add_argument(
+        "--http2-max-resets-per-second",
+        type=int,
+        default=limits.h2_max_resets_per_second,
+        help="HTTP/2 streams a client may reset per second before GOAWAY ENHANCE_YOUR_CALM (rapid reset) "
+        f"(default {limits.h2_max_resets_per_second})",
+    )
+    serve.add_argument(
+        "--http2-max-control-frames-per-second",
+        type=int,
+        default=limits.h2_max_control_frames_per_second,
+        help="HTTP/2 SETTINGS, PING, PRIORITY, WINDOW_UPDATE and empty DATA frames a client may send per "
+        f"second before GOAWAY ENHANCE_YOUR_CALM (default {limits.h2_max_control_frames_per_second})",
+    )
+    serve.add_argument(
+        "--graceful-timeout",
+        type=float,
+        default=limits.graceful_timeout,
+        help="seconds requests in flight have to finish once SIGTERM arrives (default "
+        f"{limits.graceful_timeout:g})",
     )
     serve.add_argument(
         "--model-control-mode",
@@ -125,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("Wildcard model name '*' must be the ONLY --load-model if specified at all")
     if args.model_control_mode == "poll" and args.repository_poll_secs <= 0:
         parser.error("--model-control-mode poll needs --repository-poll-secs > 0")
+    if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
+        parser.error("--ssl-certfile and --ssl-keyfile go together")
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -161,24 +225,22 @@ async def serve(args: argparse.Namespace) -> None:
     GrpsEndpoints(repository, args.grps_default_model).install(router)
     TFServingEndpoints(repository).install(router)
     RepositoryEndpoints(repository).install(router)
-    app = App(router, args.max_request_bytes, on_shutdown=repository.unload_all)
+    settings = http_settings(args)
 
     grpc_services = grpc.services(repository, args.grps_default_model)
     grpc_server = GrpcServer(grpc_services, codec=grpc.MessageSizeCodec(args.grpc_max_message_bytes))
     await grpc_server.start(args.host, args.grpc_port, reuse_address=True)
     for sock in grpc_server._server.sockets:  # grpclib keeps the asyncio server it listens with there
-        listen_log.info("gRPC listening on %s", repr_socket_addr(sock.family, sock.getsockname()))
+        listen_log.info("gRPC listening on %s", address_of(sock))
 
-    metrics = None
-    if args.allow_metrics:
-        metrics = MetricsServer(repository, args.host, args.metrics_port, args.log_level)
-        for address in metrics.addresses:  # logged before HTTP's line, which tells a waiting reader "up"
-            listen_log.info("Metrics listening on %s", address)
-
-    config = hypercorn_config(args.host, args.http_port, log_level=args.log_level)
-    sockets = config.create_sockets()
-    for sock in sockets.insecure_sockets:
-        listen_log.info("HTTP listening on %s", repr_socket_addr(sock.family, sock.getsockname()))
+    raise_fd_limit()
+    ports = []
+    if args.allow_metrics:  # logged before HTTP's line, which tells a waiting reader "up"
+        ports.append(("Metrics", metrics_router(repository), bind(args.host, args.metrics_port)))
+    ports.append(("HTTP", router, bind(args.host, args.http_port)))
+    for name, _, sockets in ports:
+        for sock in sockets:
+            listen_log.info("%s listening on %s", name, address_of(sock))
 
     poller = None
     if args.model_control_mode == "poll":
@@ -187,14 +249,51 @@ async def serve(args: argparse.Namespace) -> None:
     async def shutdown_trigger() -> None:
         await stop.wait()
         if poller is not None:
-            await poller  # returns once a poll under way is done; models unload after HTTP drains
-        # gRPC first: the models unload once HTTP has drained, after this returns.
-        await grpc.drain(grpc_server, grpc_services, config.graceful_timeout)
+            await poller  # returns once a poll under way is done
+        # gRPC first; the models unload once HTTP has drained too.
+        await grpc.drain(grpc_server, grpc_services, settings.graceful_timeout)
 
-    serving = [
-        worker_serve(wrap_app(app, 0, "asgi"), config, sockets=sockets, shutdown_trigger=shutdown_trigger)
-    ]
-    if metrics is not None:
-        serving.append(metrics.serve(stop.wait))
-    await asyncio.gather(*serving)
+    tls_files = (args.ssl_certfile, args.ssl_keyfile) if args.ssl_certfile else None
+    await asyncio.gather(
+        *(
+            serve_port(args.http_server, r, sockets, settings, tls_files, shutdown_trigger)
+            for _, r, sockets in ports
+        )
+    )
+    await repository.unload_all()
     log.info("shut down")
+
+
+def http_settings(args: argparse.Namespace) -> HttpSettings:
+    return HttpSettings(
+        max_request_bytes=args.max_request_bytes,
+        max_head_bytes=args.http_max_head_bytes,
+        head_timeout=args.http_head_timeout,
+        keep_alive_timeout=args.http_keep_alive_timeout,
+        max_connections=args.http_max_connections,
+        h2_max_concurrent_streams=args.http2_max_concurrent_streams,
+        h2_max_resets_per_second=args.http2_max_resets_per_second,
+        h2_max_control_frames_per_second=args.http2_max_control_frames_per_second,
+        graceful_timeout=args.graceful_timeout,
+    )
+
+
+async def serve_port(
+    transport: str,
+    router: Router,
+    sockets: list,
+    settings: HttpSettings,
+    tls_files: tuple[str, str] | None,
+    shutdown_trigger,
+) -> None:
+    """Serves one port with the chosen transport until `shutdown_trigger` returns, then drains it."""
+    if transport == "hypercorn":
+        from server.http.asgi import AsgiApp, serve_hypercorn
+
+        app = AsgiApp(router, settings.max_request_bytes)
+        await serve_hypercorn(app, sockets, shutdown_trigger, settings.graceful_timeout, tls_files)
+        return
+    listener = Listener(router, settings, sockets, tls_context(*tls_files) if tls_files else None)
+    await listener.start()
+    await shutdown_trigger()
+    await listener.shutdown()

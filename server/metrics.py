@@ -6,23 +6,20 @@ request costs nothing more. The text is Triton's: counters named without a `_tot
 `_total` to every counter sample (the OpenMetrics convention), renaming Triton's series, so the few
 lines that write the classic text format (0.0.4) are here.
 
-The server is a second hypercorn listener in the same process and event loop, with its own tiny ASGI
-app: the inference app and its hot path know nothing of it.
+The port is a second listener in the same process and event loop, with its own one-route router: the
+inference endpoints and their hot path know nothing of it.
 """
 
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 
-from hypercorn.asyncio.run import worker_serve
-from hypercorn.utils import repr_socket_addr, wrap_app
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from batcher.stats import ModelStats
-from server.app import Receive, Send, discard_body, lifespan
-from server.http_config import hypercorn_config
+from codec.errors import ErrorKind, InferError, http_status
 from server.repository import Repository
-from server.router import body_response
+from server.router import HttpRequest, HttpResponse, Router, body_response
 from server.statistics import ready_versions
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
@@ -116,46 +113,22 @@ def _escape(text: str, quote: bool = True) -> str:
     return text.replace('"', r"\"") if quote else text
 
 
-class MetricsApp:
-    """ASGI: `GET /metrics` (and HEAD) answers the registry's text; anything else 404 or 405."""
+def metrics_router(repository: Repository) -> Router:
+    """`GET /metrics` (and HEAD) answers the registry's text; anything else 404 or 405, in plain text."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ModelMetrics(repository))
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
+    async def metrics(request: HttpRequest) -> HttpResponse:
+        return body_response(exposition(registry), CONTENT_TYPE)
 
-    async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await lifespan(receive, send)
-            return
-        if scope["type"] != "http":
-            return
-        if scope["path"] != METRICS_PATH:
-            response = body_response(b"not found: this port serves GET /metrics\n", PLAIN, 404)
-        elif scope["method"] not in ("GET", "HEAD"):
-            response = body_response(b"method not allowed: use GET\n", PLAIN, 405)
-            response.headers.append((b"allow", b"GET, HEAD"))
-        else:
-            response = body_response(exposition(self.registry), CONTENT_TYPE)
-        if not await discard_body(receive):
-            return
-        await send({"type": "http.response.start", "status": response.status, "headers": response.headers})
-        await send({"type": "http.response.body", "body": response.chunks[0]})
+    router = Router(fallback_errors=_plain_error)
+    router.add("GET", METRICS_PATH, metrics, _plain_error)
+    return router
 
 
-class MetricsServer:
-    """The metrics listener: its sockets are bound at construction (so the port can be logged before the
-    server starts), `serve` runs it until `shutdown_trigger` returns."""
-
-    def __init__(self, repository: Repository, host: str, port: int, log_level: str = "info") -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(ModelMetrics(repository))
-        self.config = hypercorn_config(host, port, log_level=log_level)
-        self.config.graceful_timeout = 5  # a scrape in flight is quick; do not hold up shutdown
-        self.sockets = self.config.create_sockets()
-
-    @property
-    def addresses(self) -> list[str]:
-        return [repr_socket_addr(s.family, s.getsockname()) for s in self.sockets.insecure_sockets]
-
-    async def serve(self, shutdown_trigger: Callable[[], Awaitable[object]]) -> None:
-        app = wrap_app(MetricsApp(self.registry), 0, "asgi")
-        await worker_serve(app, self.config, sockets=self.sockets, shutdown_trigger=shutdown_trigger)
+def _plain_error(error: InferError) -> HttpResponse:
+    if getattr(error, "fixed_http_status", None) == 405:
+        return body_response(b"method not allowed: use GET\n", PLAIN, 405)
+    if error.kind == ErrorKind.NOT_FOUND:
+        return body_response(b"not found: this port serves GET /metrics\n", PLAIN, 404)
+    return body_response(error.message.encode() + b"\n", PLAIN, http_status(error))

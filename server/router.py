@@ -1,11 +1,18 @@
-"""A small table-driven router: (method, path pattern) -> handler, and per-protocol error bodies."""
+"""A small table-driven router: (method, path pattern) -> handler, and per-protocol error bodies.
 
+Both transports (ours in server/http/, and the ASGI adapter for hypercorn) call it the same way: `find`
+when the request head is in (so a wrong path, method or size is answered before the body is read), then
+`call` with the whole request. HEAD is served by the GET routes; the transport sends no body.
+"""
+
+import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from codec.errors import ErrorKind, InferError
+
+log = logging.getLogger("tensorgate.http")
 
 Chunks = list[bytes | memoryview] | AsyncIterator[bytes]
 MATCHES_KEPT = 1024
@@ -19,7 +26,6 @@ class HttpRequest:
     headers: dict[bytes, bytes]  # lowercased names
     body: bytes | memoryview = b""
     params: dict[str, str] = field(default_factory=dict)  # path parameters; "" when left out
-    receive: Any = None  # the ASGI receive channel: what unless_client_leaves() watches
 
 
 @dataclass(slots=True)
@@ -69,6 +75,30 @@ class Router:
         self.routes.setdefault(method, []).append(Route(method, compile_path(template), handler, errors))
         self._matched.clear()
 
+    def find(self, method: str, path: str) -> tuple[Route, dict[str, str]] | HttpResponse:
+        """The route and its path parameters, or the answer when there is none (404, 405 with Allow)."""
+        try:
+            return self.match("GET" if method == "HEAD" else method, path)
+        except MethodNotAllowed as e:
+            response = e.errors(e)
+            response.headers.append((b"allow", ", ".join(e.allowed).encode()))
+            return response
+        except InferError as e:
+            return self.fallback_errors(e)
+
+    @staticmethod
+    async def call(route: Route, request: HttpRequest) -> HttpResponse:
+        """The handler's answer, or its error in the route's protocol's shape (never a traceback)."""
+        try:
+            return await route.handler(request)
+        except InferError as e:
+            return route.errors(e)
+        except Exception:
+            log.exception("unexpected error serving %s %s", request.method, request.path)
+            return route.errors(
+                InferError(ErrorKind.INTERNAL, f"internal error serving {request.method} {request.path}")
+            )
+
     def match(self, method: str, path: str) -> tuple[Route, dict[str, str]]:
         matched = self._matched.get((method, path))
         if matched is not None:
@@ -88,8 +118,30 @@ class Router:
             if route.pattern.match(path)
         ]
         if allowed:
-            raise MethodNotAllowed(allowed[0].errors, sorted({r.method for r in allowed}))
+            methods = {r.method for r in allowed}
+            if "GET" in methods:
+                methods.add("HEAD")
+            raise MethodNotAllowed(allowed[0].errors, sorted(methods))
         raise InferError(ErrorKind.NOT_FOUND, f"no endpoint {method} {path}")
+
+
+class BodyTooLarge(InferError):
+    fixed_http_status = 413  # refused before it is read, as on every endpoint (TF Serving's 429 is for load)
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            ErrorKind.RESOURCE_EXHAUSTED,
+            f"request body exceeds the {limit}-byte limit (raise it with --max-request-bytes)",
+        )
+
+
+def framing_error(errors: ErrorResponder, message: str, status: int = 400) -> HttpResponse:
+    """An answer to a request whose framing cannot be trusted (RFC 9112 6.1, 6.3); the connection then
+    closes, as where the next request starts is unknown."""
+    response = errors(InferError(ErrorKind.INVALID_ARGUMENT, message))
+    response.status = status
+    response.headers.append((b"connection", b"close"))
+    return response
 
 
 class MethodNotAllowed(InferError):

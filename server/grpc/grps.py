@@ -13,7 +13,7 @@ import proto.grps.protos.v1 as pb
 from codec import grps as wire
 from codec import grps_answers as answers
 from codec.errors import ErrorKind, InferError
-from server.http_grps import Grps
+from server.grps import Grps
 from server.repository import Repository
 
 log = logging.getLogger("tensorgate.grps")

@@ -28,7 +28,7 @@ from codec import v2_grpc
 from codec.errors import ErrorKind, InferError
 from codec.tensor import InferResponse
 from server import __version__
-from server.http_v2 import EXTENSIONS
+from server.endpoints.v2 import EXTENSIONS
 from server.repository import Repository
 from server.statistics import model_statistics
 

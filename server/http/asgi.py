@@ -1,44 +1,41 @@
-"""The ASGI application: reads the body, dispatches through the router, sends the answer.
+"""The router as an ASGI 3 app, so hypercorn (the reference transport, `--http-server hypercorn`) serves
+the same endpoints as our own transport. Nothing here is on the default path.
 
-Plain ASGI 3 for hypercorn (HTTP/1.1 and HTTP/2 alike). Bodies arrive as chunks and are gathered once
-into one buffer; large response chunks go out in slices so a response never doubles in memory.
+Bodies arrive as chunks and are gathered once into one buffer; large response chunks go out in slices
+so a response never doubles in memory. hypercorn only reports a client that leaves on `receive`, it does
+not cancel the app: the handler runs as a task that a disconnect cancels (a request queued for its batch
+then leaves the queue), as our transport cancels it from connection_lost.
 """
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
+import hypercorn.asyncio.tcp_server
 import numpy as np
+from hypercorn.asyncio.run import worker_serve
+from hypercorn.config import Config, Sockets
+from hypercorn.events import Closed
+from hypercorn.protocol.h2 import H2Protocol
+from hypercorn.utils import wrap_app
 
 from codec.errors import ErrorKind, InferError
-from server.router import HttpRequest, HttpResponse, MethodNotAllowed, Router
+from server.router import BodyTooLarge, HttpRequest, HttpResponse, Router, framing_error
 
 log = logging.getLogger("tensorgate.http")
 
-SEND_SLICE = 1 << 20  # hypercorn copies each body message; slices keep that copy small
-METHODS_WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
-
 T = TypeVar("T")
+SEND_SLICE = 1 << 20  # hypercorn copies each body message; slices keep that copy small
 Receive = Callable[[], Awaitable[dict]]
 Send = Callable[[dict], Awaitable[None]]
-
-
-class BodyTooLarge(InferError):
-    fixed_http_status = 413  # refused before it is read, as on every endpoint (TF Serving's 429 is for load)
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(
-            ErrorKind.RESOURCE_EXHAUSTED,
-            f"request body exceeds the {limit}-byte limit (raise it with --max-request-bytes)",
-        )
 
 
 class ClientGone(Exception):
     pass
 
 
-class App:
+class AsgiApp:
     def __init__(
         self, router: Router, max_request_bytes: int, on_shutdown: Callable[[], Awaitable[None]] | None = None
     ) -> None:
@@ -55,42 +52,40 @@ class App:
     async def _http(self, scope: dict, receive: Receive, send: Send) -> None:
         method, path = scope["method"], scope["path"]
         headers = dict(scope["headers"])  # lowercased names, as hypercorn gives them
+        found = self.router.find(method, path)
         if b"content-length" in headers and b"transfer-encoding" in headers:
-            await self._send(send, _ambiguous_framing(self.router.fallback_errors), receive)
+            found = framing_error(
+                self.router.fallback_errors,
+                "a request must not carry both Content-Length and Transfer-Encoding",
+            )
+        if isinstance(found, HttpResponse):
+            if await discard_body(receive):  # read first, so the connection stays usable
+                await self._send(send, found, receive, method)
             return
-        errors = self.router.fallback_errors
-        body_pending = True  # an early answer reads the body first, so the connection stays usable
+        route, params = found
         try:
-            route, params = self.router.match(method, path)
-            errors = route.errors
-            body = b""
-            if method in METHODS_WITH_BODY:
-                body_pending = False  # _read_body consumes the body, also when it refuses it
-                body = await self._read_body(receive, headers)
-            request = HttpRequest(method, path, scope["query_string"], headers, body, params, receive)
-            response = await route.handler(request)
+            body = await self._read_body(receive, headers) if method in ("POST", "PUT", "PATCH") else b""
         except ClientGone:
             return
-        except MethodNotAllowed as e:
-            response = e.errors(e)
-            response.headers.append((b"allow", ", ".join(e.allowed).encode()))
         except InferError as e:
-            response = errors(e)
-        except Exception:
-            log.exception("unexpected error serving %s %s", method, path)
-            response = errors(InferError(ErrorKind.INTERNAL, f"internal error serving {method} {path}"))
-        if body_pending and response.status >= 400 and not await discard_body(receive):
-            return
-        await self._send(send, response, receive)
+            response = route.errors(e)
+        else:
+            request = HttpRequest(method, path, scope["query_string"], headers, body, params)
+            try:
+                response = await unless_client_leaves(self.router.call(route, request), receive)
+            except ClientGone:
+                return
+        await self._send(send, response, receive, method)
 
     async def _read_body(self, receive: Receive, headers: dict[bytes, bytes]) -> bytes | memoryview:
         """The whole body: the one chunk it came in, else one copy into a buffer of its Content-Length,
-        else (chunked, no length) the chunks joined."""
+        else (chunked, no length) the chunks joined. One over the limit is read and dropped."""
         limit = self.max_request_bytes
         declared = headers.get(b"content-length")
         expected = int(declared) if declared and declared.isdigit() else None
         if expected is not None and expected > limit:
-            await discard_body(receive)
+            if not await discard_body(receive):
+                raise ClientGone
             raise BodyTooLarge(limit)
         message = await receive()
         body = message.get("body", b"")
@@ -101,22 +96,21 @@ class App:
             return body
         return await _gather_body(receive, message, expected, limit)
 
-    async def _send(self, send: Send, response: HttpResponse, receive: Receive) -> None:
+    async def _send(self, send: Send, response: HttpResponse, receive: Receive, method: str) -> None:
         try:
             await send(
                 {"type": "http.response.start", "status": response.status, "headers": response.headers}
             )
             chunks: Any = response.chunks
-            if isinstance(chunks, list):
-                if len(chunks) == 1 and len(chunks[0]) <= SEND_SLICE:  # the usual answer
-                    await send({"type": "http.response.body", "body": chunks[0]})
-                    return
-                pieces = list(_slices(chunks))
+            if method == "HEAD" and isinstance(chunks, list):
+                await send({"type": "http.response.body", "body": b""})
+            elif isinstance(chunks, list):
+                pieces = list(slices(chunks, SEND_SLICE))
                 for chunk in pieces[:-1]:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 await send({"type": "http.response.body", "body": pieces[-1] if pieces else b""})
-                return
-            await _stream(send, receive, chunks)
+            else:
+                await _stream(send, receive, chunks)
         except (OSError, RuntimeError):  # the client went away mid-response
             return
 
@@ -135,8 +129,8 @@ async def _gather_body(
         chunk, more = message.get("body", b""), message.get("more_body", False)
         end = received + len(chunk)
         if end > limit:
-            if more:
-                await discard_body(receive)
+            if more and not await discard_body(receive):
+                raise ClientGone
             raise BodyTooLarge(limit)
         if chunk:
             if first is None:
@@ -147,8 +141,6 @@ async def _gather_body(
                 raise InferError(ErrorKind.INVALID_ARGUMENT, "request body longer than its Content-Length")
             else:
                 if view is None:
-                    # numpy's allocator asks for transparent huge pages: a large body then costs a few
-                    # hundred page faults instead of one per 4 KiB (about 5x faster to fill).
                     view = memoryview(np.empty(expected, dtype=np.uint8))
                     view[: len(first)] = first
                 view[received:end] = chunk
@@ -172,31 +164,18 @@ async def _stream(send: Send, receive: Receive, chunks: Any) -> None:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    pumping = asyncio.ensure_future(pump())
-    watching = asyncio.ensure_future(_disconnected(receive))
     try:
-        await asyncio.wait({pumping, watching}, return_when=asyncio.FIRST_COMPLETED)
+        await unless_client_leaves(pump(), receive)
+    except ClientGone:
+        pass
     finally:
-        watching.cancel()
-        pumping.cancel()
-        try:
-            await pumping
-        except asyncio.CancelledError:
-            pass
-        finally:
-            aclose = getattr(chunks, "aclose", None)
-            if aclose is not None:
-                await aclose()
+        aclose = getattr(chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
-async def unless_client_leaves(work: Awaitable[T], receive: Receive | None) -> T:
-    """Awaits `work`, cancelled when the client disconnects first (then raises ClientGone).
-
-    hypercorn only reports a disconnect on `receive`, it does not cancel the handler: a request queued
-    for its batch would be executed for nobody. The watch costs a task (~10 us), so only work that may
-    wait (a model with a queue) uses it."""
-    if receive is None:
-        return await work
+async def unless_client_leaves(work: Awaitable[T], receive: Receive) -> T:
+    """Awaits `work`, cancelled when the client disconnects first (then raises ClientGone)."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_disconnected(receive))
     try:
@@ -205,16 +184,10 @@ async def unless_client_leaves(work: Awaitable[T], receive: Receive | None) -> T
         watcher.cancel()
         if not task.done():
             task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
     if task in done:
         return task.result()
     raise ClientGone
-
-
-def infer_watching(version: Any, request: Any, receive: Receive | None) -> Awaitable[Any]:
-    """`version.infer(request)` (a ModelVersion), watching for the client to leave when it may queue."""
-    if version.queues:
-        return unless_client_leaves(version.infer(request), receive)
-    return version.infer(request)
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -247,22 +220,67 @@ async def discard_body(receive: Receive) -> bool:
             return True
 
 
-def _ambiguous_framing(errors: Callable[[InferError], HttpResponse]) -> HttpResponse:
-    """Content-Length beside Transfer-Encoding: answered, then the connection is closed (RFC 9112 6.1)."""
-    response = errors(
-        InferError(
-            ErrorKind.INVALID_ARGUMENT, "a request must not carry both Content-Length and Transfer-Encoding"
-        )
-    )
-    response.headers.append((b"connection", b"close"))
-    return response
-
-
-def _slices(chunks: list[bytes | memoryview]):
+def slices(chunks: Iterable[bytes | memoryview], size: int) -> Iterator[bytes | memoryview]:
+    """The chunks, each longer than `size` cut into views of at most `size` bytes."""
     for chunk in chunks:
-        if len(chunk) <= SEND_SLICE:
+        if len(chunk) <= size:
             yield chunk
             continue
         view = memoryview(chunk)
-        for start in range(0, len(view), SEND_SLICE):
-            yield view[start : start + SEND_SLICE]
+        for start in range(0, len(view), size):
+            yield view[start : start + size]
+
+
+# ------------------------------------------------------------------------------------------ hypercorn
+
+# hypercorn reads sockets 64 KiB at a time; every read then travels h11/h2 and the app's receive queue.
+# Reading up to 1 MiB at once moves large tensors ~25% faster (bench/: 64 MiB binary round trip) and
+# changes nothing for small requests. It is a module global hypercorn looks up on each read.
+hypercorn.asyncio.tcp_server.MAX_RECV = 1 << 20
+
+_h2_handle = H2Protocol.handle
+
+
+async def _h2_handle_closing_buffers(self: H2Protocol, event: object) -> None:
+    """hypercorn 0.18 leaves a stream's send buffer open when its HTTP/2 connection drops: a handler
+    waiting to flush its answer then waits forever, leaking the stream and holding up shutdown for
+    graceful_timeout. Closing the buffers once the connection is closed releases those handlers."""
+    await _h2_handle(self, event)
+    if isinstance(event, Closed):
+        for buffer in list(self.stream_buffers.values()):
+            await buffer.close()
+
+
+H2Protocol.handle = _h2_handle_closing_buffers
+
+
+def hypercorn_config(log_level: str = "info", graceful_timeout: float = 30) -> Config:
+    """hypercorn's settings for our listeners (sockets are bound by server/http/listener.py)."""
+    config = Config()
+    config.keep_alive_max_requests = 2**31  # hypercorn's default of 1000 makes load tests reconnect
+    config.keep_alive_timeout = 75
+    config.h2_max_concurrent_streams = 256
+    config.h11_max_incomplete_size = 64 * 1024  # request line + headers
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")  # through the process's own logging setup
+    config.loglevel = log_level.upper()
+    config.graceful_timeout = graceful_timeout
+    return config
+
+
+async def serve_hypercorn(
+    app: AsgiApp,
+    sockets: list,
+    shutdown_trigger: Callable[[], Awaitable[object]],
+    graceful_timeout: float,
+    tls_files: tuple[str, str] | None = None,
+) -> None:
+    """Serves `app` on the bound `sockets` until `shutdown_trigger` returns, then drains. With
+    `tls_files` (certificate, key) the sockets speak TLS, with ALPN h2 and http/1.1."""
+    config = hypercorn_config(logging.getLevelName(log.getEffectiveLevel()).lower(), graceful_timeout)
+    if tls_files is not None:
+        config.certfile, config.keyfile = tls_files
+        bound = Sockets(secure_sockets=list(sockets), insecure_sockets=[], quic_sockets=[])
+    else:
+        bound = Sockets(secure_sockets=[], insecure_sockets=list(sockets), quic_sockets=[])
+    await worker_serve(wrap_app(app, 0, "asgi"), config, sockets=bound, shutdown_trigger=shutdown_trigger)

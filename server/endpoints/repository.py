@@ -13,7 +13,7 @@ import binascii
 import orjson
 
 from codec.errors import invalid
-from server.http_v2 import error_response, json_response
+from server.endpoints.v2 import error_response, json_response
 from server.repository import Repository
 from server.router import HttpRequest, HttpResponse, Router
 

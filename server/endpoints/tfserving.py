@@ -14,7 +14,6 @@ from codec import tfserving
 from codec.errors import ErrorKind, InferError, invalid
 from codec.tensor import InferResponse
 from codec.tfserving import TensorInfo
-from server.app import infer_watching
 from server.model import UNLOADED, ModelState, ModelVersion, TensorSpec
 from server.repository import Repository
 from server.router import HttpRequest, HttpResponse, Router, body_response
@@ -155,11 +154,7 @@ class TFServingEndpoints:
         infer_request, columnar = tfserving.decode_predict(
             doc, view.inputs, model_version.name, model_version.version_str, outputs
         )
-        response = (
-            None
-            if infer_request is None
-            else await infer_watching(model_version, infer_request, request.receive)
-        )
+        response = None if infer_request is None else await model_version.infer(infer_request)
         return body_response(tfserving.encode_predict(response, view.outputs, columnar))
 
     async def classify(self, request: HttpRequest) -> HttpResponse:
@@ -181,11 +176,7 @@ class TFServingEndpoints:
         infer_request = tfserving.decode_examples(
             doc, view.inputs, model_version.name, model_version.version_str, names
         )
-        response = (
-            None
-            if infer_request is None
-            else await infer_watching(model_version, infer_request, request.receive)
-        )
+        response = None if infer_request is None else await model_version.infer(infer_request)
         return body_response(encode(response, names, view.outputs))
 
     async def status(self, request: HttpRequest) -> HttpResponse:

@@ -5,7 +5,6 @@ import orjson
 from codec import v2_http
 from codec.errors import InferError, http_status
 from server import __version__
-from server.app import infer_watching
 from server.repository import Repository
 from server.router import HttpRequest, HttpResponse, Router, body_response
 from server.statistics import model_statistics
@@ -80,6 +79,6 @@ class V2Endpoints:
             request.headers.get(v2_http.HEADER_LENGTH_BYTES), len(request.body)
         )
         infer_request = v2_http.decode_request(request.body, header_length, name, version)
-        response = await infer_watching(model_version, infer_request, request.receive)
+        response = await model_version.infer(infer_request)
         encoded = v2_http.encode_response(response, infer_request)
         return HttpResponse(200, encoded.headers, encoded.chunks)

@@ -1,0 +1,121 @@
+"""grps REST endpoints under /grps/v1/ (the interface itself is server/grps.py).
+
+Over REST the HTTP status is the answer's `status.code`. A bin_data answer goes back as the raw bytes
+(application/octet-stream), without status.
+"""
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+from urllib.parse import parse_qs
+
+from codec import grps as wire
+from codec import grps_answers as answers
+from codec.errors import ErrorKind, InferError, invalid
+from server.grps import Grps
+from server.repository import Repository
+from server.router import HttpRequest, HttpResponse, Router, body_response
+
+log = logging.getLogger("tensorgate.grps")
+
+ROOT = "/grps/v1"
+OCTET_STREAM = b"application/octet-stream"
+
+
+# ------------------------------------------------------------------------------------------ REST
+
+
+def status_response(code: int, msg: str) -> HttpResponse:
+    return body_response(answers.status_json(code, msg), status=code)
+
+
+def error_response(error: InferError) -> HttpResponse:
+    return status_response(answers.status_code(error), error.message)
+
+
+class GrpsEndpoints:
+    def __init__(self, repository: Repository, default_model: str | None = None) -> None:
+        self.grps = Grps(repository, default_model)
+
+    def install(self, router: Router) -> None:
+        both, post = ("GET", "POST"), ("POST",)
+        for methods, path, handler in (
+            (both, "/health/online", self.online),
+            (both, "/health/offline", self.offline),
+            (both, "/health/live", self.live),
+            (both, "/health/ready", self.ready),
+            (post, "/infer/predict", self.predict),
+            (both, "/metadata/server", self.server_metadata),
+            (post, "/metadata/model", self.model_metadata),
+        ):
+            for method in methods:
+                router.add(method, ROOT + path, handler, error_response)
+
+    async def online(self, request: HttpRequest) -> HttpResponse:
+        self.grps.set_online(True)
+        return status_response(answers.OK, "OK")
+
+    async def offline(self, request: HttpRequest) -> HttpResponse:
+        self.grps.set_online(False)
+        return status_response(answers.OK, "OK")
+
+    async def live(self, request: HttpRequest) -> HttpResponse:
+        return status_response(answers.OK, "OK")
+
+    async def ready(self, request: HttpRequest) -> HttpResponse:
+        return status_response(*self.grps.readiness())
+
+    async def server_metadata(self, request: HttpRequest) -> HttpResponse:
+        return body_response(answers.answer_json(answers.Answer(wire.STR_DATA, self.grps.server_metadata())))
+
+    async def model_metadata(self, request: HttpRequest) -> HttpResponse:
+        payload = wire.payload_from_json(request.body)
+        if payload.kind != wire.STR_DATA:
+            raise invalid("metadata/model takes the model's name as str_data")
+        name = payload.tensors[0].data[()].decode()
+        return body_response(
+            answers.answer_json(answers.Answer(wire.STR_DATA, self.grps.model_metadata(name)))
+        )
+
+    async def predict(self, request: HttpRequest) -> HttpResponse:
+        query = _query(request.query)
+        content_type = request.headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+        if content_type == OCTET_STREAM:
+            payload = wire.payload_from_bytes(request.body)
+        else:
+            payload = wire.payload_from_json(request.body)
+        payload.model = payload.model or query.get("model", "")  # the body's model wins
+        return_ndarray = _flag(query, "return-ndarray")
+        if _flag(query, "streaming"):
+            stream = await self.grps.predict_stream(payload, return_ndarray)
+            return HttpResponse(answers.OK, [(b"content-type", OCTET_STREAM)], _chunks(stream))
+        answer = await self.grps.predict(payload, return_ndarray)
+        if answer.kind == wire.BIN_DATA:
+            return body_response(answer.data, OCTET_STREAM, answers.OK)
+        return body_response(answers.answer_json(answer))
+
+
+async def _chunks(stream: AsyncIterator[answers.Answer]) -> AsyncIterator[bytes]:
+    """One chunk per answer: its JSON and a newline, or its raw bytes for bin_data. A failure ends the
+    stream with a FAILURE message."""
+    async with aclosing(stream):
+        try:
+            async for answer in stream:
+                yield answer.data if answer.kind == wire.BIN_DATA else answers.answer_json(answer) + b"\n"
+        except InferError as e:
+            yield answers.error_json(e) + b"\n"
+        except Exception:
+            log.exception("unexpected error streaming a grps answer")
+            yield (
+                answers.error_json(InferError(ErrorKind.INTERNAL, "internal error streaming the answer"))
+                + b"\n"
+            )
+
+
+def _query(raw: bytes) -> dict[str, Any]:
+    return {key: values[-1] for key, values in parse_qs(raw.decode("latin-1")).items()}
+
+
+def _flag(query: dict[str, Any], name: str) -> bool:
+    return str(query.get(name, "")).lower() == "true"

@@ -1,0 +1,509 @@
+"""HTTP/1.1 on httptools (llhttp): a lean asyncio BufferedProtocol that calls the router directly.
+
+- Keep-alive, pipelining (requests answered in order, one at a time), HTTP/1.0, HEAD, chunked request
+  bodies, `Expect: 100-continue`, chunked transfer for streamed answers.
+- A body with a Content-Length that does not arrive with its head is received straight into one buffer of
+  that length: `get_buffer` hands the socket the rest of that buffer, the parser is bypassed until it is
+  full (and replaced for the next request). No list of chunks, no join, no copy before the model.
+- What can be refused from the head alone is refused before the body is read: 404 / 405 (the body is
+  then read and dropped, the connection stays), 413 for a declared length over the limit (then the
+  connection closes, after a lingering read, since the client may still be sending).
+- The client leaving cancels the request's task at once (its queued work leaves the batcher).
+- The first bytes of a connection that are the HTTP/2 preface hand the connection to server/http/h2.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import email.utils
+import logging
+import time
+from http import HTTPStatus
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+import httptools
+import numpy as np
+
+from server.router import BodyTooLarge, HttpRequest, HttpResponse, Route, framing_error
+
+if TYPE_CHECKING:
+    from server.http.listener import ConnectionHost
+
+log = logging.getLogger("tensorgate.http")
+
+READ_SIZE = 256 * 1024
+WRITE_SLICE = 1 << 20  # large bodies go out in slices, each waiting for the socket to drain
+SMALL_BODY = 64 * 1024  # bodies up to this go out joined to their head in one write
+LARGE_BUFFER = 1 << 20  # bodies from this size are received into numpy memory (huge pages, no zeroing)
+MAX_PIPELINED = 16  # requests parsed ahead of their answers before reading pauses
+LINGER_SECONDS = 2.0  # after an early 413, how long the rest of the upload is read and dropped
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+# Connection states, for timeouts and shutdown.
+IDLE, HEAD, BODY, BUSY, CLOSING = range(5)
+
+STATUS_LINES = {
+    status.value: f"HTTP/1.1 {status.value} {status.phrase}\r\n".encode() for status in HTTPStatus
+}
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+def status_line(status: int) -> bytes:
+    return STATUS_LINES.get(status) or f"HTTP/1.1 {status} Unknown\r\n".encode()
+
+
+class _Date:
+    """The Date header, formatted once a second."""
+
+    second = 0
+    header = b""
+
+    @classmethod
+    def now(cls) -> bytes:
+        second = int(time.time())
+        if second != cls.second:
+            cls.second = second
+            cls.header = b"date: " + email.utils.formatdate(second, usegmt=True).encode() + b"\r\n"
+        return cls.header
+
+
+class _Request:
+    """One request as the parser assembles it."""
+
+    __slots__ = (
+        "method",
+        "url",
+        "path",
+        "headers",
+        "head_bytes",
+        "route",
+        "params",
+        "expected",
+        "body",
+        "filled",
+        "http10",
+    )
+
+    def __init__(self) -> None:
+        self.method = ""
+        self.url = b""  # the request target as it comes; then the query string alone
+        self.path = ""  # percent-decoded
+        self.http10 = False
+        self.headers: dict[bytes, bytes] = {}
+        self.head_bytes = 0
+        self.route: Route | None = None
+        self.params: dict[str, str] = {}
+        self.expected: int | None = None  # the Content-Length, when declared
+        self.body: Any = b""  # bytes (came whole), a memoryview over a buffer of `expected`, or a bytearray
+        self.filled = 0  # bytes of a buffered body received so far
+
+
+class H1Connection(asyncio.BufferedProtocol):
+    def __init__(self, host: ConnectionHost) -> None:
+        self.host = host
+        self.settings = host.settings
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.read_buffer = bytearray(READ_SIZE)
+        self.read_view = memoryview(self.read_buffer)
+        self.request: _Request | None = None  # the one being parsed
+        self.pending: collections.deque[tuple[_Request, bool]] = collections.deque()  # parsed, unanswered
+        self.task: asyncio.Task | None = None  # the one being answered
+        self.bypass: memoryview | None = None  # the rest of a body buffer the socket reads into
+        self.state = IDLE
+        self.since = self.loop.time()
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.paused_reading = False
+        self.shutting_down = False
+        self.fresh = True  # nothing read yet: the bytes may still be the HTTP/2 preface
+
+    # ------------------------------------------------------------------------------ asyncio protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        if not self.host.opened(self):
+            transport.write(  # type: ignore[attr-defined]
+                b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            )
+            transport.close()
+            self.transport = None
+            return
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is not None and ssl_object.selected_alpn_protocol() == "h2":
+            self._become_h2(b"")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.host.closed(self)
+        self.transport = None
+        self.writable.set()  # a writer waiting for the socket wakes and finds it gone
+        if self.task is not None:
+            self.task.cancel()
+        self.pending.clear()
+
+    def pause_writing(self) -> None:
+        self.writable.clear()
+
+    def resume_writing(self) -> None:
+        self.writable.set()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self.bypass is not None:
+            return self.bypass
+        return self.read_view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.bypass is not None:
+            self._bypassed(nbytes)
+            return
+        data = self.read_view[:nbytes]
+        if self.fresh:
+            self.fresh = False
+            if data[:3] == b"PRI":  # the HTTP/2 preface; no HTTP/1.1 method is called PRI
+                self._become_h2(bytes(data))
+                return
+        if self.state == CLOSING:
+            return  # lingering after an early close: what the client still sends is dropped
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError:
+            return  # a callback answered and is closing the connection
+        except httptools.HttpParserUpgrade:
+            # Upgrade (h2c, websocket) is not offered; the request was served as plain HTTP/1.1, and what
+            # follows it in the buffer would be another protocol's bytes.
+            self._early_close(framing_error(self.host.router.fallback_errors, "upgrade is not supported"))
+            return
+        except httptools.HttpParserError as e:
+            self._early_close(framing_error(self.host.router.fallback_errors, f"malformed request: {e}"))
+            return
+        request = self.request
+        if request is not None and request.expected and request.route is not None and self.state == BODY:
+            # The rest of a Content-Length body: straight into its buffer, the parser bypassed.
+            self._buffer_body(request)
+            self.bypass = request.body[request.filled :]
+
+    def eof_received(self) -> None:
+        """The client closed its side: taken as the client leaving (what it asked is cancelled), as a
+        half-closed client that still reads is rare and a vanished one must not hold work in the queue."""
+        return None
+
+    # ------------------------------------------------------------------------------ parser callbacks
+
+    def on_message_begin(self) -> None:
+        self.request = _Request()
+        self.state = HEAD
+        self.since = self.loop.time()
+
+    def on_url(self, url: bytes) -> None:
+        request = self.request
+        request.url += url
+        request.head_bytes += len(url)
+        if request.head_bytes > self.settings.max_head_bytes:
+            self._refuse(self._head_too_large())
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        request = self.request
+        request.head_bytes += len(name) + len(value) + 4
+        if request.head_bytes > self.settings.max_head_bytes:
+            self._refuse(self._head_too_large())
+        name = name.lower()
+        headers = request.headers
+        headers[name] = headers[name] + b", " + value if name in headers else value
+
+    def on_headers_complete(self) -> None:
+        request = self.request
+        parser = self.parser
+        request.method = parser.get_method().decode("ascii", "replace")
+        request.http10 = parser.get_http_version() == "1.0"
+        headers = request.headers
+        self.state = BODY
+        router = self.host.router
+        if b"content-length" in headers and b"transfer-encoding" in headers:
+            self._refuse(
+                framing_error(
+                    router.fallback_errors,
+                    "a request must not carry both Content-Length and Transfer-Encoding",
+                )
+            )
+        path, _, request.url = request.url.partition(b"?")
+        path_text = path.decode("latin-1")
+        request.path = unquote(path_text, encoding="latin-1") if "%" in path_text else path_text
+        found = router.find(request.method, request.path)
+        declared = headers.get(b"content-length")
+        expected = request.expected = int(declared) if declared is not None else None  # checked by llhttp
+        expects_continue = headers.get(b"expect", b"").lower() == b"100-continue"
+        if isinstance(found, HttpResponse):
+            if expects_continue and (expected or b"transfer-encoding" in headers):
+                self._refuse(found)  # the client may or may not send the body now: framing unknown
+            self._early_answer(found)
+            return
+        request.route, request.params = found
+        if expected is not None and expected > self.settings.max_request_bytes:
+            self._refuse(request.route.errors(BodyTooLarge(self.settings.max_request_bytes)))
+        if expects_continue and self.transport is not None:
+            self.transport.write(CONTINUE)
+
+    def on_body(self, chunk: bytes) -> None:
+        request = self.request
+        if request.route is None:
+            return  # answered early: dropped
+        expected = request.expected
+        if expected is None:  # chunked
+            if not request.body:
+                request.body = bytearray()
+            request.body += chunk
+            if len(request.body) > self.settings.max_request_bytes:
+                self._refuse(request.route.errors(BodyTooLarge(self.settings.max_request_bytes)))
+        elif request.filled == 0 and len(chunk) == expected:
+            request.body = chunk  # the usual case: the whole body with its head
+            request.filled = expected
+        else:
+            self._buffer_body(request)
+            end = request.filled + len(chunk)
+            request.body[request.filled : end] = chunk
+            request.filled = end
+
+    def on_message_complete(self) -> None:
+        request, self.request = self.request, None
+        self.state = BUSY
+        if request.route is None:
+            if not self.pending and self.task is None:
+                self._idle()
+            return  # answered early
+        self._queue(request, self.parser.should_keep_alive())
+
+    # ------------------------------------------------------------------------------ bodies
+
+    @staticmethod
+    def _buffer_body(request: _Request) -> None:
+        if isinstance(request.body, memoryview):
+            return
+        first = request.body
+        size = request.expected
+        buffer = np.empty(size, dtype=np.uint8) if size >= LARGE_BUFFER else bytearray(size)
+        request.body = memoryview(buffer).cast("B")
+        if first:
+            request.body[: len(first)] = first
+            request.filled = len(first)
+
+    def _bypassed(self, nbytes: int) -> None:
+        request = self.request
+        request.filled += nbytes
+        if request.filled < request.expected:
+            self.bypass = self.bypass[nbytes:]
+            return
+        # Whole: the parser never saw these bytes, so a fresh one reads the next request.
+        self.bypass = None
+        keep_alive = self.parser.should_keep_alive()
+        self.parser = httptools.HttpRequestParser(self)
+        self.request = None
+        self.state = BUSY
+        self._queue(request, keep_alive)
+
+    # ------------------------------------------------------------------------------ answering
+
+    def _queue(self, request: _Request, keep_alive: bool) -> None:
+        if self.task is None:
+            self.task = self.loop.create_task(self._serve(request, keep_alive))
+        else:
+            self.pending.append((request, keep_alive))
+            if len(self.pending) >= MAX_PIPELINED and not self.paused_reading and self.transport is not None:
+                self.paused_reading = True
+                self.transport.pause_reading()
+
+    async def _serve(self, request: _Request, keep_alive: bool) -> None:
+        while True:
+            http_request = HttpRequest(
+                request.method, request.path, request.url, request.headers, request.body, request.params
+            )
+            response = await self.host.router.call(request.route, http_request)
+            if self.shutting_down and not self.pending:
+                keep_alive = False
+            if request.http10 and not isinstance(response.chunks, list):
+                keep_alive = False  # no chunked encoding in HTTP/1.0: the end of the stream is the close
+            try:
+                await self._write(response, request, keep_alive)
+            except ConnectionError:
+                return
+            if not keep_alive or self.transport is None:
+                self._close()
+                return
+            if not self.pending:
+                break
+            request, keep_alive = self.pending.popleft()
+            if self.paused_reading and len(self.pending) < MAX_PIPELINED // 2:
+                self.paused_reading = False
+                self.transport.resume_reading()
+        self.task = None
+        if self.request is None:
+            self._idle()
+
+    async def _write(self, response: HttpResponse, request: _Request, keep_alive: bool) -> None:
+        method = request.method
+        head = [status_line(response.status)]
+        for name, value in response.headers:
+            head += (name, b": ", value, b"\r\n")
+        head.append(_Date.now())
+        chunks = response.chunks
+        streamed = not isinstance(chunks, list)
+        chunked = streamed and method != "HEAD" and not request.http10
+        if chunked:
+            head.append(b"transfer-encoding: chunked\r\n")
+        if not keep_alive:
+            head.append(b"connection: close\r\n")
+        head.append(b"\r\n")
+        transport = self.transport
+        if transport is None:
+            raise ConnectionResetError
+        if method == "HEAD":
+            transport.write(b"".join(head))
+            if streamed and hasattr(chunks, "aclose"):
+                await chunks.aclose()
+            return
+        if streamed:
+            transport.write(b"".join(head))
+            await self._write_stream(chunks, chunked)
+            return
+        size = sum(map(len, chunks))
+        if size <= SMALL_BODY:
+            transport.write(b"".join(head + chunks))
+            return
+        transport.write(b"".join(head))
+        for chunk in chunks:
+            view = memoryview(chunk).cast("B")
+            for start in range(0, len(view), WRITE_SLICE):
+                await self._drained()
+                transport.write(view[start : start + WRITE_SLICE])
+
+    async def _write_stream(self, chunks: Any, chunked: bool) -> None:
+        try:
+            async for chunk in chunks:
+                if chunk:
+                    await self._drained()
+                    self.transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
+            if chunked:
+                await self._drained()
+                self.transport.write(b"0\r\n\r\n")
+        finally:
+            await chunks.aclose()
+
+    async def _drained(self) -> None:
+        if not self.writable.is_set():
+            await self.writable.wait()
+        if self.transport is None:
+            raise ConnectionResetError
+
+    # ------------------------------------------------------------------------------ early answers
+
+    def _early_answer(self, response: HttpResponse) -> None:
+        """An answer from the head alone (404, 405) while the body, if any, is still coming: it is read
+        and dropped, and the connection serves the next request. Waits its turn behind pipelined ones."""
+        if self.task is not None or self.pending:
+            request = _Request()
+            request.route = _Fixed(response)  # type: ignore[assignment]
+            request.method = self.request.method
+            self.pending.append((request, self.parser.should_keep_alive()))
+            return
+        self._write_now(response, self.request.method, self.parser.should_keep_alive())
+
+    def _early_close(self, response: HttpResponse) -> None:
+        """An answer after which the framing cannot be trusted (413 by declared length, malformed,
+        ambiguous): sent, then the connection closes once the client stops sending."""
+        if self.transport is None or self.state == CLOSING:
+            return  # already answered
+        if not any(name == b"connection" for name, _ in response.headers):
+            response.headers.append((b"connection", b"close"))
+        self._write_now(response, self.request.method if self.request else "GET", False)
+        self.state = CLOSING
+        self.pending.clear()
+        if self.task is not None:
+            self.task.cancel()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_SECONDS, self.abort)
+
+    def _refuse(self, response: HttpResponse) -> None:
+        """`_early_close` from a parser callback: the parser stops there."""
+        self._early_close(response)
+        raise httptools.HttpParserCallbackError
+
+    def _head_too_large(self) -> HttpResponse:
+        return framing_error(
+            self.host.router.fallback_errors,
+            f"request head exceeds the {self.settings.max_head_bytes}-byte limit "
+            "(raise it with --http-max-head-bytes)",
+            status=431,
+        )
+
+    def _write_now(self, response: HttpResponse, method: str, keep_alive: bool) -> None:
+        head = [status_line(response.status)]
+        for name, value in response.headers:
+            head += (name, b": ", value, b"\r\n")
+        head.append(_Date.now())
+        if not keep_alive and not any(name == b"connection" for name, _ in response.headers):
+            head.append(b"connection: close\r\n")
+        head.append(b"\r\n")
+        body = b"" if method == "HEAD" else b"".join(response.chunks)  # error answers are small lists
+        self.transport.write(b"".join(head) + body)
+
+    # ------------------------------------------------------------------------------ lifecycle
+
+    def _idle(self) -> None:
+        self.state = IDLE
+        self.since = self.loop.time()
+        if self.shutting_down:
+            self._close()
+
+    def _close(self) -> None:
+        self.state = CLOSING
+        if self.transport is not None:
+            self.transport.close()
+
+    def sweep(self, now: float) -> None:
+        state, elapsed = self.state, now - self.since
+        if state == IDLE and elapsed > self.settings.keep_alive_timeout:
+            self._close()
+        elif state == HEAD and elapsed > self.settings.head_timeout:
+            self._early_close(
+                framing_error(
+                    self.host.router.fallback_errors,
+                    f"request head not received within {self.settings.head_timeout:g} s "
+                    "(raise it with --http-head-timeout)",
+                    status=408,
+                )
+            )
+        elif state == IDLE and self.fresh and elapsed > self.settings.head_timeout:
+            self._close()  # connected, never sent a byte
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+        if self.state == IDLE and self.task is None:
+            self._close()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _become_h2(self, data: bytes) -> None:
+        from server.http.h2 import H2Connection
+
+        connection = H2Connection(self.host)
+        self.host.closed(self)
+        self.transport.set_protocol(connection)
+        connection.connection_made(self.transport)
+        self.transport = None
+        if data:
+            connection.data_in(data)
+
+
+class _Fixed:
+    """A route whose answer is already known: an early error waiting behind pipelined requests."""
+
+    def __init__(self, response: HttpResponse) -> None:
+        self.response = response
+
+    async def handler(self, request: HttpRequest) -> HttpResponse:
+        return self.response

@@ -1,0 +1,178 @@
+"""One listener per port: binds the sockets, accepts connections, tells HTTP/1.1 from HTTP/2, and drains.
+
+A connection starts as HTTP/1.1 (server/http/h1.py) and becomes HTTP/2 (server/http/h2.py) when its
+first bytes are the HTTP/2 connection preface (cleartext, prior knowledge) or TLS chose `h2` by ALPN.
+Timeouts are checked by one sweep a second over the open connections, not a timer per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import socket
+import ssl
+from dataclasses import dataclass
+from typing import Protocol
+
+from server.router import Router
+
+log = logging.getLogger("tensorgate.http")
+
+SWEEP_SECONDS = 1.0
+BACKLOG = 4096
+
+
+@dataclass
+class HttpSettings:
+    """Every limit of the transport; each has a CLI flag (server/cli.py)."""
+
+    max_request_bytes: int = 1 << 30
+    max_head_bytes: int = 64 * 1024  # HTTP/1.1 request line + headers; HTTP/2 decoded header list
+    head_timeout: float = 30.0  # a request head (or an HTTP/2 preface) must arrive whole within this
+    keep_alive_timeout: float = 75.0  # an idle connection is closed after this
+    max_connections: int = 10_000
+    h2_max_concurrent_streams: int = 256
+    h2_max_resets_per_second: int = 200  # client RST_STREAMs (rapid reset, CVE-2023-44487)
+    h2_max_control_frames_per_second: int = 1000  # SETTINGS, PING, PRIORITY, empty DATA, WINDOW_UPDATE
+    graceful_timeout: float = 30.0
+
+
+class Connection(Protocol):
+    def sweep(self, now: float) -> None:
+        """Closes the connection if one of its timeouts has passed."""
+
+    def shutdown(self) -> None:
+        """Stops taking new requests: closes now if idle, else once what is in flight is answered."""
+
+    def abort(self) -> None:
+        """Closes at once."""
+
+
+class ConnectionHost:
+    """What every connection of one listener shares: the router, the limits, the set of connections."""
+
+    def __init__(self, router: Router, settings: HttpSettings) -> None:
+        self.router = router
+        self.settings = settings
+        self.connections: set[Connection] = set()
+        self.closing = False
+        self.idle = asyncio.Event()  # set whenever no connection is open
+        self.idle.set()
+
+    def opened(self, connection: Connection) -> bool:
+        """Registers a new connection; False when it must be refused (limit reached, or shutting down)."""
+        if self.closing or len(self.connections) >= self.settings.max_connections:
+            return False
+        self.connections.add(connection)
+        self.idle.clear()
+        return True
+
+    def closed(self, connection: Connection) -> None:
+        self.connections.discard(connection)
+        if not self.connections:
+            self.idle.set()
+
+
+def bind(host: str, port: int) -> list[socket.socket]:
+    """Listening sockets for `host` (a name, an IPv4 or IPv6 address) and `port` (0: a free one)."""
+    sockets = []
+    for family, kind, proto, _, address in socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    ):
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        try:
+            sock.bind(address)
+        except OSError:
+            sock.close()
+            for bound in sockets:
+                bound.close()
+            raise
+        sock.listen(BACKLOG)  # now: a client may connect as soon as the port is logged
+        sock.setblocking(False)
+        sockets.append(sock)
+        if port == 0:  # every address of the name on the same free port
+            port = sock.getsockname()[1]
+    return sockets
+
+
+def address_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if sock.family == socket.AF_INET6 else f"{host}:{port}"
+
+
+def tls_context(certfile: str, keyfile: str) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(certfile, keyfile)
+    context.set_alpn_protocols(["h2", "http/1.1"])
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
+
+
+def raise_fd_limit() -> None:
+    """Lifts the soft limit on open files to the hard one: every connection is a file."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            log.warning("could not raise the open-file limit from %d to %d", soft, hard)
+
+
+class Listener:
+    """Our transport on bound sockets: `start`, then `shutdown` (graceful) when the server stops."""
+
+    def __init__(
+        self,
+        router: Router,
+        settings: HttpSettings,
+        sockets: list[socket.socket],
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
+        self.host = ConnectionHost(router, settings)
+        self.sockets = sockets
+        self.tls = tls
+        self.servers: list[asyncio.Server] = []
+        self._sweeper: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        from server.http.h1 import H1Connection
+
+        loop = asyncio.get_running_loop()
+        for sock in self.sockets:
+            self.servers.append(
+                await loop.create_server(
+                    lambda: H1Connection(self.host), sock=sock, ssl=self.tls, backlog=BACKLOG
+                )
+            )
+        self._sweeper = asyncio.create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(SWEEP_SECONDS)
+            now = loop.time()
+            for connection in list(self.host.connections):
+                connection.sweep(now)
+
+    async def shutdown(self) -> None:
+        """Stops accepting, lets every connection finish what it has in flight (idle ones close at
+        once, HTTP/2 ones get GOAWAY), and closes what is left after the graceful timeout."""
+        self.host.closing = True
+        for server in self.servers:
+            server.close()
+        for connection in list(self.host.connections):
+            connection.shutdown()
+        try:
+            await asyncio.wait_for(self.host.idle.wait(), self.host.settings.graceful_timeout)
+        except TimeoutError:
+            log.warning("%d connections still open after the graceful timeout", len(self.host.connections))
+            for connection in list(self.host.connections):
+                connection.abort()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for server in self.servers:
+            await server.wait_closed()
