@@ -1,23 +1,28 @@
-"""The transport ceiling: hypercorn, with our server's settings, serving an app that does no work.
+"""The transport ceilings: a server doing no work, answering every request with the same bytes.
 
 Every request gets the same ~250-byte JSON body (the size of the `simple` infer response) after its own
-body has been read in full, as a real app must. Whatever our server reaches below this is our own cost.
+body has been read in full, as a real app must. Whatever our server reaches below these is our own cost.
 
-    python -m bench.bare_app [--host 127.0.0.1] [--port 0]
+    python -m bench.bare_app --server uvicorn|tensorgate|hypercorn [--host 127.0.0.1] [--port 0]
 
-logs `HTTP listening on HOST:PORT` to stderr once bound, like `python -m server serve`; SIGTERM stops it.
+- uvicorn: uvicorn with its httptools protocol and uvloop, a plain ASGI app (the fastest mainstream
+  Python HTTP/1.1 server doing nothing; needs the `bench` extra). HTTP/1.1 only.
+- tensorgate: our own transport (server/http/) with a one-route router (our floor); HTTP/1.1 and h2c.
+- hypercorn: hypercorn with our settings (server/http/asgi.py), the reference transport; both.
+
+Logs `HTTP listening on HOST:PORT` to stderr once bound, like `python -m server serve`; SIGTERM stops it.
 """
 
 import argparse
 import asyncio
-import socket
+import signal
 import sys
 from typing import Any
 
 import orjson
-from hypercorn.asyncio import serve
 
-from server.http.asgi import hypercorn_config
+from server.http.listener import HttpSettings, Listener, address_of, bind, raise_fd_limit
+from server.router import HttpRequest, HttpResponse, Router, body_response
 
 BODY = orjson.dumps(
     {
@@ -30,9 +35,10 @@ BODY = orjson.dumps(
     }
 )
 HEADERS = [(b"content-type", b"application/json"), (b"content-length", str(len(BODY)).encode())]
+SERVERS = ("uvicorn", "tensorgate", "hypercorn")
 
 
-async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+async def asgi_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if scope["type"] == "lifespan":
         while True:
             message = await receive()
@@ -53,14 +59,14 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": BODY})
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((host, port))
-    sock.listen(1024)  # connections queue from now on, before hypercorn's accept loop starts
-    return sock
+def fixed_router() -> Router:
+    async def answer(request: HttpRequest) -> HttpResponse:
+        return body_response(BODY)
+
+    router = Router(fallback_errors=lambda error: body_response(b"{}", status=404))
+    for method in ("GET", "POST"):
+        router.add(method, "/{*path}", answer, router.fallback_errors)
+    return router
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -71,20 +77,46 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
+async def serve(server: str, sockets: list, log_level: str) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    if server == "tensorgate":
+        listener = Listener(fixed_router(), HttpSettings(), sockets)
+        await listener.start()
+        await stop.wait()
+        await listener.shutdown()
+    elif server == "hypercorn":
+        from server.http.asgi import serve_hypercorn
+
+        await serve_hypercorn(asgi_app, sockets, stop.wait, graceful_timeout=5)  # type: ignore[arg-type]
+    else:
+        import uvicorn
+
+        config = uvicorn.Config(
+            asgi_app, http="httptools", loop="none", lifespan="off", access_log=False, log_level=log_level
+        )
+        runner = uvicorn.Server(config)
+        runner.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        task = asyncio.create_task(runner.serve(sockets=sockets))
+        await stop.wait()
+        runner.should_exit = True
+        await task
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.bare_app", description=__doc__.splitlines()[0])
+    parser.add_argument("--server", choices=SERVERS, default="tensorgate")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
-
-    sock = listening_socket(args.host, args.port)
-    port = sock.getsockname()[1]
-    config = hypercorn_config(log_level=args.log_level)
-    config.bind = [f"fd://{sock.detach()}"]  # hypercorn adopts the bound socket, so port 0 works
-    print(f"HTTP listening on {args.host}:{port}", file=sys.stderr, flush=True)
+    raise_fd_limit()
+    sockets = bind(args.host, args.port)
+    print(f"HTTP listening on {address_of(sockets[0])}", file=sys.stderr, flush=True)
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
-        runner.run(serve(app, config))  # type: ignore[arg-type]
+        runner.run(serve(args.server, sockets, args.log_level))
 
 
 if __name__ == "__main__":

@@ -306,7 +306,9 @@ def run_all(opts: Options) -> tuple[list[Result], list[str]]:
         host, port = parts.hostname or "127.0.0.1", parts.port or 80
         results = []
         if bare_names := [name for name in selected if name.startswith("bare")]:
-            with ServerProcess([sys.executable, "-m", "bench.bare_app"], cwd=ROOT) as bare:
+            with ServerProcess(
+                [sys.executable, "-m", "bench.bare_app", "--server", "tensorgate"], cwd=ROOT
+            ) as bare:
                 results += _run_on(bare_names, "127.0.0.1", bare.port, opts, bare)
         ours = [name for name in selected if not name.startswith("bare")]
         checks = {name: _verify(name, host, port) for name in ours}
@@ -330,7 +332,7 @@ def run_all(opts: Options) -> tuple[list[Result], list[str]]:
         echo = ServerProcess([sys.executable, "-m", "bench.grpc_echo"], cwd=ROOT, listens="gRPC")
     with (
         echo or contextlib.nullcontext(),
-        ServerProcess([sys.executable, "-m", "bench.bare_app"], cwd=ROOT) as bare,
+        ServerProcess([sys.executable, "-m", "bench.bare_app", "--server", "tensorgate"], cwd=ROOT) as bare,
     ):
         try:
             server = ServerProcess(argv, cwd=ROOT)

@@ -15,8 +15,8 @@ import orjson
 from bench.harness import Options, Result, family
 
 WHAT = {
-    "bare-h1": "bare hypercorn app (ceiling)",
-    "bare-h2": "bare hypercorn app (ceiling)",
+    "bare-h1": "bare app on our transport (ceiling)",
+    "bare-h2": "bare app on our transport (ceiling)",
     "json-h1": "JSON infer `simple`",
     "json-h2": "JSON infer `simple`",
     "hpt-v2-h1": "v2 JSON infer `half_plus_two`",
