@@ -17,8 +17,14 @@ $(STAMP): pyproject.toml
 serve: $(STAMP)
 	$(BIN)/tensorgate serve --model-repository $(REPO) $(ARGS)
 
+# The whole suite on our transport, then the HTTP end-to-end tests again on the reference transport
+# (hypercorn): a difference between the two is a failing test. Tests marked `ours` cover our transport's
+# own limits and are not run there.
+HTTP_E2E = $(filter-out %grpc.py %grpc_stream.py,$(wildcard tests/test_e2e_*.py))
+
 test: lint
 	$(BIN)/python -m pytest -q $(ARGS)
+	TENSORGATE_TEST_HTTP_SERVER=hypercorn $(BIN)/python -m pytest -q -m "not ours" $(HTTP_E2E) $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -28,8 +34,11 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# Starts a server on ephemeral ports, drives it, and prints the side-by-side table (see bench/README.md).
+# Starts servers on ephemeral ports, drives them, and prints the side-by-side tables (see bench/README.md):
+# the transport bench (wrk, h2load, curl: apt-get install wrk nghttp2-client curl), then the harness.
 bench: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[bench]'
+	$(BIN)/python -m bench.transport $(ARGS)
 	$(BIN)/python -m bench $(ARGS)
 
 # Regenerates the betterproto2 modules in proto/ from proto/*.proto (commit the result; a test checks it).

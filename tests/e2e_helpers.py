@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
@@ -20,6 +21,10 @@ EXAMPLES = ROOT / "examples" / "model_repository"
 LISTEN_RE = re.compile(rb"HTTP listening on 127\.0\.0\.1:(\d+)")
 GRPC_LISTEN_RE = re.compile(rb"gRPC listening on 127\.0\.0\.1:(\d+)")
 METRICS_LISTEN_RE = re.compile(rb"Metrics listening on 127\.0\.0\.1:(\d+)")
+# `make test` runs the HTTP end-to-end tests a second time on the reference transport (hypercorn):
+# TENSORGATE_TEST_HTTP_SERVER=hypercorn adds `--http-server hypercorn` to every server started here.
+HTTP_SERVER = os.environ.get("TENSORGATE_TEST_HTTP_SERVER", "")
+HTTP_SERVER_ARGS = ("--http-server", HTTP_SERVER) if HTTP_SERVER else ()
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 15.0
 LOG_TAIL = 20_000
@@ -66,6 +71,7 @@ class ServerProcess:
             "0",
             "--log-level",
             self.log_level,
+            *HTTP_SERVER_ARGS,
             *self.extra_args,
         ]
 

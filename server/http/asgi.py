@@ -69,6 +69,8 @@ class AsgiApp:
             return
         except InferError as e:
             response = route.errors(e)
+            if isinstance(e, BodyTooLarge):  # as our transport does (it answers before the body is read)
+                response.headers.append((b"connection", b"close"))
         else:
             request = HttpRequest(method, path, scope["query_string"], headers, body, params)
             try:
