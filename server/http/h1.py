@@ -168,14 +168,9 @@ class H1Connection(asyncio.BufferedProtocol):
         if self.state == CLOSING:
             return  # lingering after an early close: what the client still sends is dropped
         try:
-            self.parser.feed_data(data)
+            self._feed(data)
         except httptools.HttpParserCallbackError:
             return  # a callback answered and is closing the connection
-        except httptools.HttpParserUpgrade:
-            # Upgrade (h2c, websocket) is not offered; the request was served as plain HTTP/1.1, and what
-            # follows it in the buffer would be another protocol's bytes.
-            self._early_close(framing_error(self.host.router.fallback_errors, "upgrade is not supported"))
-            return
         except httptools.HttpParserError as e:
             self._early_close(framing_error(self.host.router.fallback_errors, f"malformed request: {e}"))
             return
@@ -184,6 +179,17 @@ class H1Connection(asyncio.BufferedProtocol):
             # The rest of a Content-Length body: straight into its buffer, the parser bypassed.
             self._buffer_body(request)
             self.bypass = request.body[request.filled :]
+
+    def _feed(self, data: memoryview) -> None:
+        while True:
+            try:
+                self.parser.feed_data(data)
+                return
+            except httptools.HttpParserUpgrade as upgrade:
+                # Upgrade (h2c, websocket) is not offered: the request is answered as plain HTTP/1.1
+                # (RFC 9110 7.8 lets a server ignore it), and the parser, stopped there, is replaced.
+                self.parser = httptools.HttpRequestParser(self)
+                data = data[upgrade.args[0] :]
 
     def eof_received(self) -> None:
         """The client closed its side: taken as the client leaving (what it asked is cancelled), as a
