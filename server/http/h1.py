@@ -26,6 +26,7 @@ from urllib.parse import unquote
 import httptools
 import numpy as np
 
+from server.http import eager
 from server.router import BodyTooLarge, HttpRequest, HttpResponse, Route, framing_error
 
 if TYPE_CHECKING:
@@ -119,6 +120,7 @@ class H1Connection(asyncio.BufferedProtocol):
         self.writable.set()
         self.paused_reading = False
         self.shutting_down = False
+        self.outbox: list[bytes] = []
         self.fresh = True  # nothing read yet: the bytes may still be the HTTP/2 preface
 
     # ------------------------------------------------------------------------------ asyncio protocol
@@ -250,7 +252,7 @@ class H1Connection(asyncio.BufferedProtocol):
         if expected is not None and expected > self.settings.max_request_bytes:
             self._refuse(request.route.errors(BodyTooLarge(self.settings.max_request_bytes)))
         if expects_continue and self.transport is not None:
-            self.transport.write(CONTINUE)
+            self._send(CONTINUE)
 
     def on_body(self, chunk: bytes) -> None:
         request = self.request
@@ -313,7 +315,7 @@ class H1Connection(asyncio.BufferedProtocol):
 
     def _queue(self, request: _Request, keep_alive: bool) -> None:
         if self.task is None:
-            self.task = self.loop.create_task(self._serve(request, keep_alive))
+            self.task = eager.start(self._serve(request, keep_alive), self.loop)
         else:
             self.pending.append((request, keep_alive))
             if len(self.pending) >= MAX_PIPELINED and not self.paused_reading and self.transport is not None:
@@ -365,38 +367,52 @@ class H1Connection(asyncio.BufferedProtocol):
         if transport is None:
             raise ConnectionResetError
         if method == "HEAD":
-            transport.write(b"".join(head))
+            self._send(b"".join(head))
             if streamed and hasattr(chunks, "aclose"):
                 await chunks.aclose()
             return
         if streamed:
-            transport.write(b"".join(head))
+            self._send(b"".join(head))
             await self._write_stream(chunks, chunked)
             return
         size = sum(map(len, chunks))
         if size <= SMALL_BODY:
-            transport.write(b"".join(head + chunks))
+            self._send(b"".join(head + chunks))
             return
-        transport.write(b"".join(head))
+        self._send(b"".join(head))
         for chunk in chunks:
             view = memoryview(chunk).cast("B")
             for start in range(0, len(view), WRITE_SLICE):
+                self._flush()
                 await self._drained()
                 transport.write(view[start : start + WRITE_SLICE])
+
+    def _send(self, data: bytes) -> None:
+        """Queues bytes for the socket: what the answers of one event-loop pass write goes out at its end,
+        together (sent one by one, each woke the client's side separately: ~25% more CPU a request at
+        full load; bench.transport)."""
+        if not self.outbox:
+            self.loop.call_soon(self._flush)
+        self.outbox.append(data)
+
+    def _flush(self) -> None:
+        if self.outbox and self.transport is not None:
+            self.transport.write(b"".join(self.outbox) if len(self.outbox) > 1 else self.outbox[0])
+        self.outbox.clear()
 
     async def _write_stream(self, chunks: Any, chunked: bool) -> None:
         try:
             async for chunk in chunks:
                 if chunk:
                     await self._drained()
-                    self.transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
+                    self._send(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
             if chunked:
-                await self._drained()
-                self.transport.write(b"0\r\n\r\n")
+                self._send(b"0\r\n\r\n")
         finally:
             await chunks.aclose()
 
     async def _drained(self) -> None:
+        self._flush()
         if not self.writable.is_set():
             await self.writable.wait()
         if self.transport is None:
@@ -427,6 +443,7 @@ class H1Connection(asyncio.BufferedProtocol):
         self.pending.clear()
         if self.task is not None:
             self.task.cancel()
+        self._flush()
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self.loop.call_later(LINGER_SECONDS, self.abort)
@@ -453,7 +470,7 @@ class H1Connection(asyncio.BufferedProtocol):
             head.append(b"connection: close\r\n")
         head.append(b"\r\n")
         body = b"" if method == "HEAD" else b"".join(response.chunks)  # error answers are small lists
-        self.transport.write(b"".join(head) + body)
+        self._send(b"".join(head) + body)
 
     # ------------------------------------------------------------------------------ lifecycle
 
@@ -466,6 +483,7 @@ class H1Connection(asyncio.BufferedProtocol):
     def _close(self) -> None:
         self.state = CLOSING
         if self.transport is not None:
+            self._flush()
             self.transport.close()
 
     def sweep(self, now: float) -> None:

@@ -146,7 +146,8 @@ class H2Connection(asyncio.BufferedProtocol):
         self.direct: memoryview | None = None  # where the socket reads the rest of a large DATA frame
         self.direct_frame: tuple[Stream, int, int] | None = None  # (stream, bytes left, flags)
         self.preface = True
-        self.out: list[bytes] = []  # frames to write at the end of this read
+        self.out: list[bytes] = []  # frames to write at the end of this pass of the event loop
+        self.flush_pending = False
         self.decoder = Decoder(self.settings.max_head_bytes)
         self.streams: dict[int, Stream] = {}
         self.closed_ids: collections.deque[int] = collections.deque(maxlen=CLOSED_KEPT)
@@ -229,7 +230,7 @@ class H2Connection(asyncio.BufferedProtocol):
             self._frames()
         except ConnectionError_ as e:
             self._fail(e.code, str(e))
-        self._flush()
+        self._flush()  # the control frames this read called for (answers go out at the pass's end)
 
     def _frames(self) -> None:
         view = self.view
@@ -845,11 +846,13 @@ class H2Connection(asyncio.BufferedProtocol):
         """Queues frames of an answer; the answers of one pass of the event loop go out in one write."""
         if self.transport is None:
             raise StreamReset
-        if not self.out:
+        if not self.flush_pending:
+            self.flush_pending = True
             self.loop.call_soon(self._flush)
         self.out.append(data)
 
     def _flush(self) -> None:
+        self.flush_pending = False
         if self.out and self.transport is not None:
             self.transport.write(b"".join(self.out))
         self.out.clear()
