@@ -54,7 +54,7 @@ DEFAULT_FRAME = 16384
 OUR_MAX_FRAME = 1 << 20  # what we accept (advertised); large frames move tensors in fewer pieces
 OUR_STREAM_WINDOW = 16 << 20  # advertised per stream; topped up as the body arrives
 OUR_CONNECTION_WINDOW = 64 << 20
-READ_BUFFER = OUR_MAX_FRAME + 9 + (256 << 10)
+READ_BUFFER = 64 << 10  # to start with; grows to hold the largest frame that comes (idle ones stay small)
 DIRECT_READ = 64 << 10
 SMALL_DATA = 16 << 10  # DATA up to this is copied into the queued frames; larger goes out as views
 SEND_BATCH = 1 << 20  # DATA frames from this size go straight into their body's buffer
@@ -204,10 +204,15 @@ class H2Connection(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         if self.direct is not None:
             return self.direct
-        if self.end == len(self.buffer):  # full: move the incomplete frame to the front
+        if self.end == len(self.buffer):  # full: move the incomplete frame to the front, or grow
             size = self.end - self.start
-            self.view[:size] = self.view[self.start : self.end]
-            self.start, self.end = 0, size
+            if self.start == 0:
+                self.buffer = bytearray(min(2 * len(self.buffer), OUR_MAX_FRAME + 9 + (256 << 10)))
+                self.buffer[:size] = self.view[:size]
+                self.view = memoryview(self.buffer)
+            else:
+                self.view[:size] = self.view[self.start : self.end]
+                self.start, self.end = 0, size
         return self.view[self.end :]
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -219,6 +224,9 @@ class H2Connection(asyncio.BufferedProtocol):
 
     def data_in(self, data: bytes) -> None:
         """Bytes read before this protocol took over the connection (the HTTP/1.1 side saw the preface)."""
+        if len(data) > len(self.buffer):
+            self.buffer = bytearray(len(data))
+            self.view = memoryview(self.buffer)
         self.view[: len(data)] = data
         self.end = len(data)
         self._process()
