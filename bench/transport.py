@@ -33,7 +33,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from datetime import date
 
 import numpy as np
@@ -46,9 +45,24 @@ from bench.procs import ServerProcess, cpu_clock, memory_kib, reset_peak_rss
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCENARIOS = ("json-h1", "json-h2", "binary-h1", "binary-h2", "idle")
 BINARY_PATH = "/v2/models/identity_fp32/infer"
-SERVE = [sys.executable, "-m", "server", "serve", "--model-repository", "examples/model_repository",
-         "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
-         "--log-level", "warning"]  # fmt: skip
+SERVE = [
+    sys.executable,
+    "-m",
+    "server",
+    "serve",
+    "--model-repository",
+    "examples/model_repository",
+    "--host",
+    "127.0.0.1",
+    "--http-port",
+    "0",
+    "--grpc-port",
+    "0",
+    "--metrics-port",
+    "0",
+    "--log-level",
+    "warning",
+]
 SERVERS = {
     "uvicorn-bare": [sys.executable, "-m", "bench.bare_app", "--server", "uvicorn"],
     "ours-bare": [sys.executable, "-m", "bench.bare_app", "--server", "tensorgate"],
@@ -70,16 +84,38 @@ _H2LOAD_TIME = re.compile(r"finished in ([\d.]+)(m?s)")
 
 
 def wrk(port: int, script: str, seconds: float, connections: int = 16) -> tuple[int, float, str]:
-    out = _run(["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "-s", script,
-                f"http://127.0.0.1:{port}{JSON_PATH}"], seconds + 30)  # fmt: skip
+    out = _run(
+        [
+            "wrk",
+            "-t1",
+            f"-c{connections}",
+            f"-d{max(1, round(seconds))}s",
+            "-s",
+            script,
+            f"http://127.0.0.1:{port}{JSON_PATH}",
+        ],
+        seconds + 30,
+    )
     found = _WRK.search(out)
     note = "errors" if ("Non-2xx" in out or "Socket errors" in out) else ""
     return (int(found.group(1)), float(found.group(2)), note) if found else (0, 0.0, out[-200:])
 
 
 def h2load(port: int, body_file: str, requests: int) -> tuple[int, float, str]:
-    out = _run(["h2load", "-c4", "-m4", f"-n{requests}", "-d", body_file, "-H", "content-type: application/json",
-                f"http://127.0.0.1:{port}{JSON_PATH}"], 120)  # fmt: skip
+    out = _run(
+        [
+            "h2load",
+            "-c4",
+            "-m4",
+            f"-n{requests}",
+            "-d",
+            body_file,
+            "-H",
+            "content-type: application/json",
+            f"http://127.0.0.1:{port}{JSON_PATH}",
+        ],
+        120,
+    )
     done, took = _H2LOAD.search(out), _H2LOAD_TIME.search(out)
     if not done or not took:
         return 0, 0.0, out[-200:]
@@ -125,8 +161,10 @@ def load_rounds(name: str, servers: dict[str, ServerProcess], order: list[str], 
                 count = max(2000, int(rate * args.duration))
                 result = measure(servers[key], lambda p=port, n=count: h2load(p, files["json"], n))
             per_server[key].append(result)
-            print(f"  {name} round {round_no + 1} {key}: {result['rps']:.0f} req/s, {result['cpu_us']:.1f} us",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"  {name} round {round_no + 1} {key}: {result['rps']:.0f} req/s, {result['cpu_us']:.1f} us",
+                file=sys.stderr,
+            )
     return {key: summarize(rounds) for key, rounds in per_server.items()} | {"rounds": per_server}
 
 
@@ -150,11 +188,19 @@ def ratio_per_round(rounds: dict, key: str, base: str) -> tuple[float, float, fl
 def binary_body(mib: int, directory: str) -> tuple[str, bytes, int]:
     """The request body file (JSON header + raw FP32 0, 1, 2, ...), the raw bytes, the header length."""
     raw = np.arange(mib * (1 << 20) // 4, dtype="<f4").tobytes()
-    header = orjson.dumps({
-        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [len(raw) // 4],
-                    "parameters": {"binary_data_size": len(raw)}}],
-        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
-    })  # fmt: skip
+    header = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "datatype": "FP32",
+                    "shape": [len(raw) // 4],
+                    "parameters": {"binary_data_size": len(raw)},
+                }
+            ],
+            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+        }
+    )
     path = os.path.join(directory, "binary.bin")
     with open(path, "wb") as f:
         f.write(header + raw)
@@ -162,9 +208,21 @@ def binary_body(mib: int, directory: str) -> tuple[str, bytes, int]:
 
 
 def curl_trip(port: int, body: str, header_length: int, http2: bool, out: str) -> tuple[float, int]:
-    argv = ["curl", "-s", "-o", out, "-w", "%{http_code} %{time_total}", "--data-binary", f"@{body}",
-            "-H", "Content-Type: application/octet-stream", "-H", f"Inference-Header-Content-Length: {header_length}",
-            f"http://127.0.0.1:{port}{BINARY_PATH}"]  # fmt: skip
+    argv = [
+        "curl",
+        "-s",
+        "-o",
+        out,
+        "-w",
+        "%{http_code} %{time_total}",
+        "--data-binary",
+        f"@{body}",
+        "-H",
+        "Content-Type: application/octet-stream",
+        "-H",
+        f"Inference-Header-Content-Length: {header_length}",
+        f"http://127.0.0.1:{port}{BINARY_PATH}",
+    ]
     if http2:
         argv.insert(1, "--http2-prior-knowledge")
     code, seconds = subprocess.run(argv, capture_output=True, text=True, timeout=120).stdout.split()
@@ -184,9 +242,21 @@ def binary(server: ServerProcess, http2: bool, args, files) -> dict:
     rss_before = memory_kib(server.pid)["VmRSS"]
     reset_peak_rss(server.pid)
     cpu = cpu_clock(server.pid)
-    argv = ["h2load", f"-n{args.binary_trips}", "-c1", "-m1", "-w30", "-W30", "-d", body,
-            "-H", f"inference-header-content-length: {header_length}", "-H", "content-type: application/octet-stream",
-            f"http://127.0.0.1:{server.port}{BINARY_PATH}"]  # fmt: skip
+    argv = [
+        "h2load",
+        f"-n{args.binary_trips}",
+        "-c1",
+        "-m1",
+        "-w30",
+        "-W30",
+        "-d",
+        body,
+        "-H",
+        f"inference-header-content-length: {header_length}",
+        "-H",
+        "content-type: application/octet-stream",
+        f"http://127.0.0.1:{server.port}{BINARY_PATH}",
+    ]
     if not http2:
         argv.insert(1, "--h1")
     output = _run(argv, 300)
@@ -254,9 +324,13 @@ def _open(sock: socket.socket) -> bool:
 
 
 def report(results: dict, args) -> str:
-    lines = [f"# Transport bench, {date.today()} ({platform.node()}, {os.cpu_count()} cores)", "",
-             f"wrk -t1 -c16 and h2load -c4 -m4, {args.duration:g} s per server per round, {args.rounds} rounds "
-             "alternating; req/s over all rounds, server CPU per request the median of the rounds.", ""]  # fmt: skip
+    lines = [
+        f"# Transport bench, {date.today()} ({platform.node()}, {os.cpu_count()} cores)",
+        "",
+        f"wrk -t1 -c16 and h2load -c4 -m4, {args.duration:g} s per server per round, {args.rounds} rounds "
+        "alternating; req/s over all rounds, server CPU per request the median of the rounds.",
+        "",
+    ]
     for name in ("json-h1", "json-h2"):
         if name not in results:
             continue
@@ -268,8 +342,10 @@ def report(results: dict, args) -> str:
         ]
         for key, value in results[name].items():
             if key != "rounds":
-                lines.append(f"| {key} | {value['rps']:,.0f} | {value['cpu_us']:.1f} µs | {value['cores']:.2f} | "
-                             f"{', '.join(value['notes'])} |")  # fmt: skip
+                lines.append(
+                    f"| {key} | {value['rps']:,.0f} | {value['cpu_us']:.1f} µs | {value['cores']:.2f} | "
+                    f"{', '.join(value['notes'])} |"
+                )
         lines.append("")
     lines += [
         "## Targets",
@@ -280,18 +356,23 @@ def report(results: dict, args) -> str:
     for name, key, base, minimum in TARGETS:
         if name in results:
             mid, low, high = ratio_per_round(results[name]["rounds"], key, base)
-            lines.append(f"| {name}: {key} / {base} | {mid:.2f}x | {low:.2f}-{high:.2f} | >= {minimum}x | "
-                         f"{'yes' if mid >= minimum else 'NO'} |")  # fmt: skip
+            lines.append(
+                f"| {name}: {key} / {base} | {mid:.2f}x | {low:.2f}-{high:.2f} | >= {minimum}x | "
+                f"{'yes' if mid >= minimum else 'NO'} |"
+            )
     for name, minimum in (("binary-h1", 2.5), ("binary-h2", 1.5)):
         for key, value in results.get(name, {}).items():
             if "error" in value:
                 lines.append(f"| {name} {key} | {value['error']} | | | NO |")
                 continue
             met = key != "ours" or (value["gb_s"] >= minimum and value["rss_growth_x"] <= 1.1)
-            lines.append(f"| {name} {key}: GB/s, peak RSS growth | {value['gb_s']:.2f} GB/s, "
-                         f"{value['rss_growth_x']:.2f}x payload | mean trip {value['mean_trip_s'] * 1000:.0f} ms ({value['client']}) | "
-                         f"{'>= ' + str(minimum) + ' GB/s, <= 1.1x' if key == 'ours' else 'reference'} | "
-                         f"{'yes' if met else 'NO'} |")  # fmt: skip
+            lines.append(
+                f"| {name} {key}: GB/s, peak RSS growth | {value['gb_s']:.2f} GB/s, "
+                f"{value['rss_growth_x']:.2f}x payload | "
+                f"mean trip {value['mean_trip_s'] * 1000:.0f} ms ({value['client']}) | "
+                f"{'>= ' + str(minimum) + ' GB/s, <= 1.1x' if key == 'ours' else 'reference'} | "
+                f"{'yes' if met else 'NO'} |"
+            )
     if "idle" in results:
         value = results["idle"]
         if "error" in value:
@@ -302,9 +383,12 @@ def report(results: dict, args) -> str:
                 and value["rss_growth_mib"] < 100
                 and value["still_open"] == value["connections"]
             )
-            lines.append(f"| idle: {value['connections']} keep-alive connections held ({value['still_open']} still open) "
-                         f"| json-h1 {value['rps_with_idle']:,.0f} vs {value['rps_plain']:,.0f} req/s ({value['ratio']:.2f}x), "
-                         f"RSS +{value['rss_growth_mib']:.0f} MiB | | >= 0.9x, < 100 MiB | {'yes' if met else 'NO'} |")  # fmt: skip
+            lines.append(
+                f"| idle: {value['connections']} keep-alive connections held "
+                f"({value['still_open']} still open) | json-h1 {value['rps_with_idle']:,.0f} vs "
+                f"{value['rps_plain']:,.0f} req/s ({value['ratio']:.2f}x), "
+                f"RSS +{value['rss_growth_mib']:.0f} MiB | | >= 0.9x, < 100 MiB | {'yes' if met else 'NO'} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -331,8 +415,10 @@ def main(argv: list[str] | None = None) -> int:
         with open(files["json"], "wb") as f:
             f.write(JSON_BODY)
         with open(files["lua"], "w") as f:
-            f.write(f'wrk.method = "POST"\nwrk.body = {_lua_string(JSON_BODY)}\n'
-                    'wrk.headers["Content-Type"] = "application/json"\n')  # fmt: skip
+            f.write(
+                f'wrk.method = "POST"\nwrk.body = {_lua_string(JSON_BODY)}\n'
+                'wrk.headers["Content-Type"] = "application/json"\n'
+            )
         if any(name.startswith("binary") for name in args.only):
             files["binary"] = binary_body(args.binary_mib, directory)
         servers = {key: ServerProcess(command, cwd=ROOT) for key, command in SERVERS.items()}
