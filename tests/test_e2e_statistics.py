@@ -190,7 +190,7 @@ def test_unknown_and_unready_models_are_errors(stats_client: httpx.Client) -> No
     )
     refused = stats_client.post("/v2/models/stats", content=b"{}")
     assert_error(refused, 405)
-    assert refused.headers["allow"] == "GET"
+    assert refused.headers["allow"] == "GET, HEAD"
 
 
 def test_stats_routes_leave_the_model_routes_alone(stats_client: httpx.Client) -> None:

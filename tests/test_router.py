@@ -47,6 +47,6 @@ def test_the_other_method_of_a_matched_path_is_refused(router: Router) -> None:
     router.match("GET", "/v2/models/a")
     with pytest.raises(MethodNotAllowed) as refused:
         router.match("POST", "/v2/models/a")
-    assert refused.value.allowed == ["GET"]
+    assert refused.value.allowed == ["GET", "HEAD"]
     with pytest.raises(InferError, match="no endpoint PUT /nowhere"):
         router.match("PUT", "/nowhere")

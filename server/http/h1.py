@@ -338,6 +338,10 @@ class H1Connection(asyncio.BufferedProtocol):
                 await self._write(response, request, keep_alive)
             except ConnectionError:
                 return
+            except Exception:  # a streamed answer that failed midway: its framing is broken, close
+                log.exception("unexpected error answering %s %s", request.method, request.path)
+                self.abort()
+                return
             if not keep_alive or self.transport is None:
                 self._close()
                 return

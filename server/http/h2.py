@@ -742,6 +742,13 @@ class H2Connection(asyncio.BufferedProtocol):
             await self._respond(stream, response)
         except StreamReset:
             return
+        except Exception:  # a streamed answer that failed midway: the stream ends in an error
+            log.exception("unexpected error answering %s %s", stream.method, stream.path)
+            if not stream.reset:
+                self._reset(stream.id, INTERNAL_ERROR)
+                self._flush()
+                self._drop(stream)
+            return
         if not stream.reset:
             self._close_stream(stream)
 
