@@ -1,0 +1,188 @@
+"""A raw HTTP/2 client for tests: frames built and read by hand (malformed ones included), HPACK by the
+`hpack` package, and the verdicts h2spec uses (a connection error, a stream error, still alive)."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from dataclasses import dataclass
+
+import hpack
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = (
+    range(10)
+)
+END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
+NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0, 1, 2, 3
+STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = 5, 6, 7, 8, 9
+ENHANCE_YOUR_CALM = 0xB
+S_HEADER_TABLE_SIZE, S_ENABLE_PUSH, S_MAX_CONCURRENT_STREAMS = 1, 2, 3
+S_INITIAL_WINDOW_SIZE, S_MAX_FRAME_SIZE, S_MAX_HEADER_LIST_SIZE = 4, 5, 6
+
+
+@dataclass
+class Frame:
+    kind: int
+    flags: int
+    stream: int
+    payload: bytes
+
+    @property
+    def error_code(self) -> int:
+        """RST_STREAM's code, or GOAWAY's."""
+        return struct.unpack(">I", self.payload[4:8] if self.kind == GOAWAY else self.payload[:4])[0]
+
+
+def frame(kind: int, flags: int, stream: int, payload: bytes = b"", length: int | None = None) -> bytes:
+    """A frame; `length` overrides the length field (for malformed frames)."""
+    size = len(payload) if length is None else length
+    return size.to_bytes(3, "big") + bytes((kind, flags)) + (stream & 0xFFFFFFFF).to_bytes(4, "big") + payload
+
+
+def settings(*pairs: tuple[int, int]) -> bytes:
+    return b"".join(struct.pack(">HI", key, value) for key, value in pairs)
+
+
+class H2Wire:
+    """One connection: `open()` sends the preface and an empty SETTINGS, reads the server's SETTINGS
+    (kept in `server_settings`) and ACKs it."""
+
+    def __init__(self, address: tuple[str, int], timeout: float = 2.0) -> None:
+        self.sock = socket.create_connection(address, timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.timeout = timeout
+        self.buffer = b""
+        self.encoder = hpack.Encoder()
+        self.decoder = hpack.Decoder()
+        self.server_settings: dict[int, int] = {}
+        self.authority = f"{address[0]}:{address[1]}"
+
+    def __enter__(self) -> H2Wire:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()
+
+    def open(self, client_settings: bytes = b"") -> H2Wire:
+        self.send(PREFACE + frame(SETTINGS, 0, 0, client_settings))
+        first = self.read_frame()
+        assert first is not None and first.kind == SETTINGS and not first.flags & ACK, first
+        for offset in range(0, len(first.payload), 6):
+            key, value = struct.unpack(">HI", first.payload[offset : offset + 6])
+            self.server_settings[key] = value
+        self.send(frame(SETTINGS, ACK, 0))
+        return self
+
+    @property
+    def max_frame(self) -> int:
+        return self.server_settings.get(S_MAX_FRAME_SIZE, 16384)
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def block(self, method: str = "GET", path: str = "/v2/health/live", extra: list | None = None) -> bytes:
+        fields = [(":method", method), (":scheme", "http"), (":path", path), (":authority", self.authority)]
+        return self.encoder.encode(fields + list(extra or []))
+
+    def request(
+        self,
+        stream: int,
+        method: str = "GET",
+        path: str = "/v2/health/live",
+        body: bytes | None = None,
+        extra=None,
+    ) -> None:
+        extra = list(extra or [])
+        if body is not None:
+            extra.append(("content-length", str(len(body))))
+        flags = END_HEADERS | (END_STREAM if body is None else 0)
+        out = frame(HEADERS, flags, stream, self.block(method, path, extra))
+        if body is not None:
+            out += frame(DATA, END_STREAM, stream, body)
+        self.send(out)
+
+    def read_frame(self, timeout: float | None = None) -> Frame | None:
+        """The next frame; None when the connection closed; raises TimeoutError when none comes."""
+        deadline = time.monotonic() + (timeout or self.timeout)
+        while True:
+            if len(self.buffer) >= 9:
+                length = int.from_bytes(self.buffer[:3], "big")
+                if len(self.buffer) >= 9 + length:
+                    head, payload = self.buffer[:9], self.buffer[9 : 9 + length]
+                    self.buffer = self.buffer[9 + length :]
+                    return Frame(head[3], head[4], int.from_bytes(head[5:9], "big") & 0x7FFFFFFF, payload)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no frame")
+            self.sock.settimeout(left)
+            try:
+                chunk = self.sock.recv(1 << 20)
+            except (ConnectionResetError, BrokenPipeError):
+                chunk = b""
+            except TimeoutError:
+                raise TimeoutError("no frame") from None
+            if not chunk:
+                return None
+            self.buffer += chunk
+
+    def frames_until(self, done, timeout: float | None = None) -> list[Frame]:
+        """Frames until `done(frame)` is true for one (included) or the connection closes (None last)."""
+        seen: list[Frame] = []
+        while True:
+            got = self.read_frame(timeout)
+            seen.append(got)
+            if got is None or done(got):
+                return seen
+
+    def response(self, stream: int) -> tuple[int, dict[str, str], bytes]:
+        """(status, headers, body) of `stream`, WINDOW_UPDATEs not sent (bodies here are small)."""
+        status, headers, body = 0, {}, b""
+        while True:
+            got = self.read_frame()
+            assert got is not None, "connection closed before the response ended"
+            assert got.kind != GOAWAY, f"GOAWAY {got.error_code}: {got.payload[8:]!r}"
+            if got.stream != stream:
+                continue
+            assert got.kind != RST_STREAM, f"stream reset with {got.error_code}"
+            if got.kind == HEADERS:
+                for name, value in self.decoder.decode(got.payload):
+                    if name == ":status":
+                        status = int(value)
+                    else:
+                        headers[name] = value
+            elif got.kind == DATA:
+                body += got.payload
+            if got.flags & END_STREAM:
+                return status, headers, body
+
+    # ---- h2spec's verdicts
+
+    def expect_connection_error(self, *codes: int) -> None:
+        """A GOAWAY with one of `codes`, or the connection closed (h2spec accepts either)."""
+        for got in self.frames_until(lambda f: f.kind == GOAWAY, timeout=self.timeout):
+            if got is None:
+                return
+            if got.kind == GOAWAY:
+                assert got.error_code in codes, f"GOAWAY {got.error_code}, wanted one of {codes}"
+                return
+
+    def expect_stream_error(self, stream: int, *codes: int) -> None:
+        """RST_STREAM on `stream` with one of `codes`, or a connection error with one of them."""
+        for got in self.frames_until(
+            lambda f: f.kind == GOAWAY or (f.kind == RST_STREAM and f.stream == stream), timeout=self.timeout
+        ):
+            if got is None:
+                return
+            if got.kind in (GOAWAY, RST_STREAM):
+                assert got.error_code in codes, f"{got.kind} {got.error_code}, wanted one of {codes}"
+                return
+
+    def expect_alive(self) -> None:
+        """A PING answered with its ACK: the connection still works."""
+        self.send(frame(PING, 0, 0, b"alive!!!"))
+        for got in self.frames_until(lambda f: f.kind == PING and f.flags & ACK):
+            assert got is not None, "connection closed"
+            assert got.kind != GOAWAY, f"GOAWAY {got.error_code}"
+        assert got.payload == b"alive!!!"

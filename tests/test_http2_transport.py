@@ -1,0 +1,382 @@
+"""Our HTTP/2 transport with real clients (httpx, the `h2` library as a strict client, curl) and raw
+frames for its defences: concurrent streams, rapid reset, CONTINUATION floods, HPACK bombs, control
+frame floods, window overflows, cancellation and graceful shutdown."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from e2e_helpers import (
+    EXAMPLES,
+    ServerProcess,
+    binary_body,
+    simple_inputs,
+    split_binary_response,
+    stop_all,
+    write_model,
+)
+from h2_wire import (
+    CANCEL,
+    CONTINUATION,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    ENHANCE_YOUR_CALM,
+    FLOW_CONTROL_ERROR,
+    GOAWAY,
+    HEADERS,
+    PING,
+    PRIORITY,
+    REFUSED_STREAM,
+    RST_STREAM,
+    SETTINGS,
+    WINDOW_UPDATE,
+    H2Wire,
+    frame,
+)
+
+pytestmark = pytest.mark.ours
+
+INFER = json.dumps({"inputs": simple_inputs(list(range(16)), [1] * 16, [1, 16])}).encode()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    log = tmp_path_factory.mktemp("h2") / "server.log"
+    started = ServerProcess(EXAMPLES, log).start()
+    yield started
+    stop_all([started])
+
+
+@pytest.fixture
+def limited(tmp_path: Path) -> Iterator:
+    servers: list[ServerProcess] = []
+
+    def start(*args: str) -> ServerProcess:
+        servers.append(
+            ServerProcess(EXAMPLES, tmp_path / f"server-{len(servers)}.log", extra_args=args).start()
+        )
+        return servers[-1]
+
+    yield start
+    stop_all(servers)
+
+
+def _assert_serves(server: ServerProcess) -> None:
+    with H2Wire(server.address) as fresh:
+        fresh.open()
+        fresh.request(1)
+        assert fresh.response(1)[0] == 200
+
+
+def test_httpx_runs_concurrent_requests_on_one_connection(server: ServerProcess) -> None:
+    with httpx.Client(base_url=server.base_url, http1=False, http2=True, timeout=10) as client:
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(i: int) -> list[int]:
+            body = {"inputs": simple_inputs(list(range(16)), [i] * 16, [1, 16])}
+            response = client.post("/v2/models/simple/infer", json=body)
+            assert response.http_version == "HTTP/2"
+            return response.json()["outputs"][0]["data"]
+
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(one, range(32)))
+    assert results == [[x + i for x in range(16)] for i in range(32)]
+
+
+def test_the_h2_library_as_a_strict_client(server: ServerProcess) -> None:
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    conn = h2.connection.H2Connection(
+        h2.config.H2Configuration(
+            client_side=True, validate_inbound_headers=True, normalize_inbound_headers=False
+        )
+    )
+    with socket.create_connection(server.address, timeout=5) as sock:
+        conn.initiate_connection()
+        headers = [
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", "/v2/models/simple/infer"),
+            (":authority", "127.0.0.1"),
+            ("content-length", str(len(INFER))),
+        ]
+        conn.send_headers(1, headers)
+        conn.send_data(1, INFER, end_stream=True)
+        sock.sendall(conn.data_to_send())
+        status, body, ended = None, b"", False
+        while not ended:
+            data = sock.recv(65536)
+            assert data, "connection closed"
+            for event in conn.receive_data(data):  # raises on any protocol violation of the server's
+                if isinstance(event, h2.events.ResponseReceived):
+                    status = dict(event.headers)[b":status"]
+                elif isinstance(event, h2.events.DataReceived):
+                    body += event.data
+                elif isinstance(event, h2.events.StreamEnded):
+                    ended = True
+            sock.sendall(conn.data_to_send())
+    assert status == b"200"
+    assert json.loads(body)["outputs"][0]["data"] == [x + 1 for x in range(16)]
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_curl_with_prior_knowledge(server: ServerProcess) -> None:
+    probe = subprocess.run(["curl", "--version"], capture_output=True, text=True)
+    if "HTTP2" not in probe.stdout:
+        pytest.skip("this curl has no HTTP/2")
+    argv = ["curl", "-s", "--http2-prior-knowledge", "-w", "\n%{http_version}", "--data-binary", "@-"]
+    argv += ["-H", "Content-Type: application/json", f"{server.base_url}/v2/models/simple/infer"]
+    out = subprocess.run(argv, input=INFER, capture_output=True, timeout=10, check=True)
+    body, version = out.stdout.rsplit(b"\n", 1)
+    assert version == b"2"
+    assert json.loads(body)["outputs"][0]["data"] == [x + 1 for x in range(16)]
+
+
+def test_large_binary_tensor_round_trips_with_flow_control(server: ServerProcess) -> None:
+    values = np.arange(2 * 1024 * 1024, dtype="<f4")  # 8 MiB, past every default window
+    header = {
+        "inputs": [
+            {
+                "name": "INPUT0",
+                "datatype": "FP32",
+                "shape": [values.size],
+                "parameters": {"binary_data_size": values.nbytes},
+            }
+        ],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+    }
+    body, headers = binary_body(header, values.tobytes())
+    with httpx.Client(base_url=server.base_url, http1=False, http2=True, timeout=30) as client:
+        response = client.post("/v2/models/identity_fp32/infer", content=body, headers=headers)
+    assert response.http_version == "HTTP/2" and response.status_code == 200
+    _, raw = split_binary_response(response)
+    assert np.array_equal(np.frombuffer(raw["OUTPUT0"], dtype="<f4"), values)
+
+
+def test_answer_waits_for_the_clients_window(server: ServerProcess) -> None:
+    """A client announcing a 10-byte stream window gets its answer 10 bytes at a time, as it opens it."""
+    with H2Wire(server.address) as h2:
+        h2.open(client_settings=b"\x00\x04\x00\x00\x00\x0a")  # INITIAL_WINDOW_SIZE 10
+        h2.request(1, "GET", "/v2/models/simple")
+        received = b""
+        while True:
+            got = h2.read_frame()
+            assert got is not None and got.kind != RST_STREAM
+            if got.kind == DATA and got.stream == 1:
+                assert len(got.payload) <= 10
+                received += got.payload
+                if got.flags & END_STREAM:
+                    break
+                if got.payload:
+                    h2.send(frame(WINDOW_UPDATE, 0, 1, len(got.payload).to_bytes(4, "big")))
+    assert json.loads(received)["name"] == "simple"
+
+
+def test_streamed_grps_answer(server: ServerProcess) -> None:
+    with H2Wire(server.address) as h2:
+        h2.open()
+        body = json.dumps({"str_data": "a b c", "model": "token_stream"}).encode()
+        h2.request(
+            1, "POST", "/grps/v1/infer/predict?streaming=true", body, [("content-type", "application/json")]
+        )
+        status, _, answer = h2.response(1)
+    assert status == 200
+    lines = answer.decode().splitlines()
+    assert len(lines) >= 2 and all(json.loads(line)["status"]["status"] == "SUCCESS" for line in lines)
+
+
+# ------------------------------------------------------------------------------------------ limits
+
+
+def test_streams_past_the_limit_are_refused(limited) -> None:
+    server = limited("--http2-max-concurrent-streams", "2")
+    with H2Wire(server.address) as h2:
+        h2.open()
+        assert h2.server_settings[3] == 2  # MAX_CONCURRENT_STREAMS, as advertised
+        for stream in (1, 3):  # open, their bodies never end
+            h2.send(frame(HEADERS, END_HEADERS, stream, h2.block("POST", "/v2/models/simple/infer")))
+        h2.request(5)
+        h2.expect_stream_error(5, REFUSED_STREAM)
+        h2.send(frame(RST_STREAM, 0, 1, CANCEL.to_bytes(4, "big")))  # one closes: room for another
+        h2.request(7)
+        assert h2.response(7)[0] == 200
+
+
+def test_rapid_reset_is_goaway_enhance_your_calm(limited) -> None:
+    server = limited("--http2-max-resets-per-second", "50")
+    with H2Wire(server.address) as h2:
+        h2.open()
+        burst = b""
+        for n in range(200):
+            stream = 1 + 2 * n
+            burst += frame(HEADERS, END_HEADERS, stream, h2.block("POST", "/v2/models/simple/infer"))
+            burst += frame(RST_STREAM, 0, stream, CANCEL.to_bytes(4, "big"))
+        h2.send(burst)
+        h2.expect_connection_error(ENHANCE_YOUR_CALM)
+    _assert_serves(server)
+
+
+def test_continuation_flood_is_refused_before_memory_grows(limited) -> None:
+    server = limited("--http-max-head-bytes", "4096")
+    with H2Wire(server.address) as h2:
+        h2.open()
+        h2.send(frame(HEADERS, 0, 1, h2.block()))
+        with pytest.raises(OSError):  # the server has closed before a MiB of CONTINUATIONs was taken
+            for _ in range(1000):
+                h2.send(frame(CONTINUATION, 0, 1, b"\x40\x01a\x01b" * 200))
+                time.sleep(0.001)
+        h2.expect_connection_error(ENHANCE_YOUR_CALM)
+    _assert_serves(server)
+
+
+def test_hpack_bomb_is_refused(limited) -> None:
+    """One big field in the dynamic table, then a small block naming it hundreds of times."""
+    server = limited("--http-max-head-bytes", "16384")
+    with H2Wire(server.address) as h2:
+        h2.open()
+        h2.send(frame(HEADERS, END_HEADERS | END_STREAM, 1, h2.block(extra=[("x-bomb", "b" * 3000)])))
+        assert h2.response(1)[0] == 200
+        index = bytes([0x80 | 62])  # the field just added: the newest dynamic entry
+        h2.send(frame(HEADERS, END_HEADERS | END_STREAM, 3, h2.block() + index * 500))
+        h2.expect_connection_error(ENHANCE_YOUR_CALM)
+    _assert_serves(server)
+
+
+@pytest.mark.parametrize(
+    "flood",
+    [
+        frame(PING, 0, 0, b"12345678"),
+        frame(SETTINGS, 0, 0, b""),
+        frame(WINDOW_UPDATE, 0, 0, (1).to_bytes(4, "big")),
+        frame(PRIORITY, 0, 9, b"\x00\x00\x00\x00\x10"),
+    ],
+    ids=["ping", "settings", "window-update", "priority"],
+)
+def test_control_frame_floods_are_goaway_enhance_your_calm(limited, flood: bytes) -> None:
+    server = limited("--http2-max-control-frames-per-second", "100")
+    with H2Wire(server.address) as h2:
+        h2.open()
+        h2.send(flood * 500)
+        h2.expect_connection_error(ENHANCE_YOUR_CALM)
+    _assert_serves(server)
+
+
+def test_empty_data_flood_is_goaway_enhance_your_calm(limited) -> None:
+    server = limited("--http2-max-control-frames-per-second", "100")
+    with H2Wire(server.address) as h2:
+        h2.open()
+        h2.send(frame(HEADERS, END_HEADERS, 1, h2.block("POST", "/v2/models/simple/infer")))
+        h2.send(frame(DATA, 0, 1, b"") * 500)
+        h2.expect_connection_error(ENHANCE_YOUR_CALM)
+    _assert_serves(server)
+
+
+def test_connection_window_past_the_maximum_is_flow_control_error(server: ServerProcess) -> None:
+    with H2Wire(server.address) as h2:
+        h2.open()
+        h2.send(frame(WINDOW_UPDATE, 0, 0, (0x7FFFFFFF).to_bytes(4, "big")))
+        h2.expect_connection_error(FLOW_CONTROL_ERROR)
+
+
+def test_stream_window_past_the_maximum_is_a_stream_error(server: ServerProcess) -> None:
+    with H2Wire(server.address) as h2:
+        h2.open()
+        h2.send(frame(HEADERS, END_HEADERS, 1, h2.block("POST", "/v2/models/simple/infer")))
+        h2.send(frame(WINDOW_UPDATE, 0, 1, (0x7FFFFFFF).to_bytes(4, "big")))
+        h2.expect_stream_error(1, FLOW_CONTROL_ERROR)
+        h2.expect_alive()
+
+
+SLOW_MODEL = """
+import asyncio, pathlib
+HERE = pathlib.Path(__file__).parent
+
+class Model:
+    async def execute(self, inputs):
+        (HERE / "started").write_text("1")
+        while not (HERE / "release").exists():
+            await asyncio.sleep(0.01)
+        return {"OUTPUT0": inputs["INPUT0"]}
+"""
+SLOW_CONFIG = """
+name: "slow"
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+dynamic_batching { }
+"""
+SLOW_BODY = json.dumps(
+    {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1], "data": [7]}]}
+).encode()
+
+
+def _wait_for(path: Path, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.01)
+
+
+def test_client_reset_cancels_a_queued_request(tmp_path: Path) -> None:
+    """A one-instance model busy with stream 1; stream 3 waits in its queue; the client resets stream 3.
+    Stream 5, sent after the release, runs after anything still queued: two executions, not three."""
+    repo = tmp_path / "models"
+    write_model(repo, "slow", SLOW_CONFIG, {1: SLOW_MODEL})
+    version_dir = repo / "slow" / "1"
+    server = ServerProcess(repo, tmp_path / "server.log").start()
+    try:
+        with H2Wire(server.address, timeout=10) as h2:
+            h2.open()
+            h2.request(1, "POST", "/v2/models/slow/infer", SLOW_BODY)
+            _wait_for(version_dir / "started")
+            h2.request(3, "POST", "/v2/models/slow/infer", SLOW_BODY)
+            # The PING's ACK comes after the server read stream 3 whole and started its request (the
+            # task runs before the loop reads the socket again), so stream 3 is queued by now.
+            h2.expect_alive()
+            h2.send(frame(RST_STREAM, 0, 3, CANCEL.to_bytes(4, "big")))
+            h2.expect_alive()
+            (version_dir / "release").write_text("1")
+            assert h2.response(1)[0] == 200
+            h2.request(5, "POST", "/v2/models/slow/infer", SLOW_BODY)
+            assert h2.response(5)[0] == 200
+        stats = httpx.get(f"{server.base_url}/v2/models/slow/stats").json()["model_stats"][0]
+        assert stats["execution_count"] == 2, stats
+        assert stats["inference_stats"]["success"]["count"] == 2
+    finally:
+        (version_dir / "release").write_text("1")
+        stop_all([server])
+
+
+def test_sigterm_answers_the_open_stream_then_goaway_and_exit_0(tmp_path: Path) -> None:
+    repo = tmp_path / "models"
+    write_model(repo, "slow", SLOW_CONFIG, {1: SLOW_MODEL})
+    version_dir = repo / "slow" / "1"
+    server = ServerProcess(repo, tmp_path / "server.log").start()
+    with H2Wire(server.address, timeout=10) as h2:
+        h2.open()
+        h2.request(1, "POST", "/v2/models/slow/infer", SLOW_BODY)
+        _wait_for(version_dir / "started")
+        server.send_signal(signal.SIGTERM)
+        threading.Timer(0.5, lambda: (version_dir / "release").write_text("1")).start()
+        status, _, body = h2.response(1)
+        assert status == 200 and json.loads(body)["outputs"][0]["data"] == [7]
+        frames = h2.frames_until(lambda f: f.kind == GOAWAY)
+        assert frames[-1] is not None and frames[-1].kind == GOAWAY and frames[-1].error_code == 0
+        assert int.from_bytes(frames[-1].payload[:4], "big") == 1  # the last stream it took
+    assert server.wait(timeout=10) == 0
