@@ -59,6 +59,7 @@ DIRECT_READ = 64 << 10
 SMALL_DATA = 16 << 10  # DATA up to this is copied into the queued frames; larger goes out as views
 SEND_BATCH = 1 << 20  # DATA frames from this size go straight into their body's buffer
 LARGE_BUFFER = 1 << 20  # bodies from this size are numpy memory (no zeroing, huge pages)
+LINGER_SECONDS = 2.0  # after a connection error, how long what the client still sends is read and dropped
 CLOSED_KEPT = 256  # ids of recently closed streams remembered (a frame on one is STREAM_CLOSED)
 CONNECTION_SPECIFIC = frozenset(
     (b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade")
@@ -129,7 +130,7 @@ class Stream:
         self.send_window = send_window
         self.window_open: asyncio.Future | None = None  # a writer waiting for window
         self.task: asyncio.Task | None = None
-        self.answered = False  # early answer sent: what the client still sends is dropped
+        self.answered = 0.0  # when an early answer went out: what the client still sends is dropped
         self.reset = False
 
 
@@ -216,6 +217,9 @@ class H2Connection(asyncio.BufferedProtocol):
         return self.view[self.end :]
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self.closing:
+            self.start = self.end = 0  # after a connection error: read and dropped
+            return
         if self.direct is not None:
             self._direct_read(nbytes)
         else:
@@ -672,9 +676,7 @@ class H2Connection(asyncio.BufferedProtocol):
                 self._drop(stream)
 
     def _peer_goaway(self) -> None:
-        self.goaway_sent = True  # no new streams either way; finish what is open
-        if not self.streams:
-            self._close()
+        """The client opens no new streams; the connection stays until it closes it (or idles out)."""
 
     def _calm(self) -> None:
         """Counts a frame that costs us work without carrying a request; past the limit, GOAWAY."""
@@ -714,24 +716,25 @@ class H2Connection(asyncio.BufferedProtocol):
         self._after_stream()
 
     def _after_stream(self) -> None:
-        if not self.streams:
+        if not self.streams and not self.closing:
             self.since = self.loop.time()
             if self.goaway_sent or self.shutting_down:
                 self._goaway()
                 self._close()
 
     def _answer_early(self, stream: Stream, response: HttpResponse) -> None:
-        """An answer from the head (or a body past the limit) while the body may still come: sent now,
-        then the stream is reset with NO_ERROR if the client has not ended it (RFC 9113 8.1)."""
-        stream.answered = True
+        """An answer from the head (or a body past the limit) while the body may still come: sent now.
+        What the client still sends is read and dropped until it ends the stream; a stream still open
+        LINGER_SECONDS later is reset with NO_ERROR (RFC 9113 8.1). Resetting at once is what the RFC
+        allows, but clients such as httpx then fail the request they are still sending."""
+        stream.answered = self.loop.time()
         self.out.append(self._head_frames(stream.id, response, stream.method, last=False))
         body = b"" if stream.method == "HEAD" else b"".join(response.chunks)
         self.out.append(frame(DATA, END_STREAM, stream.id, body))  # error bodies fit any window
         stream.send_window -= len(body)
         self.send_window -= len(body)
-        if stream.remote_open:
-            self._reset(stream.id, NO_ERROR)
-        self._close_stream(stream)
+        if not stream.remote_open:
+            self._close_stream(stream)
 
     async def _serve(self, stream: Stream) -> None:
         request = HttpRequest(
@@ -885,7 +888,15 @@ class H2Connection(asyncio.BufferedProtocol):
         )
         self.goaway_sent = True
         self._flush()
-        self._close()
+        # Close after a lingering read: closing with the client's bytes unread would reset the
+        # connection, and the client could lose the GOAWAY that says why.
+        self.closing = True
+        self.direct = self.direct_frame = None
+        for stream in list(self.streams.values()):
+            self._drop(stream)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_SECONDS, self.abort)
 
     def _goaway(self) -> None:
         if self.goaway_sent or self.transport is None:
@@ -902,6 +913,10 @@ class H2Connection(asyncio.BufferedProtocol):
             self.transport.close()
 
     def sweep(self, now: float) -> None:
+        for stream in [s for s in self.streams.values() if s.answered and now - s.answered > LINGER_SECONDS]:
+            self._reset(stream.id, NO_ERROR)
+            self._close_stream(stream)
+        self._flush()
         elapsed = now - self.since
         if self.preface and elapsed > self.settings.head_timeout:
             self._close()

@@ -1,0 +1,835 @@
+"""h2spec's server cases (github.com/summerwind/h2spec, groups `generic` and `http2`), ported to raw frames.
+
+One test per case, named by h2spec's section; each sends what h2spec sends and judges as it does: a
+connection error is a GOAWAY with the code or the connection closed; a stream error is RST_STREAM with
+the code, or a connection error with it; a success is the response, a PING's ACK, or a frame checked.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+
+import hpack
+import pytest
+from e2e_helpers import EXAMPLES, ServerProcess, stop_all
+from h2_wire import (
+    ACK,
+    CANCEL,
+    COMPRESSION_ERROR,
+    CONTINUATION,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    FLOW_CONTROL_ERROR,
+    FRAME_SIZE_ERROR,
+    GOAWAY,
+    HEADERS,
+    PADDED,
+    PING,
+    PREFACE,
+    PRIORITY,
+    PRIORITY_FLAG,
+    PROTOCOL_ERROR,
+    PUSH_PROMISE,
+    REFUSED_STREAM,
+    RST_STREAM,
+    S_ENABLE_PUSH,
+    S_INITIAL_WINDOW_SIZE,
+    S_MAX_CONCURRENT_STREAMS,
+    S_MAX_FRAME_SIZE,
+    SETTINGS,
+    STREAM_CLOSED,
+    WINDOW_UPDATE,
+    H2Wire,
+    frame,
+    settings,
+)
+
+pytestmark = pytest.mark.ours
+
+PATH = "/v2/health/live"
+POST_PATH = "/v2/models/nowhere/infer"  # any POST gets an answer (404) once its body is in
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    log = tmp_path_factory.mktemp("h2spec") / "server.log"
+    started = ServerProcess(EXAMPLES, log).start()
+    yield started
+    stop_all([started])
+
+
+@pytest.fixture
+def h2(server: ServerProcess) -> Iterator[H2Wire]:
+    with H2Wire(server.address) as wire:
+        yield wire.open()
+
+
+def _priority(depends_on: int, weight: int = 15, exclusive: bool = False) -> bytes:
+    return struct.pack(">IB", depends_on | (0x80000000 if exclusive else 0), weight)
+
+
+def _expect_response(h2: H2Wire, stream: int = 1, status: int | None = 200) -> None:
+    got_status, _, _ = h2.response(stream)
+    assert got_status == status if status is not None else got_status > 0
+
+
+# ------------------------------------------------------------------------------ generic
+
+
+def test_generic_1_client_connection_preface(h2: H2Wire) -> None:
+    h2.expect_alive()
+
+
+def test_generic_2_1_priority_on_idle_stream(h2: H2Wire) -> None:
+    h2.send(frame(PRIORITY, 0, 1, _priority(0)))
+    h2.request(1)
+    _expect_response(h2)
+
+
+def test_generic_2_2_window_update_on_half_closed_remote(h2: H2Wire) -> None:
+    h2.request(1)
+    h2.send(frame(WINDOW_UPDATE, 0, 1, (1).to_bytes(4, "big")))
+    _expect_response(h2)
+
+
+def test_generic_2_3_priority_on_half_closed_remote(h2: H2Wire) -> None:
+    h2.request(1)
+    h2.send(frame(PRIORITY, 0, 1, _priority(0)))
+    _expect_response(h2)
+
+
+def test_generic_2_4_rst_stream_on_half_closed_remote(h2: H2Wire) -> None:
+    h2.request(1)
+    h2.send(frame(RST_STREAM, 0, 1, CANCEL.to_bytes(4, "big")))
+    h2.expect_alive()
+
+
+def test_generic_2_5_priority_on_closed_stream(h2: H2Wire) -> None:
+    h2.request(1)
+    _expect_response(h2)
+    h2.send(frame(PRIORITY, 0, 1, _priority(0)))
+    h2.expect_alive()
+
+
+def test_generic_3_10_1_continuation(h2: H2Wire) -> None:
+    block = h2.block()
+    h2.send(frame(HEADERS, END_STREAM, 1, block[:5]) + frame(CONTINUATION, END_HEADERS, 1, block[5:]))
+    _expect_response(h2)
+
+
+def test_generic_3_10_2_multiple_continuations(h2: H2Wire) -> None:
+    block = h2.block(extra=[("x-pad", "p" * 40)])
+    pieces = [block[i : i + 8] for i in range(0, len(block), 8)]
+    out = frame(HEADERS, END_STREAM, 1, pieces[0])
+    out += b"".join(frame(CONTINUATION, 0, 1, p) for p in pieces[1:-1])
+    h2.send(out + frame(CONTINUATION, END_HEADERS, 1, pieces[-1]))
+    _expect_response(h2)
+
+
+def test_generic_3_1_1_data(h2: H2Wire) -> None:
+    h2.request(1, "POST", POST_PATH, b"test")
+    _expect_response(h2, status=404)
+
+
+def test_generic_3_1_2_multiple_data(h2: H2Wire) -> None:
+    h2.send(frame(HEADERS, END_HEADERS, 1, h2.block("POST", POST_PATH)))
+    h2.send(frame(DATA, 0, 1, b"te") + frame(DATA, 0, 1, b"s") + frame(DATA, END_STREAM, 1, b"t"))
+    _expect_response(h2, status=404)
+
+
+def test_generic_3_1_3_data_with_padding(h2: H2Wire) -> None:
+    h2.send(frame(HEADERS, END_HEADERS, 1, h2.block("POST", POST_PATH)))
+    h2.send(frame(DATA, END_STREAM | PADDED, 1, b"\x06test" + b"\x00" * 6))
+    _expect_response(h2, status=404)
+
+
+def test_generic_3_2_1_headers(h2: H2Wire) -> None:
+    h2.request(1)
+    _expect_response(h2)
+
+
+def test_generic_3_2_2_headers_with_padding(h2: H2Wire) -> None:
+    h2.send(frame(HEADERS, END_STREAM | END_HEADERS | PADDED, 1, b"\x08" + h2.block() + b"\x00" * 8))
+    _expect_response(h2)
+
+
+def test_generic_3_2_3_headers_with_priority(h2: H2Wire) -> None:
+    h2.send(frame(HEADERS, END_STREAM | END_HEADERS | PRIORITY_FLAG, 1, _priority(0, 255) + h2.block()))
+    _expect_response(h2)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [_priority(0, 0), _priority(0, 255), _priority(3, 15), _priority(3, 15, exclusive=True)],
+    ids=["weight-1", "weight-256", "dependency", "exclusive"],
+)
+def test_generic_3_3_priority(h2: H2Wire, payload: bytes) -> None:
+    h2.send(frame(PRIORITY, 0, 1, payload))
+    h2.request(1)
+    _expect_response(h2)
+
+
+def test_generic_3_3_5_priority_for_idle_stream_then_headers_for_lower_id(h2: H2Wire) -> None:
+    h2.send(frame(PRIORITY, 0, 3, _priority(0)))
+    h2.request(1)
+    _expect_response(h2)
+
+
+def test_generic_3_4_rst_stream(h2: H2Wire) -> None:
+    h2.send(frame(HEADERS, END_HEADERS, 1, h2.block("POST", POST_PATH)))
+    h2.send(frame(RST_STREAM, 0, 1, CANCEL.to_bytes(4, "big")))
+    h2.expect_alive()
+
+
+def test_generic_3_5_settings(h2: H2Wire) -> None:
+    h2.send(frame(SETTINGS, 0, 0, settings((S_INITIAL_WINDOW_SIZE, 100))))
+    frames = h2.frames_until(lambda f: f.kind == SETTINGS and f.flags & ACK)
+    assert frames[-1] is not None
+
+
+def test_generic_3_7_ping(h2: H2Wire) -> None:
+    h2.expect_alive()
+
+
+def test_generic_3_8_goaway(h2: H2Wire) -> None:
+    h2.send(frame(GOAWAY, 0, 0, struct.pack(">II", 0, 0) + b"h2spec"))
+    h2.expect_alive()  # h2spec: still answers a PING
+
+
+def test_generic_3_9_1_window_update_stream_0(h2: H2Wire) -> None:
+    h2.send(frame(WINDOW_UPDATE, 0, 0, (1).to_bytes(4, "big")))
+    h2.expect_alive()
+
+
+def test_generic_3_9_2_window_update_stream_1(h2: H2Wire) -> None:
+    h2.send(frame(HEADERS, END_HEADERS, 1, h2.block("POST", POST_PATH)))
+    h2.send(frame(WINDOW_UPDATE, 0, 1, (1).to_bytes(4, "big")))
+    h2.expect_alive()
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+def test_generic_4_get_and_head(h2: H2Wire, method: str) -> None:
+    h2.request(1, method)
+    status, headers, body = h2.response(1)
+    assert status == 200
+    assert body == (b"" if method == "HEAD" else b'{"live":true}')
+    assert headers["content-length"] == "13"
+
+
+def test_generic_4_3_post(h2: H2Wire) -> None:
+    h2.request(1, "POST", POST_PATH, b"test")
+    _expect_response(h2, status=404)
+
+
+def test_generic_4_4_post_with_trailers(h2: H2Wire) -> None:
+    h2.send(frame(HEADERS, END_HEADERS, 1, h2.block("POST", POST_PATH)) + frame(DATA, 0, 1, b"test"))
+    h2.send(frame(HEADERS, END_HEADERS | END_STREAM, 1, h2.encoder.encode([("x-trailer", "yes")])))
+    _expect_response(h2, status=404)
+
+
+def _literal(first: int, prefix_bits: int, index: int, name: bytes, value: bytes, huffman: bool) -> bytes:
+    """One HPACK literal field: `index` > 0 names it from the static table, else `name` follows."""
+    from server.http.hpack_encode import integer
+
+    def string(text: bytes) -> bytes:
+        if huffman:
+            coded = hpack.huffman.HuffmanEncoder(
+                hpack.huffman_constants.REQUEST_CODES, hpack.huffman_constants.REQUEST_CODES_LENGTH
+            ).encode(text)
+            return integer(len(coded), 7, 0x80) + coded
+        return integer(len(text), 7) + text
+
+    out = integer(index, prefix_bits, first)
+    if index == 0:
+        out += string(name)
+    return out + string(value)
+
+
+def _request_block(extra: bytes) -> bytes:
+    """:method GET, :scheme http, :path /v2/health/live, :authority, then `extra` (raw HPACK)."""
+    return (
+        b"\x82\x86"
+        + _literal(0x00, 4, 4, b"", PATH.encode(), False)
+        + _literal(0x00, 4, 1, b"", b"x", False)
+        + extra
+    )
+
+
+@pytest.mark.parametrize("huffman", [False, True], ids=["plain", "huffman"])
+@pytest.mark.parametrize(
+    ("first", "prefix"),
+    [(0x40, 6), (0x00, 4), (0x10, 4)],
+    ids=["incremental-indexing", "without-indexing", "never-indexed"],
+)
+@pytest.mark.parametrize("named", [True, False], ids=["indexed-name", "new-name"])
+def test_generic_5_hpack_literals(h2: H2Wire, first: int, prefix: int, named: bool, huffman: bool) -> None:
+    field = _literal(first, prefix, 58 if named else 0, b"x-test", b"value", huffman)  # 58: user-agent
+    h2.send(frame(HEADERS, END_STREAM | END_HEADERS, 1, _request_block(field)))
+    _expect_response(h2)
+
+
+def test_generic_5_1_indexed_field(h2: H2Wire) -> None:
+    h2.send(
+        frame(HEADERS, END_STREAM | END_HEADERS, 1, _request_block(b"\x90"))
+    )  # static 16: accept-encoding
+    _expect_response(h2)
+
+
+@pytest.mark.parametrize("updates", [b"\x3f\xe1\x1f", b"\x20\x3f\xe1\x1f"], ids=["one", "several"])
+def test_generic_5_dynamic_table_size_updates(h2: H2Wire, updates: bytes) -> None:
+    h2.send(frame(HEADERS, END_STREAM | END_HEADERS, 1, updates + _request_block(b"")))
+    _expect_response(h2)
+
+
+# ------------------------------------------------------------------------------ http2: 3.5, 4
+
+
+def test_3_5_1_client_connection_preface(h2: H2Wire) -> None:
+    h2.expect_alive()
+
+
+@pytest.mark.parametrize(
+    "preface",
+    [b"INVALID CONNECTION PREFACE\r\n\r\n", b"PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n"],
+    ids=["h2spec", "almost-the-preface"],
+)
+def test_3_5_2_invalid_connection_preface(server: ServerProcess, preface: bytes) -> None:
+    """h2spec's bytes are not HTTP/2 at all: the HTTP/1.1 side answers 400 and closes. A preface that
+    starts right and goes wrong is HTTP/2's to refuse: GOAWAY PROTOCOL_ERROR."""
+    with H2Wire(server.address) as h2:
+        h2.send(preface)
+        if preface.startswith(b"PRI"):
+            h2.expect_connection_error(PROTOCOL_ERROR)
+            return
+        raw = b""
+        while chunk := h2.sock.recv(65536):
+            raw += chunk
+        assert raw.startswith(b"HTTP/1.1 400")
+
+
+def test_4_1_1_unknown_frame_type(h2: H2Wire) -> None:
+    h2.send(frame(0x16, 0, 0, b"unknown"))
+    h2.expect_alive()
+
+
+def test_4_1_2_undefined_flag(h2: H2Wire) -> None:
+    h2.send(frame(PING, 0x16, 0, b"unknown!"))
+    frames = h2.frames_until(lambda f: f.kind == PING and f.flags & ACK)
+    assert frames[-1].payload == b"unknown!"
+
+
+def test_4_1_3_reserved_bit(h2: H2Wire) -> None:
+    h2.send(frame(HEADERS, END_STREAM | END_HEADERS, 1 | 0x80000000, h2.block()))
+    _expect_response(h2)
+
+
+def test_4_2_1_data_of_2_14_octets(h2: H2Wire) -> None:
+    h2.send(frame(HEADERS, END_HEADERS, 1, h2.block("POST", POST_PATH)))
+    h2.send(frame(DATA, END_STREAM, 1, b"x" * 16384))
+    _expect_response(h2, status=404)
+
+
+def test_4_2_2_data_over_max_frame_size(h2: H2Wire) -> None:
+    h2.send(frame(HEADERS, END_HEADERS, 1, h2.block("POST", POST_PATH)))
+    h2.send(frame(DATA, END_STREAM, 1, b"x" * (h2.max_frame + 1)))
+    h2.expect_stream_error(1, FRAME_SIZE_ERROR)
+
+
+def test_4_2_3_headers_over_max_frame_size(h2: H2Wire) -> None:
+    block = h2.block(extra=[(f"x-{n}", "v" * 1000) for n in range(h2.max_frame // 1000 + 2)])
+    h2.send(
+        frame(HEADERS, END_STREAM | END_HEADERS, 1, block, length=h2.max_frame + 1)[: 9 + h2.max_frame + 1]
+    )
+    h2.expect_connection_error(FRAME_SIZE_ERROR)
+
+
+def test_4_3_1_invalid_header_block(h2: H2Wire) -> None:
+    h2.send(frame(HEADERS, END_STREAM | END_HEADERS, 1, b"\x00\x00\x00\x00\x00\x00\x00"))
+    h2.expect_connection_error(COMPRESSION_ERROR)
+
+
+def test_4_3_2_priority_while_sending_header_blocks(h2: H2Wire) -> None:
+    h2.send(frame(HEADERS, END_STREAM, 1, h2.block()) + frame(PRIORITY, 0, 1, _priority(0)))
+    h2.expect_connection_error(PROTOCOL_ERROR)
+
+
+def test_4_3_3_headers_to_another_stream_while_sending_header_blocks(h2: H2Wire) -> None:
+    h2.send(
+        frame(HEADERS, END_STREAM, 1, h2.block()) + frame(HEADERS, END_STREAM | END_HEADERS, 3, h2.block())
+    )
+    h2.expect_connection_error(PROTOCOL_ERROR)
+
+
+# ------------------------------------------------------------------------------ http2: 5
+
+
+def test_5_1_1_1_even_stream_id(h2: H2Wire) -> None:
+    h2.request(2)
+    h2.expect_connection_error(PROTOCOL_ERROR)
+
+
+def test_5_1_1_2_stream_id_lower_than_before(h2: H2Wire) -> None:
+    h2.request(5)
+    _expect_response(h2, 5)
+    h2.request(3)
+    h2.expect_connection_error(PROTOCOL_ERROR)
+
+
+def test_5_1_2_concurrent_stream_limit(h2: H2Wire) -> None:
+    limit = h2.server_settings.get(S_MAX_CONCURRENT_STREAMS)
+    assert limit is not None, "the server must advertise SETTINGS_MAX_CONCURRENT_STREAMS"
+    out = b"".join(
+        frame(HEADERS, END_HEADERS, 1 + 2 * n, h2.block("POST", POST_PATH)) for n in range(limit + 1)
+    )
+    h2.send(out)
+    h2.expect_stream_error(1 + 2 * limit, PROTOCOL_ERROR, REFUSED_STREAM)
+
+
+@pytest.mark.parametrize(
+    "send",
+    [
+        lambda h2: frame(DATA, END_STREAM, 1, b"test"),
+        lambda h2: frame(RST_STREAM, 0, 1, CANCEL.to_bytes(4, "big")),
+        lambda h2: frame(WINDOW_UPDATE, 0, 1, (100).to_bytes(4, "big")),
+        lambda h2: frame(CONTINUATION, END_HEADERS, 1, h2.block()),
+    ],
+    ids=["data", "rst-stream", "window-update", "continuation"],
+)
+def test_5_1_idle_stream(h2: H2Wire, send) -> None:
+    h2.send(send(h2))
+    h2.expect_connection_error(PROTOCOL_ERROR, STREAM_CLOSED)
+
+
+def test_5_1_half_closed_remote_data(h2: H2Wire) -> None:
+    h2.request(1)
+    h2.send(frame(DATA, END_STREAM, 1, b"test"))
+    h2.expect_stream_error(1, STREAM_CLOSED)
+
+
+def test_5_1_half_closed_remote_headers(h2: H2Wire) -> None:
+    h2.request(1)
+    h2.send(frame(HEADERS, END_STREAM | END_HEADERS, 1, h2.block()))
+    h2.expect_stream_error(1, STREAM_CLOSED)
+
+
+def test_5_1_half_closed_remote_continuation(h2: H2Wire) -> None:
+    h2.request(1)
+    h2.send(frame(CONTINUATION, END_HEADERS, 1, h2.block()))
+    h2.expect_stream_error(1, STREAM_CLOSED, PROTOCOL_ERROR)
+
+
+def test_5_1_closed_data_after_rst_stream(h2: H2Wire) -> None:
+    h2.send(frame(HEADERS, END_HEADERS, 1, h2.block("POST", POST_PATH)))
+    h2.send(frame(RST_STREAM, 0, 1, CANCEL.to_bytes(4, "big")))
+    h2.send(frame(DATA, END_STREAM, 1, b"test"))
+    h2.expect_stream_error(1, STREAM_CLOSED)
+
+
+def test_5_1_closed_headers_after_rst_stream(h2: H2Wire) -> None:
+    h2.send(frame(HEADERS, END_HEADERS, 1, h2.block("POST", POST_PATH)))
+    h2.send(frame(RST_STREAM, 0, 1, CANCEL.to_bytes(4, "big")))
+    h2.send(frame(HEADERS, END_STREAM | END_HEADERS, 1, h2.block()))
+    h2.expect_stream_error(1, STREAM_CLOSED)
+
+
+def test_5_1_closed_continuation_after_rst_stream(h2: H2Wire) -> None:
+    h2.send(frame(HEADERS, END_HEADERS, 1, h2.block("POST", POST_PATH)))
+    h2.send(frame(RST_STREAM, 0, 1, CANCEL.to_bytes(4, "big")))
+    h2.send(frame(CONTINUATION, END_HEADERS, 1, h2.block()))
+    h2.expect_stream_error(1, STREAM_CLOSED, PROTOCOL_ERROR)
+
+
+def test_5_1_closed_data(h2: H2Wire) -> None:
+    h2.request(1)
+    _expect_response(h2)
+    h2.send(frame(DATA, END_STREAM, 1, b"test"))
+    h2.expect_stream_error(1, STREAM_CLOSED)
+
+
+def test_5_1_closed_headers(h2: H2Wire) -> None:
+    h2.request(1)
+    _expect_response(h2)
+    h2.send(frame(HEADERS, END_STREAM | END_HEADERS, 1, h2.block()))
+    h2.expect_connection_error(STREAM_CLOSED)
+
+
+def test_5_1_closed_continuation(h2: H2Wire) -> None:
+    h2.request(1)
+    _expect_response(h2)
+    h2.send(frame(CONTINUATION, END_HEADERS, 1, h2.block()))
+    h2.expect_connection_error(STREAM_CLOSED, PROTOCOL_ERROR)
+
+
+def test_5_3_1_1_headers_depending_on_itself(h2: H2Wire) -> None:
+    h2.send(frame(HEADERS, END_STREAM | END_HEADERS | PRIORITY_FLAG, 1, _priority(1) + h2.block()))
+    h2.expect_stream_error(1, PROTOCOL_ERROR)
+
+
+def test_5_3_1_2_priority_depending_on_itself(h2: H2Wire) -> None:
+    h2.send(frame(PRIORITY, 0, 1, _priority(1)))
+    h2.expect_stream_error(1, PROTOCOL_ERROR)
+
+
+def test_5_4_1_1_invalid_ping_closes_the_connection(h2: H2Wire) -> None:
+    h2.send(frame(PING, 0, 3, b"\x00" * 8))
+    assert h2.frames_until(lambda f: False)[-1] is None  # closed
+
+
+def test_5_4_1_2_invalid_ping_gets_goaway(h2: H2Wire) -> None:
+    h2.send(frame(PING, 0, 3, b"\x00" * 8))
+    frames = h2.frames_until(lambda f: f.kind == GOAWAY)
+    assert frames[-1] is not None and frames[-1].error_code == PROTOCOL_ERROR
+
+
+def test_5_5_1_unknown_extension_frame(h2: H2Wire) -> None:
+    h2.send(frame(0xFF, 0, 0, b"\x00" * 8))
+    h2.expect_alive()
+
+
+def test_5_5_2_unknown_extension_frame_in_a_header_block(h2: H2Wire) -> None:
+    h2.send(frame(HEADERS, END_STREAM, 1, h2.block()) + frame(0xFF, 0, 1, b"\x00" * 8))
+    h2.expect_connection_error(PROTOCOL_ERROR)
+
+
+# ------------------------------------------------------------------------------ http2: 6
+
+
+def test_6_1_1_data_on_stream_0(h2: H2Wire) -> None:
+    h2.send(frame(HEADERS, END_HEADERS, 1, h2.block("POST", POST_PATH)) + frame(DATA, END_STREAM, 0, b"test"))
+    h2.expect_connection_error(PROTOCOL_ERROR)
+
+
+def test_6_1_2_data_on_a_stream_not_open(h2: H2Wire) -> None:
+    h2.request(1)
+    h2.send(frame(DATA, END_STREAM, 1, b"test"))
+    h2.expect_stream_error(1, STREAM_CLOSED)
+
+
+def test_6_1_3_data_with_invalid_pad_length(h2: H2Wire) -> None:
+    h2.send(frame(HEADERS, END_HEADERS, 1, h2.block("POST", POST_PATH)))
+    h2.send(frame(DATA, END_STREAM | PADDED, 1, b"\x06test"))
+    h2.expect_connection_error(PROTOCOL_ERROR)
+
+
+def test_6_2_1_headers_without_end_headers_then_priority(h2: H2Wire) -> None:
+    h2.send(frame(HEADERS, END_STREAM, 1, h2.block()) + frame(PRIORITY, 0, 1, _priority(0)))
+    h2.expect_connection_error(PROTOCOL_ERROR)
+
+
+def test_6_2_2_headers_to_another_stream_while_sending_headers(h2: H2Wire) -> None:
+    h2.send(
+        frame(HEADERS, END_STREAM, 1, h2.block()) + frame(HEADERS, END_STREAM | END_HEADERS, 3, h2.block())
+    )
+    h2.expect_connection_error(PROTOCOL_ERROR)
+
+
+def test_6_2_3_headers_on_stream_0(h2: H2Wire) -> None:
+    h2.send(frame(HEADERS, END_STREAM | END_HEADERS, 0, h2.block()))
+    h2.expect_connection_error(PROTOCOL_ERROR)
+
+
+def test_6_2_4_headers_with_invalid_pad_length(h2: H2Wire) -> None:
+    block = h2.block()
+    h2.send(frame(HEADERS, END_STREAM | END_HEADERS | PADDED, 1, bytes([len(block) + 1]) + block))
+    h2.expect_stream_error(1, PROTOCOL_ERROR)
+
+
+def test_6_3_1_priority_on_stream_0(h2: H2Wire) -> None:
+    h2.send(frame(PRIORITY, 0, 0, _priority(0)))
+    h2.expect_connection_error(PROTOCOL_ERROR)
+
+
+def test_6_3_2_priority_of_a_length_other_than_5(h2: H2Wire) -> None:
+    h2.send(frame(HEADERS, END_HEADERS, 1, h2.block("POST", POST_PATH)) + frame(PRIORITY, 0, 1, b"\x00" * 4))
+    h2.expect_stream_error(1, FRAME_SIZE_ERROR)
+
+
+def test_6_4_1_rst_stream_on_stream_0(h2: H2Wire) -> None:
+    h2.send(frame(RST_STREAM, 0, 0, CANCEL.to_bytes(4, "big")))
+    h2.expect_connection_error(PROTOCOL_ERROR)
+
+
+def test_6_4_2_rst_stream_on_idle_stream(h2: H2Wire) -> None:
+    h2.send(frame(RST_STREAM, 0, 1, CANCEL.to_bytes(4, "big")))
+    h2.expect_connection_error(PROTOCOL_ERROR)
+
+
+def test_6_4_3_rst_stream_of_a_length_other_than_4(h2: H2Wire) -> None:
+    h2.send(
+        frame(HEADERS, END_HEADERS, 1, h2.block("POST", POST_PATH)) + frame(RST_STREAM, 0, 1, b"\x00" * 3)
+    )
+    h2.expect_stream_error(1, FRAME_SIZE_ERROR)
+
+
+@pytest.mark.parametrize(
+    ("pair", "code"),
+    [
+        ((S_ENABLE_PUSH, 2), PROTOCOL_ERROR),
+        ((S_INITIAL_WINDOW_SIZE, 2**31), FLOW_CONTROL_ERROR),
+        ((S_MAX_FRAME_SIZE, 16383), PROTOCOL_ERROR),
+        ((S_MAX_FRAME_SIZE, 2**24), PROTOCOL_ERROR),
+    ],
+    ids=["enable-push-2", "initial-window-over-max", "max-frame-too-small", "max-frame-too-large"],
+)
+def test_6_5_2_defined_settings_out_of_range(h2: H2Wire, pair: tuple[int, int], code: int) -> None:
+    h2.send(frame(SETTINGS, 0, 0, settings(pair)))
+    h2.expect_connection_error(code)
+
+
+def test_6_5_2_5_unknown_setting(h2: H2Wire) -> None:
+    h2.send(frame(SETTINGS, 0, 0, settings((0xFF, 1))))
+    frames = h2.frames_until(lambda f: f.kind == SETTINGS and f.flags & ACK)
+    assert frames[-1] is not None
+
+
+def test_6_5_3_1_multiple_initial_window_sizes(h2: H2Wire) -> None:
+    h2.send(frame(SETTINGS, 0, 0, settings((S_INITIAL_WINDOW_SIZE, 100), (S_INITIAL_WINDOW_SIZE, 1))))
+    assert h2.frames_until(lambda f: f.kind == SETTINGS and f.flags & ACK)[-1] is not None
+    h2.request(1)
+    frames = h2.frames_until(lambda f: f.kind == DATA and f.stream == 1)
+    assert len(frames[-1].payload) == 1  # the last value counts
+
+
+def test_6_5_3_2_settings_are_acked(h2: H2Wire) -> None:
+    h2.send(frame(SETTINGS, 0, 0, b""))
+    assert h2.frames_until(lambda f: f.kind == SETTINGS and f.flags & ACK)[-1] is not None
+
+
+def test_6_5_1_settings_ack_with_payload(h2: H2Wire) -> None:
+    h2.send(frame(SETTINGS, ACK, 0, b"\x00" * 6))
+    h2.expect_connection_error(FRAME_SIZE_ERROR)
+
+
+def test_6_5_2_settings_on_a_stream(h2: H2Wire) -> None:
+    h2.send(frame(SETTINGS, 0, 1, settings((S_INITIAL_WINDOW_SIZE, 100))))
+    h2.expect_connection_error(PROTOCOL_ERROR)
+
+
+def test_6_5_3_settings_length_not_a_multiple_of_6(h2: H2Wire) -> None:
+    h2.send(frame(SETTINGS, 0, 0, b"\x00\x04\x00\x00"))
+    h2.expect_connection_error(PROTOCOL_ERROR, FRAME_SIZE_ERROR)
+
+
+def test_6_7_1_ping(h2: H2Wire) -> None:
+    h2.send(frame(PING, 0, 0, b"h2spec\x00\x00"))
+    assert h2.frames_until(lambda f: f.kind == PING and f.flags & ACK)[-1].payload == b"h2spec\x00\x00"
+
+
+def test_6_7_2_ping_with_ack_is_not_answered(h2: H2Wire) -> None:
+    h2.send(frame(PING, ACK, 0, b"invalid!") + frame(PING, 0, 0, b"h2spec!!"))
+    frames = h2.frames_until(lambda f: f.kind == PING and f.flags & ACK)
+    assert frames[-1].payload == b"h2spec!!"  # the ACK we sent got no answer of its own
+
+
+def test_6_7_3_ping_on_a_stream(h2: H2Wire) -> None:
+    h2.send(frame(PING, 0, 1, b"h2spec!!"))
+    h2.expect_connection_error(PROTOCOL_ERROR)
+
+
+def test_6_7_4_ping_of_a_length_other_than_8(h2: H2Wire) -> None:
+    h2.send(frame(PING, 0, 0, b"h2spec"))
+    h2.expect_connection_error(FRAME_SIZE_ERROR)
+
+
+def test_6_8_1_goaway_on_a_stream(h2: H2Wire) -> None:
+    h2.send(frame(GOAWAY, 0, 1, struct.pack(">II", 0, 0)))
+    h2.expect_connection_error(PROTOCOL_ERROR)
+
+
+def test_6_9_1_window_update_of_0(h2: H2Wire) -> None:
+    h2.send(frame(WINDOW_UPDATE, 0, 0, (0).to_bytes(4, "big")))
+    h2.expect_connection_error(PROTOCOL_ERROR)
+
+
+def test_6_9_2_window_update_of_0_on_a_stream(h2: H2Wire) -> None:
+    h2.send(frame(HEADERS, END_HEADERS, 1, h2.block("POST", POST_PATH)))
+    h2.send(frame(WINDOW_UPDATE, 0, 1, (0).to_bytes(4, "big")))
+    h2.expect_stream_error(1, PROTOCOL_ERROR)
+
+
+def test_6_9_3_window_update_of_a_length_other_than_4(h2: H2Wire) -> None:
+    h2.send(frame(WINDOW_UPDATE, 0, 0, b"\x00\x00\x01"))
+    h2.expect_connection_error(FRAME_SIZE_ERROR)
+
+
+def test_6_9_1_1_initial_window_of_1_limits_data_to_1(h2: H2Wire) -> None:
+    h2.send(frame(SETTINGS, 0, 0, settings((S_INITIAL_WINDOW_SIZE, 1))))
+    h2.frames_until(lambda f: f.kind == SETTINGS and f.flags & ACK)
+    h2.request(1)
+    assert len(h2.frames_until(lambda f: f.kind == DATA)[-1].payload) == 1
+
+
+def test_6_9_1_2_connection_window_over_2_31(h2: H2Wire) -> None:
+    h2.send(frame(WINDOW_UPDATE, 0, 0, (2**31 - 1).to_bytes(4, "big")) * 2)
+    h2.expect_connection_error(FLOW_CONTROL_ERROR)
+
+
+def test_6_9_1_3_stream_window_over_2_31(h2: H2Wire) -> None:
+    h2.send(frame(HEADERS, END_HEADERS, 1, h2.block("POST", POST_PATH)))
+    h2.send(frame(WINDOW_UPDATE, 0, 1, (2**31 - 1).to_bytes(4, "big")) * 2)
+    h2.expect_stream_error(1, FLOW_CONTROL_ERROR)
+
+
+def test_6_9_2_1_initial_window_changed_after_headers(h2: H2Wire) -> None:
+    h2.send(frame(SETTINGS, 0, 0, settings((S_INITIAL_WINDOW_SIZE, 0))))
+    h2.frames_until(lambda f: f.kind == SETTINGS and f.flags & ACK)
+    h2.request(1)
+    h2.send(frame(SETTINGS, 0, 0, settings((S_INITIAL_WINDOW_SIZE, 1))))
+    assert len(h2.frames_until(lambda f: f.kind == DATA)[-1].payload) == 1
+
+
+def test_6_9_2_2_negative_window(h2: H2Wire) -> None:
+    h2.send(frame(SETTINGS, 0, 0, settings((S_INITIAL_WINDOW_SIZE, 3))))
+    h2.frames_until(lambda f: f.kind == SETTINGS and f.flags & ACK)
+    h2.request(1)
+    assert len(h2.frames_until(lambda f: f.kind == DATA)[-1].payload) == 3
+    h2.send(frame(SETTINGS, 0, 0, settings((S_INITIAL_WINDOW_SIZE, 2))))  # window now -1
+    h2.frames_until(lambda f: f.kind == SETTINGS and f.flags & ACK)
+    h2.send(frame(WINDOW_UPDATE, 0, 1, (2).to_bytes(4, "big")))  # and now 1
+    assert len(h2.frames_until(lambda f: f.kind == DATA)[-1].payload) == 1
+
+
+def test_6_9_2_3_initial_window_over_the_maximum(h2: H2Wire) -> None:
+    h2.send(frame(SETTINGS, 0, 0, settings((S_INITIAL_WINDOW_SIZE, 2**31))))
+    h2.expect_connection_error(FLOW_CONTROL_ERROR)
+
+
+def test_6_10_1_multiple_continuations_after_headers(h2: H2Wire) -> None:
+    block = h2.block()
+    h2.send(
+        frame(HEADERS, END_STREAM, 1, block[:4])
+        + frame(CONTINUATION, 0, 1, block[4:8])
+        + frame(CONTINUATION, END_HEADERS, 1, block[8:])
+    )
+    _expect_response(h2)
+
+
+def test_6_10_2_continuation_then_another_frame(h2: H2Wire) -> None:
+    block = h2.block()
+    h2.send(
+        frame(HEADERS, END_STREAM, 1, block[:4])
+        + frame(CONTINUATION, 0, 1, block[4:])
+        + frame(DATA, 0, 1, b"x")
+    )
+    h2.expect_connection_error(PROTOCOL_ERROR)
+
+
+def test_6_10_3_continuation_on_stream_0(h2: H2Wire) -> None:
+    block = h2.block()
+    h2.send(frame(HEADERS, END_STREAM, 1, block[:4]) + frame(CONTINUATION, END_HEADERS, 0, block[4:]))
+    h2.expect_connection_error(PROTOCOL_ERROR)
+
+
+def test_6_10_4_continuation_after_end_headers(h2: H2Wire) -> None:
+    h2.send(
+        frame(HEADERS, END_STREAM | END_HEADERS, 1, h2.block())
+        + frame(CONTINUATION, END_HEADERS, 1, h2.block())
+    )
+    h2.expect_connection_error(PROTOCOL_ERROR)
+
+
+def test_6_10_5_continuation_after_a_continuation_with_end_headers(h2: H2Wire) -> None:
+    block = h2.block()
+    h2.send(
+        frame(HEADERS, END_STREAM, 1, block[:4])
+        + frame(CONTINUATION, END_HEADERS, 1, block[4:])
+        + frame(CONTINUATION, END_HEADERS, 1, block)
+    )
+    h2.expect_connection_error(PROTOCOL_ERROR)
+
+
+def test_6_10_6_continuation_after_data(h2: H2Wire) -> None:
+    h2.send(frame(HEADERS, END_HEADERS, 1, h2.block("POST", POST_PATH)) + frame(DATA, 0, 1, b"x"))
+    h2.send(frame(CONTINUATION, END_HEADERS, 1, h2.block()))
+    h2.expect_connection_error(PROTOCOL_ERROR)
+
+
+# ------------------------------------------------------------------------------ http2: 7, 8
+
+
+def test_7_1_goaway_with_unknown_error_code(h2: H2Wire) -> None:
+    h2.send(frame(GOAWAY, 0, 0, struct.pack(">II", 0, 0xFF)))
+    h2.expect_alive()
+
+
+def test_7_2_rst_stream_with_unknown_error_code(h2: H2Wire) -> None:
+    h2.send(
+        frame(HEADERS, END_HEADERS, 1, h2.block("POST", POST_PATH))
+        + frame(RST_STREAM, 0, 1, (0xFF).to_bytes(4, "big"))
+    )
+    h2.expect_alive()
+
+
+MALFORMED_HEADERS = {
+    "unknown-pseudo-header": [(":method", "GET"), (":scheme", "http"), (":path", PATH), (":test", "h2spec")],
+    "response-pseudo-header": [(":method", "GET"), (":scheme", "http"), (":path", PATH), (":status", "200")],
+    "pseudo-after-regular": [(":method", "GET"), (":scheme", "http"), ("x-test", "h2spec"), (":path", PATH)],
+    "connection-specific": [
+        (":method", "GET"),
+        (":scheme", "http"),
+        (":path", PATH),
+        ("connection", "keep-alive"),
+    ],
+    "te-not-trailers": [
+        (":method", "GET"),
+        (":scheme", "http"),
+        (":path", PATH),
+        ("te", "trailers, deflate"),
+    ],
+    "empty-path": [(":method", "GET"), (":scheme", "http"), (":path", "")],
+    "no-method": [(":scheme", "http"), (":path", PATH)],
+    "no-scheme": [(":method", "GET"), (":path", PATH)],
+    "no-path": [(":method", "GET"), (":scheme", "http")],
+    "duplicate-method": [(":method", "GET"), (":method", "GET"), (":scheme", "http"), (":path", PATH)],
+    "duplicate-scheme": [(":method", "GET"), (":scheme", "http"), (":scheme", "http"), (":path", PATH)],
+    "duplicate-path": [(":method", "GET"), (":scheme", "http"), (":path", PATH), (":path", PATH)],
+    "uppercase-name": [(":method", "GET"), (":scheme", "http"), (":path", PATH), ("X-TEST", "h2spec")],
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED_HEADERS))
+def test_8_1_2_malformed_request_headers(h2: H2Wire, name: str) -> None:
+    h2.send(frame(HEADERS, END_STREAM | END_HEADERS, 1, hpack_no_index(MALFORMED_HEADERS[name])))
+    h2.expect_stream_error(1, PROTOCOL_ERROR)
+
+
+def hpack_no_index(fields: list[tuple[str, str]]) -> bytes:
+    """Fields as literals without indexing: they leave the connection's dynamic table alone, so the
+    server's decoder and ours stay in step after a refused block."""
+    return b"".join(_literal(0x00, 4, 0, name.encode(), value.encode(), False) for name, value in fields)
+
+
+def test_8_1_2_1_pseudo_header_in_trailers(h2: H2Wire) -> None:
+    h2.send(frame(HEADERS, END_HEADERS, 1, h2.block("POST", POST_PATH)) + frame(DATA, 0, 1, b"test"))
+    h2.send(frame(HEADERS, END_STREAM | END_HEADERS, 1, hpack_no_index([(":method", "POST")])))
+    h2.expect_stream_error(1, PROTOCOL_ERROR)
+
+
+@pytest.mark.parametrize("pieces", [[b"test"], [b"te", b"st"]], ids=["one-data", "several-data"])
+def test_8_1_2_6_content_length_not_the_data_length(h2: H2Wire, pieces: list[bytes]) -> None:
+    h2.send(frame(HEADERS, END_HEADERS, 1, h2.block("POST", POST_PATH, [("content-length", "1")])))
+    h2.send(
+        b"".join(frame(DATA, END_STREAM if i == len(pieces) - 1 else 0, 1, p) for i, p in enumerate(pieces))
+    )
+    h2.expect_stream_error(1, PROTOCOL_ERROR)
+
+
+def test_8_1_second_headers_without_end_stream(h2: H2Wire) -> None:
+    h2.send(frame(HEADERS, END_HEADERS, 1, h2.block("POST", POST_PATH)) + frame(DATA, 0, 1, b"test"))
+    h2.send(frame(HEADERS, END_HEADERS, 1, hpack_no_index([("x-test", "h2spec")])))
+    h2.expect_stream_error(1, PROTOCOL_ERROR)
+
+
+def test_8_2_push_promise_from_a_client(h2: H2Wire) -> None:
+    h2.send(frame(PUSH_PROMISE, END_HEADERS, 1, (2).to_bytes(4, "big") + h2.block()))
+    h2.expect_connection_error(PROTOCOL_ERROR)
+
+
+def test_3_5_preface_then_settings_first(server: ServerProcess) -> None:
+    """The server's first frame is SETTINGS (RFC 9113 3.4), sent without waiting for ours."""
+    with H2Wire(server.address) as h2:
+        h2.send(PREFACE)
+        first = h2.read_frame()
+        assert first is not None and first.kind == SETTINGS and not first.flags & ACK
