@@ -21,7 +21,7 @@ from bench.grpc_load import GRPC_MODES, run_grpc
 from bench.grpc_load import verify as verify_grpc
 from bench.h1client import build_request, run_h1
 from bench.h2client import build_headers, run_h2
-from bench.procs import ServerProcess, cpu_clock, exit_note, memory_kib, reset_peak_rss
+from bench.procs import ServerProcess, cpu_clock, exit_note, memory_kib, reset_peak_rss, serve_argv
 from bench.stats import Recorder, drive, show_progress, summarize
 
 SCENARIOS = (
@@ -313,20 +313,7 @@ def run_all(opts: Options) -> tuple[list[Result], list[str]]:
         ours = [name for name in selected if not name.startswith("bare")]
         checks = {name: _verify(name, host, port) for name in ours}
         return _with_ratios(results + _run_on(ours, host, port, opts, None, checks)), []
-    argv = [sys.executable, "-m", "server", "serve", "--model-repository", opts.model_repository]
-    argv += [
-        "--host",
-        "127.0.0.1",
-        "--http-port",
-        "0",
-        "--grpc-port",
-        "0",
-        "--metrics-port",
-        "0",
-        "--log-level",
-        "warning",
-    ]
-    argv += opts.server_args
+    argv = serve_argv(opts.model_repository) + opts.server_args
     echo = None
     if any(name.startswith("bare") and name in GRPC_MODES for name in selected):
         echo = ServerProcess([sys.executable, "-m", "bench.grpc_echo"], cwd=ROOT, listens="gRPC")

@@ -5,6 +5,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -91,6 +92,13 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def serve_argv(model_repository: str = "examples/model_repository") -> list[str]:
+    """`python -m server serve` on 127.0.0.1, every port picked free, logging warnings only."""
+    return [sys.executable, "-m", "server", "serve", "--model-repository", model_repository,
+            "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
+            "--log-level", "warning"]  # fmt: skip
 
 
 def cpu_clock(pid: int) -> float:

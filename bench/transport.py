@@ -40,29 +40,12 @@ import orjson
 
 from bench.crosscheck import _lua_string
 from bench.harness import JSON_BODY, JSON_PATH
-from bench.procs import ServerProcess, cpu_clock, memory_kib, reset_peak_rss
+from bench.procs import ServerProcess, cpu_clock, memory_kib, reset_peak_rss, serve_argv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCENARIOS = ("json-h1", "json-h2", "binary-h1", "binary-h2", "idle")
 BINARY_PATH = "/v2/models/identity_fp32/infer"
-SERVE = [
-    sys.executable,
-    "-m",
-    "server",
-    "serve",
-    "--model-repository",
-    "examples/model_repository",
-    "--host",
-    "127.0.0.1",
-    "--http-port",
-    "0",
-    "--grpc-port",
-    "0",
-    "--metrics-port",
-    "0",
-    "--log-level",
-    "warning",
-]
+SERVE = serve_argv()
 SERVERS = {
     "uvicorn-bare": [sys.executable, "-m", "bench.bare_app", "--server", "uvicorn"],
     "ours-bare": [sys.executable, "-m", "bench.bare_app", "--server", "tensorgate"],

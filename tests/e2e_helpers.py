@@ -257,6 +257,22 @@ def binary_body(header: dict, *chunks: bytes) -> tuple[bytes, dict[str, str]]:
     return head + b"".join(chunks), {"Inference-Header-Content-Length": str(len(head))}
 
 
+def identity_binary_request(values) -> tuple[bytes, dict[str, str]]:
+    """An FP32 tensor for identity_fp32 as binary tensor data, its output asked for as binary too."""
+    header = {
+        "inputs": [
+            {
+                "name": "INPUT0",
+                "datatype": "FP32",
+                "shape": [values.size],
+                "parameters": {"binary_data_size": values.nbytes},
+            }
+        ],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+    }
+    return binary_body(header, values.tobytes())
+
+
 def split_binary_response(response: httpx.Response) -> tuple[dict, dict[str, bytes]]:
     """(JSON header, {output name: raw bytes}) of a binary-tensor-data response."""
     assert response.headers["content-type"] == "application/octet-stream"

@@ -18,9 +18,9 @@ from e2e_helpers import (
     EXAMPLES,
     RawConnection,
     ServerProcess,
-    binary_body,
     chunked,
     http_request,
+    identity_binary_request,
     simple_inputs,
     split_binary_response,
     stop_all,
@@ -214,18 +214,7 @@ def test_streamed_answer_through_httpx(server: ServerProcess) -> None:
 
 def test_large_binary_tensor_round_trips_exactly(server: ServerProcess) -> None:
     values = np.arange(2 * 1024 * 1024, dtype="<f4")  # 8 MiB
-    header = {
-        "inputs": [
-            {
-                "name": "INPUT0",
-                "datatype": "FP32",
-                "shape": [values.size],
-                "parameters": {"binary_data_size": values.nbytes},
-            }
-        ],
-        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
-    }
-    body, headers = binary_body(header, values.tobytes())
+    body, headers = identity_binary_request(values)
     with httpx.Client(base_url=server.base_url, timeout=30) as client:
         response = client.post("/v2/models/identity_fp32/infer", content=body, headers=headers)
     assert response.status_code == 200

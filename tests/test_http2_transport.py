@@ -20,7 +20,7 @@ import pytest
 from e2e_helpers import (
     EXAMPLES,
     ServerProcess,
-    binary_body,
+    identity_binary_request,
     simple_inputs,
     split_binary_response,
     stop_all,
@@ -148,18 +148,7 @@ def test_curl_with_prior_knowledge(server: ServerProcess) -> None:
 
 def test_large_binary_tensor_round_trips_with_flow_control(server: ServerProcess) -> None:
     values = np.arange(2 * 1024 * 1024, dtype="<f4")  # 8 MiB, past every default window
-    header = {
-        "inputs": [
-            {
-                "name": "INPUT0",
-                "datatype": "FP32",
-                "shape": [values.size],
-                "parameters": {"binary_data_size": values.nbytes},
-            }
-        ],
-        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
-    }
-    body, headers = binary_body(header, values.tobytes())
+    body, headers = identity_binary_request(values)
     with httpx.Client(base_url=server.base_url, http1=False, http2=True, timeout=30) as client:
         response = client.post("/v2/models/identity_fp32/infer", content=body, headers=headers)
     assert response.http_version == "HTTP/2" and response.status_code == 200

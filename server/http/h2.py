@@ -309,7 +309,7 @@ class H2Connection(asyncio.BufferedProtocol):
         elif kind == GOAWAY:
             if stream_id:
                 raise ConnectionError_(PROTOCOL_ERROR, "GOAWAY on a stream")
-            self._peer_goaway()
+            # The client opens no new streams; the connection stays until it closes it (or idles out).
         elif kind == PUSH_PROMISE:
             raise ConnectionError_(PROTOCOL_ERROR, "a client cannot push")
         # unknown frame types are ignored (RFC 9113 4.1)
@@ -348,12 +348,10 @@ class H2Connection(asyncio.BufferedProtocol):
             self._reset(stream_id, STREAM_CLOSED)
             return None
         if not stream.remote_open:
-            self._reset(stream_id, STREAM_CLOSED)
-            self._drop(stream)
+            self._refuse(stream_id, STREAM_CLOSED)
             return None
         if length > stream.recv_window:
-            self._reset(stream_id, FLOW_CONTROL_ERROR)
-            self._drop(stream)
+            self._refuse(stream_id, FLOW_CONTROL_ERROR)
             return None
         stream.recv_window -= length
         if stream.recv_window < OUR_STREAM_WINDOW // 2 and not flags & END_STREAM:
@@ -382,7 +380,7 @@ class H2Connection(asyncio.BufferedProtocol):
         limit = self.settings.max_request_bytes
         if stream.expected is not None:
             if end > stream.expected:
-                return self._stream_error(stream, PROTOCOL_ERROR)
+                return self._refuse(stream.id, PROTOCOL_ERROR)
             if stream.filled == 0 and end == stream.expected:
                 stream.body = bytes(data)
             else:
@@ -447,7 +445,7 @@ class H2Connection(asyncio.BufferedProtocol):
             self._close_stream(stream)
             return
         if stream.expected is not None and stream.filled != stream.expected:
-            return self._stream_error(stream, PROTOCOL_ERROR)
+            return self._refuse(stream.id, PROTOCOL_ERROR)
         if isinstance(stream.body, memoryview) and stream.filled != len(stream.body):
             stream.body = stream.body[: stream.filled]
         stream.task = self.loop.create_task(self._serve(stream))
@@ -519,7 +517,7 @@ class H2Connection(asyncio.BufferedProtocol):
         try:
             self._request_head(stream, fields)
         except StreamError as e:
-            return self._stream_error(stream, e.code)
+            return self._refuse(stream.id, e.code)
         found = self.router.find(stream.method, stream.path)
         if flags & END_STREAM:
             stream.remote_open = False
@@ -572,11 +570,9 @@ class H2Connection(asyncio.BufferedProtocol):
 
     def _trailers(self, stream: Stream, flags: int, fields: list[tuple[bytes, bytes]]) -> None:
         if not stream.remote_open:
-            self._reset(stream.id, STREAM_CLOSED)
-            self._drop(stream)
-            return
+            return self._refuse(stream.id, STREAM_CLOSED)
         if not flags & END_STREAM or any(name[:1] == b":" for name, _ in fields):
-            return self._stream_error(stream, PROTOCOL_ERROR)
+            return self._refuse(stream.id, PROTOCOL_ERROR)
         self._remote_end(stream)
 
     # ---- control frames
@@ -633,10 +629,10 @@ class H2Connection(asyncio.BufferedProtocol):
                 raise ConnectionError_(PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream")
             return  # closed: allowed, ignored
         if increment == 0:
-            return self._stream_error(stream, PROTOCOL_ERROR)
+            return self._refuse(stream.id, PROTOCOL_ERROR)
         stream.send_window += increment
         if stream.send_window > MAX_WINDOW:
-            return self._stream_error(stream, FLOW_CONTROL_ERROR)
+            return self._refuse(stream.id, FLOW_CONTROL_ERROR)
         self._wake(stream)
 
     def _rst_stream(self, stream_id: int, payload: memoryview) -> None:
@@ -650,9 +646,7 @@ class H2Connection(asyncio.BufferedProtocol):
                 raise ConnectionError_(PROTOCOL_ERROR, "RST_STREAM on an idle stream")
             return
         self._drop(stream)
-        now = self.loop.time()
-        if now - self.budget_second >= 1.0:
-            self.budget_second, self.resets, self.control_frames = now, 0, 0
+        self._new_second()
         self.resets += 1
         if self.resets > self.settings.h2_max_resets_per_second:
             raise ConnectionError_(
@@ -663,26 +657,20 @@ class H2Connection(asyncio.BufferedProtocol):
         if stream_id == 0:
             raise ConnectionError_(PROTOCOL_ERROR, "PRIORITY on stream 0")
         if len(payload) != 5:
-            stream = self.streams.get(stream_id)
-            self._reset(stream_id, FRAME_SIZE_ERROR)
-            if stream is not None:
-                self._drop(stream)
-            return
+            return self._refuse(stream_id, FRAME_SIZE_ERROR)
         self._calm()
         if int.from_bytes(payload[:4], "big") & 0x7FFFFFFF == stream_id:
-            stream = self.streams.get(stream_id)
-            self._reset(stream_id, PROTOCOL_ERROR)
-            if stream is not None:
-                self._drop(stream)
+            self._refuse(stream_id, PROTOCOL_ERROR)
 
-    def _peer_goaway(self) -> None:
-        """The client opens no new streams; the connection stays until it closes it (or idles out)."""
-
-    def _calm(self) -> None:
-        """Counts a frame that costs us work without carrying a request; past the limit, GOAWAY."""
+    def _new_second(self) -> None:
+        """Starts the counts of resets and control frames anew once a second has passed."""
         now = self.loop.time()
         if now - self.budget_second >= 1.0:
             self.budget_second, self.resets, self.control_frames = now, 0, 0
+
+    def _calm(self) -> None:
+        """Counts a frame that costs us work without carrying a request; past the limit, GOAWAY."""
+        self._new_second()
         self.control_frames += 1
         if self.control_frames > self.settings.h2_max_control_frames_per_second:
             raise ConnectionError_(
@@ -696,9 +684,12 @@ class H2Connection(asyncio.BufferedProtocol):
         self.out.append(frame(RST_STREAM, 0, stream_id, code.to_bytes(4, "big")))
         self.reset_ids.append(stream_id)
 
-    def _stream_error(self, stream: Stream, code: int) -> None:
-        self._reset(stream.id, code)
-        self._drop(stream)
+    def _refuse(self, stream_id: int, code: int) -> None:
+        """RST_STREAM with `code`; the stream, if open, is forgotten."""
+        self._reset(stream_id, code)
+        stream = self.streams.get(stream_id)
+        if stream is not None:
+            self._drop(stream)
 
     def _drop(self, stream: Stream) -> None:
         """Forgets a stream: its task is cancelled, a writer waiting for window wakes and finds it gone."""
@@ -748,9 +739,8 @@ class H2Connection(asyncio.BufferedProtocol):
         except Exception:  # a streamed answer that failed midway: the stream ends in an error
             log.exception("unexpected error answering %s %s", stream.method, stream.path)
             if not stream.reset:
-                self._reset(stream.id, INTERNAL_ERROR)
+                self._refuse(stream.id, INTERNAL_ERROR)
                 self._flush()
-                self._drop(stream)
             return
         if not stream.reset:
             self._close_stream(stream)
