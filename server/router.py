@@ -33,6 +33,9 @@ class HttpResponse:
     status: int
     headers: list[tuple[bytes, bytes]]
     chunks: Chunks  # a list is sent with its Content-Length; an async iterator is streamed
+    # Sent after the body (HTTP/2; HTTP/1.1 with a streamed, chunked answer). Read once the body is out,
+    # so a streamed answer can fill it as it ends (gRPC's status).
+    trailers: list[tuple[bytes, bytes]] | None = None
 
 
 def body_response(body: bytes, content_type: bytes = b"application/json", status: int = 200) -> HttpResponse:

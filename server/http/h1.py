@@ -379,7 +379,7 @@ class H1Connection(asyncio.BufferedProtocol):
             return
         if streamed:
             self._send(b"".join(head))
-            await self._write_stream(chunks, chunked)
+            await self._write_stream(chunks, chunked, response)
             return
         size = sum(map(len, chunks))
         if size <= SMALL_BODY:
@@ -406,14 +406,15 @@ class H1Connection(asyncio.BufferedProtocol):
             self.transport.write(b"".join(self.outbox) if len(self.outbox) > 1 else self.outbox[0])
         self.outbox.clear()
 
-    async def _write_stream(self, chunks: Any, chunked: bool) -> None:
+    async def _write_stream(self, chunks: Any, chunked: bool, response: HttpResponse) -> None:
         try:
             async for chunk in chunks:
                 if chunk:
                     await self._drained()
                     self._send(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
             if chunked:
-                self._send(b"0\r\n\r\n")
+                trailers = b"".join(b"%b: %b\r\n" % field for field in response.trailers or ())
+                self._send(b"0\r\n" + trailers + b"\r\n")
         finally:
             await chunks.aclose()
 

@@ -767,8 +767,9 @@ class H2Connection(asyncio.BufferedProtocol):
                 await chunks.aclose()
             self._write(self._head_frames(stream.id, response, "HEAD", last=True))
             return
+        trailers = response.trailers
         if isinstance(chunks, list):
-            if len(chunks) == 1:
+            if len(chunks) == 1 and trailers is None:
                 body = chunks[0]
                 size = len(body)
                 if size <= self.peer_max_frame and size <= stream.send_window and size <= self.send_window:
@@ -781,18 +782,27 @@ class H2Connection(asyncio.BufferedProtocol):
                         + bytes(body)
                     )
                     return
-            self._write(self._head_frames(stream.id, response, stream.method, last=not chunks))
+            final = len(chunks) - 1 if trailers is None else None  # the chunk whose frame ends the stream
+            self._write(
+                self._head_frames(stream.id, response, stream.method, last=not chunks and final is not None)
+            )
             for index, chunk in enumerate(chunks):
-                await self._send_data(stream, memoryview(chunk).cast("B"), index == len(chunks) - 1)
-            return
-        self._write(self._head_frames(stream.id, response, stream.method, last=False))
-        try:
-            async for chunk in chunks:
-                if chunk:
-                    await self._send_data(stream, memoryview(chunk).cast("B"), False)
-            await self._send_data(stream, memoryview(b""), True)
-        finally:
-            await chunks.aclose()
+                await self._send_data(stream, memoryview(chunk).cast("B"), index == final)
+        else:
+            self._write(self._head_frames(stream.id, response, stream.method, last=False))
+            try:
+                async for chunk in chunks:
+                    if chunk:
+                        await self._send_data(stream, memoryview(chunk).cast("B"), False)
+                if response.trailers is None:
+                    await self._send_data(stream, memoryview(b""), True)
+            finally:
+                await chunks.aclose()
+        if response.trailers is not None:  # read now: a stream may have filled it as it ended
+            block = hpack_encode.encode(
+                None, [(n, v) for n, v in response.trailers if n not in CONNECTION_SPECIFIC]
+            )
+            self._write(frame(HEADERS, END_STREAM | END_HEADERS, stream.id, block))
 
     async def _send_data(self, stream: Stream, data: memoryview, last: bool) -> None:
         """DATA frames within the stream's and the connection's windows and the peer's frame size.

@@ -64,6 +64,7 @@ def status(code: int) -> bytes:
     return field(b":status", str(code).encode())
 
 
-def encode(code: int, headers: list[tuple[bytes, bytes]]) -> bytes:
-    """The header block of a response: :status, then `headers` (lowercase names)."""
-    return b"".join([status(code), *[field(name, value) for name, value in headers]])
+def encode(code: int | None, headers: list[tuple[bytes, bytes]]) -> bytes:
+    """The header block of a response: :status, then `headers` (lowercase names); trailers: no code."""
+    fields = [field(name, value) for name, value in headers]
+    return b"".join(fields if code is None else [status(code), *fields])
