@@ -5,6 +5,7 @@ import asyncio
 import gc
 import logging
 import signal
+import sys
 from pathlib import Path
 
 from grpclib.server import Server as GrpcServer
@@ -189,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--model-control-mode poll needs --repository-poll-secs > 0")
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
         parser.error("--ssl-certfile and --ssl-keyfile go together")
+    # Nothing the server imports writes bytecode: a model's helper modules would otherwise leave a
+    # __pycache__ in the model repository (model.py itself is compiled from source, see backends/python).
+    sys.dont_write_bytecode = True
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -157,7 +157,8 @@ def select_versions(directory: Path, policy: dict) -> list[int]:
 
 def tree_signature(directory: Path) -> Signature:
     """What poll mode compares: each file's path, size and mtime, and each folder's path. Folder mtimes,
-    hidden entries and __pycache__ are left out: importing model.py writes a __pycache__ beside it."""
+    hidden entries and __pycache__ are left out (the server writes none, but another process importing
+    a model's modules may)."""
     entries: list[tuple[str, int, int]] = []
     for root, dirs, files in os.walk(directory):
         dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__"]

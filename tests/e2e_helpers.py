@@ -40,7 +40,9 @@ class ServerProcess:
         *,
         extra_args: tuple[str, ...] = (),
         log_level: str = "info",
+        env: dict[str, str] | None = None,
     ) -> None:
+        self.env = env  # the process's environment; None: this one's
         self.repository = Path(repository)
         self.log_path = Path(log_path)
         self.extra_args = tuple(extra_args)
@@ -78,7 +80,12 @@ class ServerProcess:
     def start(self, timeout: float = START_TIMEOUT) -> ServerProcess:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                self.command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+                self.command,
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

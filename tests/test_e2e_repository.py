@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -295,3 +296,37 @@ def test_wrong_output_name_is_500_and_server_stays_up(rclient: httpx.Client) -> 
 def test_model_exceptions_are_logged(repo_server: ServerProcess, rclient: httpx.Client) -> None:
     infer_int32(rclient, "execute_raises", [1])
     assert "kaboom in execute" in repo_server.log_text(), "the model's exception is not in the server log"
+
+
+HELPER_MODEL = """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import doubling_helper  # a module beside model.py, imported as a normal module
+
+
+class Model:
+    def execute(self, inputs):
+        return {"OUTPUT0": doubling_helper.double(inputs["INPUT0"])}
+"""
+
+
+def test_loading_a_model_writes_nothing_into_the_repository(tmp_path: Path) -> None:
+    """Not even __pycache__ for the helper modules model.py imports (checked with bytecode writing on)."""
+    repo = tmp_path / "models"
+    directory = write_model(repo, "helped", int32_config("helped"), {1: HELPER_MODEL})
+    (directory / "1" / "doubling_helper.py").write_text("def double(x):\n    return x * 2\n")
+    before = sorted(p.relative_to(repo) for p in repo.rglob("*"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    server = ServerProcess(repo, tmp_path / "server.log", env=env).start()
+    try:
+        response = httpx.post(
+            f"{server.base_url}/v2/models/helped/infer",
+            json={"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [2], "data": [1, 2]}]},
+            timeout=10,
+        )
+        assert response.json()["outputs"][0]["data"] == [2, 4]
+        assert sorted(p.relative_to(repo) for p in repo.rglob("*")) == before
+    finally:
+        stop_all([server])

@@ -50,3 +50,13 @@ def test_the_other_method_of_a_matched_path_is_refused(router: Router) -> None:
     assert refused.value.allowed == ["GET", "HEAD"]
     with pytest.raises(InferError, match="no endpoint PUT /nowhere"):
         router.match("PUT", "/nowhere")
+
+
+def test_the_match_cache_stays_bounded(router: Router) -> None:
+    """Paths a client makes up (a model name each) never grow the cache past its size."""
+    for n in range(MATCHES_KEPT * 3):
+        router.match("GET", f"/v2/models/made-up-{n}")
+        assert len(router._matched) <= MATCHES_KEPT
+    with pytest.raises(InferError):
+        router.match("GET", "/nowhere/at/all")  # refusals are not remembered either
+    assert len(router._matched) <= MATCHES_KEPT
