@@ -94,6 +94,11 @@ class DynamicBatcher:
 
     # ------------------------------------------------------------------------------------------ requests
 
+    @property
+    def pending(self) -> int:
+        """Requests queued, not yet in a batch (Triton's nv_inference_pending_request_count)."""
+        return len(self.queues)
+
     async def run(self, inputs: Arrays, rows: int = 1, priority: int = 0, timeout_us: int = 0) -> Arrays:
         """This request's outputs: its rows of its batch's outputs. `rows` is its batch size (ignored
         without batching); `priority` and `timeout_us` are the request parameters of those names."""

@@ -28,6 +28,7 @@ class DirectScheduler:
         self.stats = stats if stats is not None else ModelStats()
         self.now = executor.inline and executor.host  # then run_now() is run() without a coroutine
         self.queuing = False
+        self.pending = 0  # no queue: requests waiting for an instance are counted as executing
         self._slots = asyncio.Semaphore(executor.instances)
         self._in_flight = InFlight()  # requests executing or waiting for a slot: what drain() waits for
 

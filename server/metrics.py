@@ -26,6 +26,7 @@ CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 PLAIN = b"text/plain; charset=utf-8"  # the 404 and 405 answers
 METRICS_PATH = "/metrics"
 
+PENDING = "nv_inference_pending_request_count"  # a gauge: requests in the model's queue now
 # Triton's per model version counters (core src/metrics.cc): name, HELP text, what it counts.
 COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], int]], ...] = (
     (
@@ -92,6 +93,13 @@ class ModelMetrics:
                     name, {"model": version.name, "version": version.version_str}, read(version.stats)
                 )
             yield family
+        pending = Metric(
+            PENDING, "Instantaneous number of pending requests awaiting execution per-model.", "gauge"
+        )
+        for version in versions:
+            queued = version.scheduler.pending if version.scheduler is not None else 0
+            pending.add_sample(PENDING, {"model": version.name, "version": version.version_str}, queued)
+        yield pending
 
 
 def exposition(registry: CollectorRegistry) -> bytes:

@@ -433,6 +433,22 @@ def chunked(*pieces: bytes) -> bytes:
     return b"".join(f"{len(p):x}\r\n".encode() + p + b"\r\n" for p in pieces if p) + b"0\r\n\r\n"
 
 
+def wait_for_pending(server: ServerProcess, model: str, count: int, timeout: float = 10.0) -> None:
+    """Waits until the model's queue holds `count` requests, as /metrics' nv_inference_pending_request_count
+    says: what a test waits on instead of a sleep when it needs a request queued (or gone)."""
+    pattern = re.compile(
+        rf'^nv_inference_pending_request_count{{model="{re.escape(model)}",version="\d+"}} (\d+)', re.M
+    )
+    deadline = time.monotonic() + timeout
+    while True:
+        text = httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).text
+        found = pattern.search(text)
+        if found and int(found.group(1)) == count:
+            return
+        assert time.monotonic() < deadline, f"{model}: never {count} pending: {found and found.group(0)}"
+        time.sleep(0.01)
+
+
 def wait_until_refused(address: tuple[str, int], timeout: float) -> float | None:
     """Seconds until a new TCP connection to `address` is refused, or None if it never was within timeout."""
     start = time.monotonic()

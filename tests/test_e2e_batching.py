@@ -25,6 +25,7 @@ from e2e_helpers import (
     make_client,
     simple_inputs,
     stop_all,
+    wait_for_pending,
     write_model,
 )
 
@@ -259,8 +260,8 @@ def test_a_client_that_disconnects_while_queued_is_dropped(server: ServerProcess
         payload = json.dumps(body(7)).encode()
         with RawConnection(server.address) as conn:
             conn.send(http_request("POST", "/v2/models/dropped/infer", payload, port=server.port))
-            time.sleep(0.2)  # let the server queue it before the client goes away
-        time.sleep(0.2)
+            wait_for_pending(server, "dropped", 1)  # queued behind the blocker
+        wait_for_pending(server, "dropped", 0)  # the client left: its request left the queue
         release(models, "dropped")
         assert_own_answer(blocker.result(WAIT_S), -1)
         assert_own_answer(infer(client, "dropped", 8), 8)  # after this, the queue has been served

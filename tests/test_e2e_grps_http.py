@@ -22,6 +22,7 @@ from e2e_helpers import (
     http_request,
     make_client,
     stop_all,
+    wait_for_pending,
     write_model,
 )
 
@@ -549,8 +550,8 @@ def test_a_streaming_client_that_leaves_while_queued_is_dropped(
         body = orjson.dumps({"model": "queued", "str_data": str(tmp_path / "dropped")})
         with RawConnection(grps_server.address) as conn:
             conn.send(http_request("POST", PREDICT + "?streaming=true", body, port=grps_server.port))
-            time.sleep(0.2)  # let the server queue it before the client goes away
-        time.sleep(0.2)
+            wait_for_pending(grps_server, "queued", 1)  # queued behind the blocker
+        wait_for_pending(grps_server, "queued", 0)  # the client left: its request left the queue
         (tmp_path / "release").touch()
         assert ok(blocker.result(15.0))["str_data"] == "done"
         after = {"model": "queued", "str_data": str(tmp_path / "after")}

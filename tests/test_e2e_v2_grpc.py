@@ -463,6 +463,7 @@ from pathlib import Path
 
 class Model:
     async def execute(self, inputs):
+        (Path(__file__).parent / "started").write_text("yes")
         await asyncio.sleep(2)
         return {"OUTPUT0": inputs["INPUT0"]}
 
@@ -481,7 +482,10 @@ def test_an_unload_whose_call_is_cancelled_still_completes(start_server, repo: P
     body = {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 2], "data": [1, 2]}]}
     with ThreadPoolExecutor(1) as pool, httpx.Client(base_url=server.base_url, timeout=15) as client:
         in_flight = pool.submit(client.post, "/v2/models/slow/infer", json=body)
-        time.sleep(0.3)  # the request is executing (2 s)
+        deadline = time.monotonic() + 10
+        while not (repo / "slow" / "1" / "started").exists():  # the request is executing (2 s)
+            assert time.monotonic() < deadline and not in_flight.done(), "the request never started"
+            time.sleep(0.01)
 
         async def unload_with_a_short_deadline(stub: pb.GrpcInferenceServiceStub) -> str:
             request = pb.RepositoryModelUnloadRequest(model_name="slow")

@@ -195,6 +195,7 @@ def test_grpcio_client(v2_server: ServerProcess) -> None:
 
 FINALIZE_MARKING = """
 import asyncio
+from pathlib import Path
 
 import numpy as np
 
@@ -206,6 +207,7 @@ class Model:
         for word in inputs["TEXT"][0].split():
             await asyncio.sleep(0.1)
             yield {"TOKEN": np.array([word + (b"-after-finalize" if self.finalized else b"")], dtype=object)}
+            (Path(__file__).parent / "streaming").write_text("yes")
 
     def finalize(self):
         self.finalized = True
@@ -223,7 +225,10 @@ def test_a_request_queued_on_a_stream_never_runs_on_an_unloaded_model(start_serv
     with ThreadPoolExecutor(1) as pool:
 
         def unload_soon() -> int:
-            time.sleep(0.15)
+            deadline = time.monotonic() + 10
+            while not (repo / "token_stream" / "1" / "streaming").exists():  # the first answer is out
+                assert time.monotonic() < deadline, "the stream never started"
+                time.sleep(0.01)
             return httpx.post(
                 f"{server.base_url}/v2/repository/models/token_stream/unload", timeout=15
             ).status_code
