@@ -17,6 +17,7 @@ from codec.datatypes import BY_CONFIG, DataType
 from codec.errors import ErrorKind, InferError, invalid
 from codec.tensor import InferRequest, InferResponse, Tensor, as_dtype
 from server.backends import Backend, load_backend
+from server.backends.python import stream_only_error
 
 UNLOADED = "unloaded"  # the reason of a version unloaded on purpose (a clean end, not a failure)
 
@@ -71,6 +72,7 @@ class ModelVersion:
         self.scheduler: DirectScheduler | DynamicBatcher | None = None
         self.executor: Executor | None = None
         self.queues = False  # whether a request may wait in a queue to execute (the scheduler's `queuing`)
+        self.stream_only = False  # the backend has execute_stream and no execute
         self.stats = ModelStats()  # Triton's statistics for this version (batcher/stats.py)
         self._open_streams = InFlight()  # infer_stream answers in progress: unload waits for them too
 
@@ -101,6 +103,7 @@ class ModelVersion:
         else:
             self.scheduler = DirectScheduler(self.executor, self.stats)
         self.queues = self.scheduler.queuing
+        self.stream_only = getattr(self.backend, "stream_only", False)
         self.state = ModelState.READY
         self.reason = ""
 
@@ -127,6 +130,8 @@ class ModelVersion:
             raise InferError(
                 ErrorKind.UNAVAILABLE, f"model '{self.name}' version {self.version} is not ready"
             )
+        if self.stream_only:  # refused as bad input, before it is counted (as Triton refuses it)
+            raise stream_only_error(self.name)
         arrays, rows = self._inputs_and_rows(request)
         wanted = self._wanted_outputs(request)
         scheduler = self.scheduler

@@ -26,6 +26,11 @@ class Model:
         return {"OUTPUT0": x + 1}
 """
 BROKEN = "raise RuntimeError('this model cannot load')\n"
+STREAMING_ONLY = """
+class Model:
+    async def execute_stream(self, inputs):
+        yield {"OUTPUT0": inputs["INPUT0"]}
+"""
 # Requests of one row wait (up to 10 s) until 4 rows are queued; a request of 4 or 8 rows goes at once.
 BATCHING = "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 10000000 }"
 
@@ -38,7 +43,8 @@ def infer_body(rows: list[list[int]], batched: bool = True) -> dict:
 
 def send_workload(base_url: str) -> None:
     """adder: 4 concurrent 1-row requests (one batch of 4), 2 requests of 4 rows, 1 of 8 rows, 1 of 4
-    rows that fails. plain: 3 answered and 2 failed on version 1, 2 answered on the latest (2)."""
+    rows that fails. plain: 3 answered and 2 failed on version 1, 2 answered on the latest (2).
+    Requests refused as bad input (400) before they reach the model, as Triton counts them: not at all."""
     barrier = threading.Barrier(4)
     statuses: list[int] = []
 
@@ -71,6 +77,21 @@ def send_workload(base_url: str) -> None:
         ]:
             response = client.post(path, json=infer_body([[value, value]], batched=False))
             assert response.status_code == status, response.text
+        bad_inputs = [
+            ("/v2/models/adder/infer", infer_body([[1, 2]] * 9)),  # over max_batch_size
+            ("/v2/models/plain/versions/1/infer", infer_body([[1, 2, 3]], batched=False)),  # wrong shape
+            (
+                "/v2/models/plain/versions/1/infer",
+                {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1.0, 2.0]}]},
+            ),
+            (
+                "/v2/models/plain/infer",
+                {"inputs": [{"name": "NOPE", "datatype": "INT32", "shape": [2], "data": [1, 2]}]},
+            ),
+            ("/v2/models/streamer/infer", infer_body([[1, 2]], batched=False)),  # a plain infer, streams only
+        ]
+        for path, body in bad_inputs:
+            assert client.post(path, json=body).status_code == 400
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +113,7 @@ def stats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Ser
         {1: FAILING_ON_NEGATIVE, 2: FAILING_ON_NEGATIVE},
     )
     write_model(repo, "broken", int32_config("broken"), {1: BROKEN})
+    write_model(repo, "streamer", int32_config("streamer", dims="[ 2 ]"), {1: STREAMING_ONLY})
     server = ServerProcess(repo, root / "server.log").start()
     try:
         started = time.time_ns() // 1_000_000
@@ -116,7 +138,10 @@ def test_counts_match_the_requests_sent(stats_client: httpx.Client) -> None:
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("application/json")
     stats = by_version(response.json())
-    assert list(stats) == [("adder", "1"), ("plain", "1"), ("plain", "2")]  # ready ones, by name, version
+    # ready ones, by name and version
+    assert list(stats) == [("adder", "1"), ("plain", "1"), ("plain", "2"), ("streamer", "1")]
+    streamer = stats["streamer", "1"]["inference_stats"]
+    assert (streamer["success"]["count"], streamer["fail"]["count"]) == (0, 0)  # its 400 is not counted
 
     adder = stats["adder", "1"]
     assert (adder["inference_count"], adder["execution_count"]) == (20, 4)  # 4x1 + 2x4 + 8 rows; 4 batches
@@ -142,6 +167,9 @@ def test_durations_are_counted_and_consistent(
     for stat in stats_client.get("/v2/models/stats").json()["model_stats"]:
         where = (stat["name"], stat["version"])
         assert set(stat) >= {"name", "version", "last_inference", "inference_count", "execution_count"}
+        if stat["name"] == "streamer":  # only refused (400) requests: never an inference
+            assert stat["last_inference"] == 0 and stat["inference_count"] == 0, stat
+            continue
         assert started <= stat["last_inference"] <= finished, where
         inference = stat["inference_stats"]
         success = inference["success"]
@@ -242,6 +270,7 @@ def test_metrics_match_the_statistics(stats_server: tuple[ServerProcess, int, in
         ("adder", "1"): 20,
         ("plain", "1"): 3,
         ("plain", "2"): 2,
+        ("streamer", "1"): 0,
     }
     assert families["nv_inference_request_success"].documentation == (
         "Number of successful inference requests, all batch sizes"

@@ -52,7 +52,9 @@ class PythonBackend:
         self.model = _model_class(module, path)()
         if hasattr(self.model, "initialize"):
             self.model.initialize(config)
-        execute = getattr(self.model, "execute", None) or _no_execute(config["name"])
+        execute = getattr(self.model, "execute", None)
+        self.stream_only = execute is None  # the server refuses a plain infer before it is counted
+        execute = execute or _no_execute(config["name"])
         self.is_async = inspect.iscoroutinefunction(execute)
         # inputs -> outputs dict (an awaitable of it when async); bound directly: one call less per batch
         self.execute: Callable[[dict[str, Any]], Any] = execute
@@ -98,11 +100,15 @@ def _restore_module(name: str, mine: types.ModuleType, previous: types.ModuleTyp
             sys.modules[name] = previous
 
 
+def stream_only_error(model: str) -> InferError:
+    return InferError(
+        ErrorKind.INVALID_ARGUMENT,
+        f"model '{model}' only streams its answers: use grps streaming or gRPC ModelStreamInfer",
+    )
+
+
 def _no_execute(model: str) -> Callable[[dict[str, Any]], Any]:
     def execute(inputs: dict[str, Any]) -> Any:
-        raise InferError(
-            ErrorKind.INVALID_ARGUMENT,
-            f"model '{model}' only streams its answers: use grps streaming or gRPC ModelStreamInfer",
-        )
+        raise stream_only_error(model)
 
     return execute
