@@ -332,8 +332,39 @@ def test_junk_requests_decode_or_are_invalid_argument(inputs, binary, data):
         assert e.kind is ErrorKind.INVALID_ARGUMENT
         assert MODEL in e.message
     else:
-        for tensor in request.inputs:
-            assert tensor.data.shape == tensor.shape
+        assert_read_alike(request, inputs, body[header_length:] if header_length is not None else b"")
+
+
+def _flat(value) -> list:
+    return [v for item in value for v in _flat(item)] if isinstance(value, list) else [value]
+
+
+def assert_read_alike(request: InferRequest, inputs: list[dict], binary: bytes) -> None:
+    """What decoded must say what the JSON said, read independently: each input's name, datatype and
+    shape, and its values (from `data`, or its slice of the binary part)."""
+    assert len(request.inputs) == len(inputs)
+    offset = 0
+    for tensor, sent in zip(request.inputs, inputs, strict=True):
+        assert (tensor.name, tensor.datatype, list(tensor.shape)) == (
+            sent["name"],
+            sent["datatype"],
+            sent["shape"],
+        )
+        assert tensor.data.shape == tuple(sent["shape"])
+        values = np.asarray(tensor.data).ravel().tolist()
+        size = sent.get("parameters", {}).get("binary_data_size")
+        if size is not None:
+            chunk = binary[offset : offset + size]
+            offset += size
+            if tensor.datatype == "BYTES":
+                assert b"".join(len(v).to_bytes(4, "little") + v for v in values) == chunk
+            else:
+                assert np.ascontiguousarray(tensor.data).tobytes() == chunk
+        elif tensor.datatype == "BYTES":
+            assert values == [v.encode() if isinstance(v, str) else v for v in _flat(sent["data"])]
+        else:
+            assert values == pytest.approx(_flat(sent["data"]), nan_ok=True)
+    assert offset == len(binary)
 
 
 # --- encode errors -------------------------------------------------------------------------------
@@ -383,3 +414,48 @@ def test_booleans_among_numbers_are_refused(datatype: str, data: list) -> None:
     with pytest.raises(InferError) as excinfo:
         decode_request(body, None, MODEL)
     assert_invalid(excinfo, INPUT, "booleans", datatype)
+
+
+@st.composite
+def wellformed_inputs(draw) -> tuple[dict, bytes]:
+    """One input that must decode: a numeric or BYTES tensor as JSON `data` or as binary tensor data."""
+    datatype = draw(st.sampled_from(["INT32", "INT64", "UINT8", "FP32", "FP64", "BOOL", "BYTES"]))
+    shape = draw(st.lists(st.integers(0, 3), min_size=1, max_size=3))
+    count = int(np.prod(shape))
+    if datatype == "BOOL":
+        values = draw(st.lists(st.booleans(), min_size=count, max_size=count))
+    elif datatype == "BYTES":
+        values = draw(st.lists(st.text(max_size=5), min_size=count, max_size=count))
+    elif datatype.startswith("FP"):
+        values = draw(st.lists(st.floats(-1e6, 1e6, width=32), min_size=count, max_size=count))
+    else:
+        low, high = (0, 255) if datatype == "UINT8" else (-(2**31), 2**31 - 1)
+        values = draw(st.lists(st.integers(low, high), min_size=count, max_size=count))
+    entry = {"name": draw(st.sampled_from([INPUT, "x\u00e9", "b"])), "datatype": datatype, "shape": shape}
+    if not draw(st.booleans()):
+        entry["data"] = values
+        return entry, b""
+    if datatype == "BYTES":
+        raw = b"".join(len(v.encode()).to_bytes(4, "little") + v.encode() for v in values)
+    else:
+        numpy_type = {
+            "INT32": "<i4",
+            "INT64": "<i8",
+            "UINT8": "u1",
+            "FP32": "<f4",
+            "FP64": "<f8",
+            "BOOL": "?",
+        }
+        raw = np.array(values, dtype=numpy_type[datatype]).tobytes()
+    entry["parameters"] = {"binary_data_size": len(raw)}
+    return entry, raw
+
+
+@settings(max_examples=200, deadline=None)
+@given(parts=st.lists(wellformed_inputs(), min_size=1, max_size=3))
+def test_wellformed_requests_decode_to_what_they_say(parts) -> None:
+    inputs = [entry for entry, _ in parts]
+    binary = b"".join(raw for _, raw in parts)
+    header = json.dumps({"inputs": inputs}).encode()
+    request = decode_request(header + binary, len(header) if binary else None, MODEL)
+    assert_read_alike(request, inputs, binary)
