@@ -26,6 +26,21 @@ class Model:
         return {"OUTPUT0": x + 1}
 """
 BROKEN = "raise RuntimeError('this model cannot load')\n"
+NOT_UTF8 = """
+import numpy as np
+
+
+class Model:
+    def execute(self, inputs):
+        return {"OUTPUT0": np.array([b"\\xff\\xfe"] * inputs["INPUT0"].size, dtype=object)}
+"""
+NOT_UTF8_CONFIG = """
+name: "not_utf8"
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_STRING dims: [ -1 ] } ]
+"""
 STREAMING_ONLY = """
 class Model:
     async def execute_stream(self, inputs):
@@ -92,6 +107,9 @@ def send_workload(base_url: str) -> None:
         ]
         for path, body in bad_inputs:
             assert client.post(path, json=body).status_code == 400
+        # The model ran; its answer cannot be JSON: a 400 counted as a success, as Triton counts it.
+        not_utf8 = {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1], "data": [1]}]}
+        assert client.post("/v2/models/not_utf8/infer", json=not_utf8).status_code == 400
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +132,7 @@ def stats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Ser
     )
     write_model(repo, "broken", int32_config("broken"), {1: BROKEN})
     write_model(repo, "streamer", int32_config("streamer", dims="[ 2 ]"), {1: STREAMING_ONLY})
+    write_model(repo, "not_utf8", NOT_UTF8_CONFIG, {1: NOT_UTF8})
     server = ServerProcess(repo, root / "server.log").start()
     try:
         started = time.time_ns() // 1_000_000
@@ -139,7 +158,15 @@ def test_counts_match_the_requests_sent(stats_client: httpx.Client) -> None:
     assert response.headers["content-type"].startswith("application/json")
     stats = by_version(response.json())
     # ready ones, by name and version
-    assert list(stats) == [("adder", "1"), ("plain", "1"), ("plain", "2"), ("streamer", "1")]
+    assert list(stats) == [
+        ("adder", "1"),
+        ("not_utf8", "1"),
+        ("plain", "1"),
+        ("plain", "2"),
+        ("streamer", "1"),
+    ]
+    not_utf8 = stats["not_utf8", "1"]["inference_stats"]
+    assert (not_utf8["success"]["count"], not_utf8["fail"]["count"]) == (1, 0)
     streamer = stats["streamer", "1"]["inference_stats"]
     assert (streamer["success"]["count"], streamer["fail"]["count"]) == (0, 0)  # its 400 is not counted
 
@@ -271,6 +298,7 @@ def test_metrics_match_the_statistics(stats_server: tuple[ServerProcess, int, in
         ("plain", "1"): 3,
         ("plain", "2"): 2,
         ("streamer", "1"): 0,
+        ("not_utf8", "1"): 1,
     }
     assert families["nv_inference_request_success"].documentation == (
         "Number of successful inference requests, all batch sizes"
