@@ -367,3 +367,25 @@ def test_sigterm_answers_the_open_stream_then_goaway_and_exit_0(tmp_path: Path) 
         assert frames[-1] is not None and frames[-1].kind == GOAWAY and frames[-1].error_code == 0
         assert int.from_bytes(frames[-1].payload[:4], "big") == 1  # the last stream it took
     assert server.wait(timeout=10) == 0
+
+
+def test_window_updates_of_a_client_reading_an_answer_are_not_a_flood(limited) -> None:
+    """A client that opens its window a little per DATA frame sends many WINDOW_UPDATEs, all while the
+    answer goes out: they do not count towards --http2-max-control-frames-per-second."""
+    server = limited("--http2-max-control-frames-per-second", "20")
+    with H2Wire(server.address) as h2:
+        h2.open(client_settings=b"\x00\x04\x00\x00\x00\x10")  # INITIAL_WINDOW_SIZE 16
+        h2.request(1, "GET", "/v2/models/simple/config")
+        received, updates = b"", 0
+        while True:
+            got = h2.read_frame()
+            assert got is not None and got.kind not in (GOAWAY, RST_STREAM), got
+            if got.kind == DATA and got.stream == 1:
+                received += got.payload
+                if got.flags & END_STREAM:
+                    break
+                h2.send(frame(WINDOW_UPDATE, 0, 1, len(got.payload).to_bytes(4, "big")))
+                h2.send(frame(WINDOW_UPDATE, 0, 0, len(got.payload).to_bytes(4, "big")))
+                updates += 2
+    assert updates > 40
+    assert json.loads(received)["name"] == "simple"

@@ -111,6 +111,7 @@ class Stream:
         "window_open",
         "task",
         "answered",
+        "sending",
         "reset",
     )
 
@@ -131,6 +132,7 @@ class Stream:
         self.window_open: asyncio.Future | None = None  # a writer waiting for window
         self.task: asyncio.Task | None = None
         self.answered = 0.0  # when an early answer went out: what the client still sends is dropped
+        self.sending = False  # its answer's body is going out
         self.reset = False
 
 
@@ -159,6 +161,7 @@ class H2Connection(asyncio.BufferedProtocol):
         self.peer_max_frame = DEFAULT_FRAME
         self.send_window = DEFAULT_WINDOW  # the connection's
         self.window_waiters: set[Stream] = set()
+        self.sending = 0  # streams whose answers are going out
         self.recv_window = OUR_CONNECTION_WINDOW
         self.writable = asyncio.Event()
         self.writable.set()
@@ -613,17 +616,18 @@ class H2Connection(asyncio.BufferedProtocol):
         if len(payload) != 4:
             raise ConnectionError_(FRAME_SIZE_ERROR, "WINDOW_UPDATE of a length other than 4")
         increment = int.from_bytes(payload, "big") & 0x7FFFFFFF
-        self._calm()
+        stream = self.streams.get(stream_id)
+        if not (self.sending if stream_id == 0 else stream is not None and stream.sending):
+            self._calm()  # an update while an answer is going out is the client reading it: not counted
         if stream_id == 0:
             if increment == 0:
                 raise ConnectionError_(PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
             self.send_window += increment
             if self.send_window > MAX_WINDOW:
                 raise ConnectionError_(FLOW_CONTROL_ERROR, "connection window above 2^31-1")
-            for stream in list(self.window_waiters):
-                self._wake(stream)
+            for waiting in list(self.window_waiters):
+                self._wake(waiting)
             return
-        stream = self.streams.get(stream_id)
         if stream is None:
             if stream_id > self.last_stream_id:
                 raise ConnectionError_(PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream")
@@ -733,7 +737,12 @@ class H2Connection(asyncio.BufferedProtocol):
         )
         try:
             response = await self.router.call(stream.route, request)
-            await self._respond(stream, response)
+            stream.sending = True
+            self.sending += 1
+            try:
+                await self._respond(stream, response)
+            finally:
+                self.sending -= 1
         except StreamReset:
             return
         except Exception:  # a streamed answer that failed midway: the stream ends in an error
