@@ -44,7 +44,6 @@ SMALL_BODY = 64 * 1024  # bodies up to this go out joined to their head in one w
 LARGE_BUFFER = 1 << 20  # bodies from this size are received into numpy memory (huge pages, no zeroing)
 MAX_PIPELINED = 16  # requests parsed ahead of their answers before reading pauses
 LINGER_SECONDS = 2.0  # after an early 413, how long the rest of the upload is read and dropped
-H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 # Connection states, for timeouts and shutdown.
 IDLE, HEAD, BODY, BUSY, CLOSING = range(5)
@@ -316,6 +315,8 @@ class H1Connection(asyncio.BufferedProtocol):
     # ------------------------------------------------------------------------------ answering
 
     def _queue(self, request: _Request, keep_alive: bool) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return  # a request pipelined behind one that closed the connection
         if self.task is None:
             self.task = eager.start(self._serve(request, keep_alive), self.loop)
         else:
