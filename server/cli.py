@@ -81,6 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {limits.head_timeout:g})",
     )
     serve.add_argument(
+        "--http-body-timeout",
+        type=float,
+        default=limits.body_timeout,
+        help="seconds a request body may go without a byte arriving; then 408 (default "
+        f"{limits.body_timeout:g})",
+    )
+    serve.add_argument(
         "--http-keep-alive-timeout",
         type=float,
         default=limits.keep_alive_timeout,
@@ -273,6 +280,7 @@ def http_settings(args: argparse.Namespace) -> HttpSettings:
         max_request_bytes=args.max_request_bytes,
         max_head_bytes=args.http_max_head_bytes,
         head_timeout=args.http_head_timeout,
+        body_timeout=args.http_body_timeout,
         keep_alive_timeout=args.http_keep_alive_timeout,
         max_connections=args.http_max_connections,
         h2_max_concurrent_streams=args.http2_max_concurrent_streams,

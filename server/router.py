@@ -147,6 +147,12 @@ def framing_error(errors: ErrorResponder, message: str, status: int = 400) -> Ht
     return response
 
 
+def stalled_body(errors: ErrorResponder, seconds: float) -> HttpResponse:
+    """408 for a request body that stopped coming (a slow upload holding a connection)."""
+    message = f"request body made no progress for {seconds:g} s (raise it with --http-body-timeout)"
+    return framing_error(errors, message, status=408)
+
+
 class MethodNotAllowed(InferError):
     fixed_http_status = 405
 

@@ -278,6 +278,25 @@ def test_slow_head_is_408_and_closes(tmp_path) -> None:
         stop_all([server])
 
 
+def test_stalled_body_is_408_and_closes(tmp_path) -> None:
+    server = _limited(tmp_path, "--http-body-timeout", "1")
+    try:
+        head = http_request(
+            "POST", "/v2/models/simple/infer", headers={"Content-Length": str(len(INFER))}, port=server.port
+        )
+        with RawConnection(server.address, timeout=6) as conn:
+            conn.send(head + INFER[:20])  # and never the rest
+            started = time.monotonic()
+            response = conn.read_response()
+            assert response.status == 408, response
+            assert "--http-body-timeout" in response.json()["error"]
+            assert time.monotonic() - started < 4
+            assert conn.closed_by_peer()
+        _assert_serves(server)
+    finally:
+        stop_all([server])
+
+
 def test_idle_keep_alive_connection_is_closed_after_its_timeout(tmp_path) -> None:
     server = _limited(tmp_path, "--http-keep-alive-timeout", "1")
     try:

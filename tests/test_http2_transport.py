@@ -205,6 +205,18 @@ def test_streams_past_the_limit_are_refused(limited) -> None:
         assert h2.response(7)[0] == 200
 
 
+def test_stalled_body_is_408_on_its_stream(limited) -> None:
+    server = limited("--http-body-timeout", "1")
+    with H2Wire(server.address, timeout=6) as h2:
+        h2.open()
+        h2.send(frame(HEADERS, END_HEADERS, 1, h2.block("POST", "/v2/models/simple/infer")))
+        h2.send(frame(DATA, 0, 1, INFER[:20]))  # and never the rest
+        status, _, body = h2.response(1)
+        assert status == 408 and "--http-body-timeout" in json.loads(body)["error"]
+        h2.request(3)  # the connection serves on
+        assert h2.response(3)[0] == 200
+
+
 def test_rapid_reset_is_goaway_enhance_your_calm(limited) -> None:
     server = limited("--http2-max-resets-per-second", "50")
     with H2Wire(server.address) as h2:

@@ -27,7 +27,7 @@ import httptools
 import numpy as np
 
 from server.http import eager
-from server.router import BodyTooLarge, HttpRequest, HttpResponse, Route, framing_error
+from server.router import BodyTooLarge, HttpRequest, HttpResponse, Route, framing_error, stalled_body
 
 if TYPE_CHECKING:
     from server.http.listener import ConnectionHost
@@ -163,6 +163,8 @@ class H1Connection(asyncio.BufferedProtocol):
             self._bypassed(nbytes)
             return
         data = _read_view[:nbytes]
+        if self.state == BODY:
+            self.since = self.loop.time()  # the body makes progress
         if self.fresh:
             self.fresh = False
             if data[:3] == b"PRI":  # the HTTP/2 preface; no HTTP/1.1 method is called PRI
@@ -229,6 +231,7 @@ class H1Connection(asyncio.BufferedProtocol):
         request.http10 = parser.get_http_version() == "1.0"
         headers = request.headers
         self.state = BODY
+        self.since = self.loop.time()
         router = self.host.router
         if b"content-length" in headers and b"transfer-encoding" in headers:
             self._refuse(
@@ -301,6 +304,7 @@ class H1Connection(asyncio.BufferedProtocol):
     def _bypassed(self, nbytes: int) -> None:
         request = self.request
         request.filled += nbytes
+        self.since = self.loop.time()
         if request.filled < request.expected:
             self.bypass = self.bypass[nbytes:]
             return
@@ -507,6 +511,10 @@ class H1Connection(asyncio.BufferedProtocol):
                     status=408,
                 )
             )
+        elif state == BODY and elapsed > self.settings.body_timeout:
+            route = self.request.route if self.request is not None else None
+            errors = route.errors if route is not None else self.host.router.fallback_errors
+            self._early_close(stalled_body(errors, self.settings.body_timeout))
         elif state == IDLE and self.fresh and elapsed > self.settings.head_timeout:
             self._close()  # connected, never sent a byte
 

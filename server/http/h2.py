@@ -27,7 +27,7 @@ import numpy as np
 
 from server.http import hpack_encode
 from server.http.hpack_decode import Decoder, HeaderListTooLarge, HpackError
-from server.router import BodyTooLarge, HttpRequest, HttpResponse, Route
+from server.router import BodyTooLarge, HttpRequest, HttpResponse, Route, stalled_body
 
 if TYPE_CHECKING:
     from server.http.listener import ConnectionHost
@@ -112,6 +112,7 @@ class Stream:
         "task",
         "answered",
         "sending",
+        "since",
         "reset",
     )
 
@@ -133,6 +134,7 @@ class Stream:
         self.task: asyncio.Task | None = None
         self.answered = 0.0  # when an early answer went out: what the client still sends is dropped
         self.sending = False  # its answer's body is going out
+        self.since = 0.0  # when its body last made progress
         self.reset = False
 
 
@@ -357,6 +359,7 @@ class H2Connection(asyncio.BufferedProtocol):
             self._refuse(stream_id, FLOW_CONTROL_ERROR)
             return None
         stream.recv_window -= length
+        stream.since = self.loop.time()
         if stream.recv_window < OUR_STREAM_WINDOW // 2 and not flags & END_STREAM:
             self.out.append(
                 frame(
@@ -516,7 +519,7 @@ class H2Connection(asyncio.BufferedProtocol):
             return
         stream = Stream(stream_id, self.peer_window)
         self.streams[stream_id] = stream
-        self.since = self.loop.time()
+        self.since = stream.since = self.loop.time()
         try:
             self._request_head(stream, fields)
         except StreamError as e:
@@ -922,9 +925,17 @@ class H2Connection(asyncio.BufferedProtocol):
             self.transport.close()
 
     def sweep(self, now: float) -> None:
-        for stream in [s for s in self.streams.values() if s.answered and now - s.answered > LINGER_SECONDS]:
-            self._reset(stream.id, NO_ERROR)
-            self._close_stream(stream)
+        for stream in list(self.streams.values()):
+            if stream.answered and now - stream.answered > LINGER_SECONDS:
+                self._reset(stream.id, NO_ERROR)
+                self._close_stream(stream)
+            elif (
+                stream.remote_open and not stream.answered and now - stream.since > self.settings.body_timeout
+            ):
+                # A body the app awaits whole that stopped coming (gRPC streams, idle by nature, will need
+                # their own rule).
+                errors = stream.route.errors if stream.route is not None else self.router.fallback_errors
+                self._answer_early(stream, stalled_body(errors, self.settings.body_timeout))
         self._flush()
         elapsed = now - self.since
         if self.preface and elapsed > self.settings.head_timeout:

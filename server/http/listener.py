@@ -30,6 +30,7 @@ class HttpSettings:
     max_request_bytes: int = 1 << 30
     max_head_bytes: int = 64 * 1024  # HTTP/1.1 request line + headers; HTTP/2 decoded header list
     head_timeout: float = 30.0  # a request head (or an HTTP/2 preface) must arrive whole within this
+    body_timeout: float = 30.0  # a request body must make progress at least this often (slow uploads)
     keep_alive_timeout: float = 75.0  # an idle connection is closed after this
     max_connections: int = 10_000
     h2_max_concurrent_streams: int = 256
