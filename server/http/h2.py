@@ -1,5 +1,7 @@
-"""HTTP/2 (RFC 9113) as our own frame layer: frames read and written here, HPACK by hpack_decode.py and
-hpack_encode.py. No `h2` state machine: its ~75 us a request was most of the cost.
+"""HTTP/2 (RFC 9113) as our own frame layer. No `h2` state machine: its ~75 us a request was most of the
+cost. Here, the connection: its read buffer cut into frames, its streams, the answers it writes and its
+lifecycle; what each frame read does is h2_receive.py, the frame vocabulary h2_frames.py, HPACK
+hpack_decode.py and hpack_encode.py.
 
 One connection: a BufferedProtocol whose read buffer holds whole frames; frames are handled in order
 as they complete, and the control frames they call for (SETTINGS ACK, PING ACK, WINDOW_UPDATE,
@@ -20,125 +22,59 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from server.http import hpack_encode
-from server.http.hpack_decode import Decoder, HeaderListTooLarge, HpackError
-from server.router import BodyTooLarge, HttpRequest, HttpResponse, Route, stalled_body
+from server.http.h2_frames import (
+    CLOSED_KEPT,
+    CONNECTION_SPECIFIC,
+    CONTINUATION,
+    DATA,
+    DEFAULT_FRAME,
+    DEFAULT_WINDOW,
+    DIRECT_READ,
+    END_HEADERS,
+    END_STREAM,
+    FRAME_SIZE_ERROR,
+    GOAWAY,
+    HEADERS,
+    INTERNAL_ERROR,
+    LINGER_SECONDS,
+    NO_ERROR,
+    OUR_CONNECTION_WINDOW,
+    OUR_MAX_FRAME,
+    OUR_STREAM_WINDOW,
+    PREFACE,
+    PROTOCOL_ERROR,
+    READ_BUFFER,
+    RST_STREAM,
+    S_ENABLE_PUSH,
+    S_INITIAL_WINDOW_SIZE,
+    S_MAX_CONCURRENT_STREAMS,
+    S_MAX_FRAME_SIZE,
+    S_MAX_HEADER_LIST_SIZE,
+    SEND_BATCH,
+    SETTINGS,
+    SMALL_DATA,
+    WINDOW_UPDATE,
+    ConnectionError_,
+    Stream,
+    StreamReset,
+    frame,
+    frame_head,
+    settings_payload,
+)
+from server.http.h2_receive import FrameReceiver
+from server.http.hpack_decode import Decoder
+from server.router import HttpRequest, HttpResponse, stalled_body
 
 if TYPE_CHECKING:
     from server.http.listener import ConnectionHost
 
 log = logging.getLogger("tensorgate.http")
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
-DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = (
-    range(10)
-)
-END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
-
-NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0, 1, 2, 3
-STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, COMPRESSION_ERROR = 5, 6, 7, 9
-ENHANCE_YOUR_CALM = 0xB
-
-S_ENABLE_PUSH, S_MAX_CONCURRENT_STREAMS = 2, 3
-S_INITIAL_WINDOW_SIZE, S_MAX_FRAME_SIZE, S_MAX_HEADER_LIST_SIZE = 4, 5, 6
-
-MAX_WINDOW = (1 << 31) - 1
-DEFAULT_WINDOW = 65535
-DEFAULT_FRAME = 16384
-OUR_MAX_FRAME = 1 << 20  # what we accept (advertised); large frames move tensors in fewer pieces
-OUR_STREAM_WINDOW = 16 << 20  # advertised per stream; topped up as the body arrives
-OUR_CONNECTION_WINDOW = 64 << 20
-READ_BUFFER = 64 << 10  # to start with; grows to hold the largest frame that comes (idle ones stay small)
-DIRECT_READ = 64 << 10
-SMALL_DATA = 16 << 10  # DATA up to this is copied into the queued frames; larger goes out as views
-SEND_BATCH = 1 << 20  # DATA frames from this size go straight into their body's buffer
-LARGE_BUFFER = 1 << 20  # bodies from this size are numpy memory (no zeroing, huge pages)
-LINGER_SECONDS = 2.0  # after a connection error, how long what the client still sends is read and dropped
-CLOSED_KEPT = 256  # ids of recently closed streams remembered (a frame on one is STREAM_CLOSED)
-CONNECTION_SPECIFIC = frozenset(
-    (b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade")
-)
-PSEUDO = frozenset((b":method", b":scheme", b":path", b":authority"))
-
-
-def frame(kind: int, flags: int, stream_id: int, payload: bytes | memoryview = b"") -> bytes:
-    return (
-        len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream_id.to_bytes(4, "big") + bytes(payload)
-    )
-
-
-def frame_head(kind: int, flags: int, stream_id: int, length: int) -> bytes:
-    return length.to_bytes(3, "big") + bytes((kind, flags)) + stream_id.to_bytes(4, "big")
-
-
-class ConnectionError_(Exception):  # noqa: N801 - not the builtin
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class StreamError(Exception):
-    def __init__(self, code: int, message: str = "") -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class StreamReset(Exception):
-    """The stream went away (client reset, connection lost) while we were answering."""
-
-
-class Stream:
-    __slots__ = (
-        "id",
-        "remote_open",  # the client may still send (no END_STREAM yet)
-        "method",
-        "path",
-        "query",
-        "headers",
-        "route",
-        "params",
-        "expected",
-        "body",
-        "filled",
-        "recv_window",
-        "send_window",
-        "window_open",
-        "task",
-        "answered",
-        "sending",
-        "since",
-        "reset",
-    )
-
-    def __init__(self, stream_id: int, send_window: int) -> None:
-        self.id = stream_id
-        self.remote_open = True
-        self.method = "GET"
-        self.path = ""
-        self.query = b""
-        self.headers: dict[bytes, bytes] = {}
-        self.route: Route | None = None
-        self.params: dict[str, str] = {}
-        self.expected: int | None = None
-        self.body: Any = b""
-        self.filled = 0
-        self.recv_window = OUR_STREAM_WINDOW
-        self.send_window = send_window
-        self.window_open: asyncio.Future | None = None  # a writer waiting for window
-        self.task: asyncio.Task | None = None
-        self.answered = 0.0  # when an early answer went out: what the client still sends is dropped
-        self.sending = False  # its answer's body is going out
-        self.since = 0.0  # when its body last made progress
-        self.reset = False
-
-
-class H2Connection(asyncio.BufferedProtocol):
+class H2Connection(FrameReceiver, asyncio.BufferedProtocol):
     def __init__(self, host: ConnectionHost) -> None:
         self.host = host
         self.settings = host.settings
@@ -180,16 +116,15 @@ class H2Connection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.host.opened(self)  # handed over by H1Connection, which counted this connection already
-        settings = [
+        ours = settings_payload(
             (S_MAX_CONCURRENT_STREAMS, self.settings.h2_max_concurrent_streams),
             (S_INITIAL_WINDOW_SIZE, OUR_STREAM_WINDOW),
             (S_MAX_FRAME_SIZE, OUR_MAX_FRAME),
             (S_MAX_HEADER_LIST_SIZE, self.settings.max_head_bytes),
             (S_ENABLE_PUSH, 0),
-        ]
-        payload = b"".join(key.to_bytes(2, "big") + value.to_bytes(4, "big") for key, value in settings)
+        )
         transport.write(  # type: ignore[attr-defined]
-            frame(SETTINGS, 0, 0, payload)
+            frame(SETTINGS, 0, 0, ours)
             + frame(WINDOW_UPDATE, 0, 0, (OUR_CONNECTION_WINDOW - DEFAULT_WINDOW).to_bytes(4, "big"))
         )
 
@@ -285,405 +220,6 @@ class H2Connection(asyncio.BufferedProtocol):
             self.start = self.end = 0
         else:
             self.start = pos
-
-    def _frame(self, kind: int, flags: int, stream_id: int, payload: memoryview) -> None:
-        if self.continuing is not None and kind != CONTINUATION:
-            raise ConnectionError_(PROTOCOL_ERROR, "expected CONTINUATION")
-        if kind == DATA:
-            self._data(flags, stream_id, payload)
-        elif kind == HEADERS:
-            self._headers(flags, stream_id, payload)
-        elif kind == CONTINUATION:
-            self._continuation(flags, stream_id, payload)
-        elif kind == SETTINGS:
-            self._settings(flags, stream_id, payload)
-        elif kind == WINDOW_UPDATE:
-            self._window_update(stream_id, payload)
-        elif kind == PING:
-            if stream_id:
-                raise ConnectionError_(PROTOCOL_ERROR, "PING on a stream")
-            if len(payload) != 8:
-                raise ConnectionError_(FRAME_SIZE_ERROR, "PING of a length other than 8")
-            if not flags & ACK:
-                self._calm()
-                self.out.append(frame(PING, ACK, 0, payload))
-        elif kind == RST_STREAM:
-            self._rst_stream(stream_id, payload)
-        elif kind == PRIORITY:
-            self._priority(stream_id, payload)
-        elif kind == GOAWAY:
-            if stream_id:
-                raise ConnectionError_(PROTOCOL_ERROR, "GOAWAY on a stream")
-            # The client opens no new streams; the connection stays until it closes it (or idles out).
-        elif kind == PUSH_PROMISE:
-            raise ConnectionError_(PROTOCOL_ERROR, "a client cannot push")
-        # unknown frame types are ignored (RFC 9113 4.1)
-
-    @staticmethod
-    def _unpad(flags: int, payload: memoryview) -> memoryview:
-        if not flags & PADDED:
-            return payload
-        if not payload:
-            raise ConnectionError_(PROTOCOL_ERROR, "padded frame without a pad length")
-        pad = payload[0]
-        if pad >= len(payload):
-            raise ConnectionError_(PROTOCOL_ERROR, "padding longer than the frame")
-        return payload[1 : len(payload) - pad]
-
-    # ---- DATA
-
-    def _data_stream(self, flags: int, stream_id: int, length: int) -> Stream | None:
-        """Flow control and stream state of a DATA frame: the stream it feeds, or None to drop it."""
-        if stream_id == 0:
-            raise ConnectionError_(PROTOCOL_ERROR, "DATA on stream 0")
-        if length > self.recv_window:
-            raise ConnectionError_(FLOW_CONTROL_ERROR, "DATA beyond the connection's window")
-        self.recv_window -= length
-        if self.recv_window < OUR_CONNECTION_WINDOW // 2:
-            self.out.append(
-                frame(WINDOW_UPDATE, 0, 0, (OUR_CONNECTION_WINDOW - self.recv_window).to_bytes(4, "big"))
-            )
-            self.recv_window = OUR_CONNECTION_WINDOW
-        stream = self.streams.get(stream_id)
-        if stream is None:
-            if stream_id in self.reset_ids:
-                return None  # we reset it; the client may not know yet
-            if stream_id > self.last_stream_id:
-                raise ConnectionError_(PROTOCOL_ERROR, "DATA on an idle stream")
-            self._reset(stream_id, STREAM_CLOSED)
-            return None
-        if not stream.remote_open:
-            self._refuse(stream_id, STREAM_CLOSED)
-            return None
-        if length > stream.recv_window:
-            self._refuse(stream_id, FLOW_CONTROL_ERROR)
-            return None
-        stream.recv_window -= length
-        stream.since = self.loop.time()
-        if stream.recv_window < OUR_STREAM_WINDOW // 2 and not flags & END_STREAM:
-            self.out.append(
-                frame(
-                    WINDOW_UPDATE, 0, stream_id, (OUR_STREAM_WINDOW - stream.recv_window).to_bytes(4, "big")
-                )
-            )
-            stream.recv_window = OUR_STREAM_WINDOW
-        if length == 0 and not flags & END_STREAM:
-            self._calm()
-        return stream
-
-    def _data(self, flags: int, stream_id: int, payload: memoryview) -> None:
-        stream = self._data_stream(flags, stream_id, len(payload))
-        if stream is None:
-            return
-        data = self._unpad(flags, payload)
-        if not stream.answered and data:
-            self._body_in(stream, data)
-        if flags & END_STREAM:
-            self._remote_end(stream)
-
-    def _body_in(self, stream: Stream, data: memoryview) -> None:
-        end = stream.filled + len(data)
-        limit = self.settings.max_request_bytes
-        if stream.expected is not None:
-            if end > stream.expected:
-                return self._refuse(stream.id, PROTOCOL_ERROR)
-            if stream.filled == 0 and end == stream.expected:
-                stream.body = bytes(data)
-            else:
-                self._buffer_body(stream)
-                stream.body[stream.filled : end] = data
-        else:
-            if end > limit:
-                return self._answer_early(stream, stream.route.errors(BodyTooLarge(limit)))
-            if not stream.body:
-                stream.body = bytearray()
-            stream.body += data
-        stream.filled = end
-
-    @staticmethod
-    def _buffer_body(stream: Stream) -> None:
-        if isinstance(stream.body, memoryview):
-            return
-        first = stream.body
-        size = stream.expected
-        stream.body = memoryview(np.empty(size, dtype=np.uint8) if size >= LARGE_BUFFER else bytearray(size))
-        stream.body[: len(first)] = first
-
-    def _start_direct(self, flags: int, stream_id: int, length: int, pos: int) -> bool:
-        """A DATA frame whose payload is still coming: when it fills part of a known-length body, the
-        socket reads the rest of it straight into that body. False: read it the usual way."""
-        stream = self.streams.get(stream_id)
-        if (
-            flags & PADDED
-            or stream is None
-            or stream.expected is None
-            or stream.answered
-            or not stream.remote_open
-            or stream.filled + length > stream.expected
-            or length > stream.recv_window
-            or length > self.recv_window
-        ):
-            return False
-        self._data_stream(flags, stream_id, length)  # flow control; the checks above mean it accepts
-        self._buffer_body(stream)
-        have = self.end - pos - 9
-        stream.body[stream.filled : stream.filled + have] = self.view[pos + 9 : self.end]
-        stream.filled += have
-        self.direct = stream.body[stream.filled : stream.filled + length - have]
-        self.direct_frame = (stream, length - have, flags)
-        return True
-
-    def _direct_read(self, nbytes: int) -> None:
-        stream, left, flags = self.direct_frame
-        stream.filled += nbytes
-        left -= nbytes
-        if left:
-            self.direct = self.direct[nbytes:]
-            self.direct_frame = (stream, left, flags)
-            return
-        self.direct = self.direct_frame = None
-        if flags & END_STREAM and stream.id in self.streams:
-            self._remote_end(stream)
-
-    def _remote_end(self, stream: Stream) -> None:
-        stream.remote_open = False
-        if stream.answered:
-            self._close_stream(stream)
-            return
-        if stream.expected is not None and stream.filled != stream.expected:
-            return self._refuse(stream.id, PROTOCOL_ERROR)
-        if isinstance(stream.body, memoryview) and stream.filled != len(stream.body):
-            stream.body = stream.body[: stream.filled]
-        stream.task = self.loop.create_task(self._serve(stream))
-
-    # ---- HEADERS, CONTINUATION
-
-    def _headers(self, flags: int, stream_id: int, payload: memoryview) -> None:
-        if stream_id == 0:
-            raise ConnectionError_(PROTOCOL_ERROR, "HEADERS on stream 0")
-        block = self._unpad(flags, payload)
-        if flags & PRIORITY_FLAG:
-            if len(block) < 5:
-                raise ConnectionError_(FRAME_SIZE_ERROR, "HEADERS too short for its priority")
-            if int.from_bytes(block[:4], "big") & 0x7FFFFFFF == stream_id:
-                self._decode(bytes(block[5:]))  # keep the HPACK state, then refuse the stream
-                self._reset(stream_id, PROTOCOL_ERROR)
-                return
-            block = block[5:]
-        if flags & END_HEADERS:
-            self._header_block(stream_id, flags, bytes(block))
-        else:
-            self.continuing = (stream_id, flags, bytearray(block))
-            self._check_block_size(len(block))
-
-    def _continuation(self, flags: int, stream_id: int, payload: memoryview) -> None:
-        if self.continuing is None or self.continuing[0] != stream_id:
-            raise ConnectionError_(PROTOCOL_ERROR, "CONTINUATION without HEADERS before it")
-        _, first_flags, block = self.continuing
-        block += payload
-        self._check_block_size(len(block))
-        if flags & END_HEADERS:
-            self.continuing = None
-            self._header_block(stream_id, first_flags, bytes(block))
-
-    def _check_block_size(self, size: int) -> None:
-        # The compressed block cannot be larger than the list it decodes to by much; endless
-        # CONTINUATIONs (CVE-2024-27316) end here.
-        if size > self.settings.max_head_bytes + 1024:
-            raise ConnectionError_(ENHANCE_YOUR_CALM, "header block exceeds the header list limit")
-
-    def _decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
-        try:
-            return self.decoder.decode(block)
-        except HeaderListTooLarge as e:
-            raise ConnectionError_(ENHANCE_YOUR_CALM, f"{e} (raise it with --http-max-head-bytes)") from e
-        except HpackError as e:
-            raise ConnectionError_(COMPRESSION_ERROR, f"HPACK: {e}") from e
-
-    def _header_block(self, stream_id: int, flags: int, block: bytes) -> None:
-        fields = self._decode(block)  # always: the HPACK state must follow every block
-        stream = self.streams.get(stream_id)
-        if stream is not None:
-            return self._trailers(stream, flags, fields)
-        if stream_id % 2 == 0:
-            raise ConnectionError_(PROTOCOL_ERROR, "a client stream with an even id")
-        if stream_id <= self.last_stream_id:
-            if stream_id in self.closed_ids or stream_id in self.reset_ids:
-                raise ConnectionError_(STREAM_CLOSED, "HEADERS on a closed stream")
-            raise ConnectionError_(PROTOCOL_ERROR, "stream id lower than one used before")
-        self.last_stream_id = stream_id
-        if self.goaway_sent:
-            return  # past our GOAWAY: ignored, as the client was told
-        if self.shutting_down or len(self.streams) >= self.settings.h2_max_concurrent_streams:
-            self._reset(stream_id, REFUSED_STREAM)
-            return
-        stream = Stream(stream_id, self.peer_window)
-        self.streams[stream_id] = stream
-        self.since = stream.since = self.loop.time()
-        try:
-            self._request_head(stream, fields)
-        except StreamError as e:
-            return self._refuse(stream.id, e.code)
-        found = self.router.find(stream.method, stream.path)
-        if flags & END_STREAM:
-            stream.remote_open = False
-        if isinstance(found, HttpResponse):
-            return self._answer_early(stream, found)
-        stream.route, stream.params = found
-        if stream.expected is not None and stream.expected > self.settings.max_request_bytes:
-            return self._answer_early(
-                stream, stream.route.errors(BodyTooLarge(self.settings.max_request_bytes))
-            )
-        if not stream.remote_open:
-            self._remote_end(stream)
-
-    @staticmethod
-    def _request_head(stream: Stream, fields: list[tuple[bytes, bytes]]) -> None:
-        """RFC 9113 8.2-8.3: pseudo-headers first, each once; lowercase names; no connection-specific
-        fields; what a request needs. A malformed one is a stream error (PROTOCOL_ERROR)."""
-        pseudo: dict[bytes, bytes] = {}
-        headers = stream.headers
-        for name, value in fields:
-            if name[:1] == b":":
-                if headers or name not in PSEUDO or name in pseudo:
-                    raise StreamError(PROTOCOL_ERROR, "bad pseudo-header")
-                pseudo[name] = value
-                continue
-            if (
-                name in CONNECTION_SPECIFIC
-                or name != name.lower()
-                or (name == b"te" and value != b"trailers")
-            ):
-                raise StreamError(PROTOCOL_ERROR, "malformed header field")
-            headers[name] = headers[name] + b", " + value if name in headers else value
-        method = pseudo.get(b":method")
-        if method is None:
-            raise StreamError(PROTOCOL_ERROR, "no :method")
-        stream.method = method.decode("latin-1")
-        if stream.method == "CONNECT":
-            raise StreamError(PROTOCOL_ERROR, "CONNECT is not served")
-        target = pseudo.get(b":path")
-        if not target or b":scheme" not in pseudo:
-            raise StreamError(PROTOCOL_ERROR, "no :scheme or :path")
-        path, _, stream.query = target.partition(b"?")
-        text = path.decode("latin-1")
-        stream.path = unquote(text, encoding="latin-1") if "%" in text else text
-        declared = headers.get(b"content-length")
-        if declared is not None:
-            if not declared.isdigit():
-                raise StreamError(PROTOCOL_ERROR, "content-length is not a number")
-            stream.expected = int(declared)
-
-    def _trailers(self, stream: Stream, flags: int, fields: list[tuple[bytes, bytes]]) -> None:
-        if not stream.remote_open:
-            return self._refuse(stream.id, STREAM_CLOSED)
-        if not flags & END_STREAM or any(name[:1] == b":" for name, _ in fields):
-            return self._refuse(stream.id, PROTOCOL_ERROR)
-        self._remote_end(stream)
-
-    # ---- control frames
-
-    def _settings(self, flags: int, stream_id: int, payload: memoryview) -> None:
-        if stream_id:
-            raise ConnectionError_(PROTOCOL_ERROR, "SETTINGS on a stream")
-        if flags & ACK:
-            if payload:
-                raise ConnectionError_(FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
-            return
-        if len(payload) % 6:
-            raise ConnectionError_(FRAME_SIZE_ERROR, "SETTINGS length not a multiple of 6")
-        self._calm()
-        for offset in range(0, len(payload), 6):
-            key = int.from_bytes(payload[offset : offset + 2], "big")
-            value = int.from_bytes(payload[offset + 2 : offset + 6], "big")
-            if key == S_ENABLE_PUSH and value > 1:
-                raise ConnectionError_(PROTOCOL_ERROR, "SETTINGS_ENABLE_PUSH other than 0 or 1")
-            if key == S_INITIAL_WINDOW_SIZE:
-                if value > MAX_WINDOW:
-                    raise ConnectionError_(FLOW_CONTROL_ERROR, "SETTINGS_INITIAL_WINDOW_SIZE above 2^31-1")
-                delta = value - self.peer_window
-                self.peer_window = value
-                for stream in self.streams.values():
-                    stream.send_window += delta
-                    if stream.send_window > MAX_WINDOW:
-                        raise ConnectionError_(FLOW_CONTROL_ERROR, "a stream window above 2^31-1")
-                    self._wake(stream)
-            elif key == S_MAX_FRAME_SIZE:
-                if not DEFAULT_FRAME <= value <= (1 << 24) - 1:
-                    raise ConnectionError_(PROTOCOL_ERROR, "SETTINGS_MAX_FRAME_SIZE out of range")
-                self.peer_max_frame = value
-            # HEADER_TABLE_SIZE: our encoder never uses the peer's table; the rest only inform
-        self.out.append(frame(SETTINGS, ACK, 0))
-
-    def _window_update(self, stream_id: int, payload: memoryview) -> None:
-        if len(payload) != 4:
-            raise ConnectionError_(FRAME_SIZE_ERROR, "WINDOW_UPDATE of a length other than 4")
-        increment = int.from_bytes(payload, "big") & 0x7FFFFFFF
-        stream = self.streams.get(stream_id)
-        if not (self.sending if stream_id == 0 else stream is not None and stream.sending):
-            self._calm()  # an update while an answer is going out is the client reading it: not counted
-        if stream_id == 0:
-            if increment == 0:
-                raise ConnectionError_(PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
-            self.send_window += increment
-            if self.send_window > MAX_WINDOW:
-                raise ConnectionError_(FLOW_CONTROL_ERROR, "connection window above 2^31-1")
-            for waiting in list(self.window_waiters):
-                self._wake(waiting)
-            return
-        if stream is None:
-            if stream_id > self.last_stream_id:
-                raise ConnectionError_(PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream")
-            return  # closed: allowed, ignored
-        if increment == 0:
-            return self._refuse(stream.id, PROTOCOL_ERROR)
-        stream.send_window += increment
-        if stream.send_window > MAX_WINDOW:
-            return self._refuse(stream.id, FLOW_CONTROL_ERROR)
-        self._wake(stream)
-
-    def _rst_stream(self, stream_id: int, payload: memoryview) -> None:
-        if stream_id == 0:
-            raise ConnectionError_(PROTOCOL_ERROR, "RST_STREAM on stream 0")
-        if len(payload) != 4:
-            raise ConnectionError_(FRAME_SIZE_ERROR, "RST_STREAM of a length other than 4")
-        stream = self.streams.get(stream_id)
-        if stream is None:
-            if stream_id > self.last_stream_id:
-                raise ConnectionError_(PROTOCOL_ERROR, "RST_STREAM on an idle stream")
-            return
-        self._drop(stream)
-        self._new_second()
-        self.resets += 1
-        if self.resets > self.settings.h2_max_resets_per_second:
-            raise ConnectionError_(
-                ENHANCE_YOUR_CALM, "too many streams reset (raise it with --http2-max-resets-per-second)"
-            )
-
-    def _priority(self, stream_id: int, payload: memoryview) -> None:
-        if stream_id == 0:
-            raise ConnectionError_(PROTOCOL_ERROR, "PRIORITY on stream 0")
-        if len(payload) != 5:
-            return self._refuse(stream_id, FRAME_SIZE_ERROR)
-        self._calm()
-        if int.from_bytes(payload[:4], "big") & 0x7FFFFFFF == stream_id:
-            self._refuse(stream_id, PROTOCOL_ERROR)
-
-    def _new_second(self) -> None:
-        """Starts the counts of resets and control frames anew once a second has passed."""
-        now = self.loop.time()
-        if now - self.budget_second >= 1.0:
-            self.budget_second, self.resets, self.control_frames = now, 0, 0
-
-    def _calm(self) -> None:
-        """Counts a frame that costs us work without carrying a request; past the limit, GOAWAY."""
-        self._new_second()
-        self.control_frames += 1
-        if self.control_frames > self.settings.h2_max_control_frames_per_second:
-            raise ConnectionError_(
-                ENHANCE_YOUR_CALM,
-                "too many control frames (raise it with --http2-max-control-frames-per-second)",
-            )
 
     # ------------------------------------------------------------------------------ streams
 
