@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import httptools
-import numpy as np
 
 from server.http import eager
+from server.http.listener import BaseConnection, body_buffer
 from server.router import BodyTooLarge, HttpRequest, HttpResponse, Route, framing_error, stalled_body
 
 if TYPE_CHECKING:
@@ -41,7 +41,6 @@ READ_SIZE = 256 * 1024
 _read_view = memoryview(bytearray(READ_SIZE))
 WRITE_SLICE = 1 << 20  # large bodies go out in slices, each waiting for the socket to drain
 SMALL_BODY = 64 * 1024  # bodies up to this go out joined to their head in one write
-LARGE_BUFFER = 1 << 20  # bodies from this size are received into numpy memory (huge pages, no zeroing)
 MAX_PIPELINED = 16  # requests parsed ahead of their answers before reading pauses
 LINGER_SECONDS = 2.0  # after an early 413, how long the rest of the upload is read and dropped
 
@@ -71,6 +70,20 @@ class _Date:
             cls.second = second
             cls.header = b"date: " + email.utils.formatdate(second, usegmt=True).encode() + b"\r\n"
         return cls.header
+
+
+def _head(response: HttpResponse, keep_alive: bool, chunked: bool) -> list[bytes]:
+    """The status line and header lines of an answer, Date, the framing and connection ones added."""
+    head = [status_line(response.status)]
+    for name, value in response.headers:
+        head += (name, b": ", value, b"\r\n")
+    head.append(_Date.now())
+    if chunked:
+        head.append(b"transfer-encoding: chunked\r\n")
+    if not keep_alive and not any(name == b"connection" for name, _ in response.headers):
+        head.append(b"connection: close\r\n")
+    head.append(b"\r\n")
+    return head
 
 
 class _Request:
@@ -104,12 +117,9 @@ class _Request:
         self.filled = 0  # bytes of a buffered body received so far
 
 
-class H1Connection(asyncio.BufferedProtocol):
+class H1Connection(BaseConnection):
     def __init__(self, host: ConnectionHost) -> None:
-        self.host = host
-        self.settings = host.settings
-        self.loop = asyncio.get_running_loop()
-        self.transport: asyncio.Transport | None = None
+        super().__init__(host)
         self.parser = httptools.HttpRequestParser(self)
         self.request: _Request | None = None  # the one being parsed
         self.pending: collections.deque[tuple[_Request, bool]] = collections.deque()  # parsed, unanswered
@@ -117,11 +127,8 @@ class H1Connection(asyncio.BufferedProtocol):
         self.bypass: memoryview | None = None  # the rest of a body buffer the socket reads into
         self.state = IDLE
         self.since = self.loop.time()
-        self.writable = asyncio.Event()
-        self.writable.set()
         self.paused_reading = False
         self.shutting_down = False
-        self.outbox: list[bytes] = []
         self.fresh = True  # nothing read yet: the bytes may still be the HTTP/2 preface
 
     # ------------------------------------------------------------------------------ asyncio protocol
@@ -140,18 +147,10 @@ class H1Connection(asyncio.BufferedProtocol):
             self._become_h2(b"")
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.host.closed(self)
-        self.transport = None
-        self.writable.set()  # a writer waiting for the socket wakes and finds it gone
+        super().connection_lost(exc)
         if self.task is not None:
             self.task.cancel()
         self.pending.clear()
-
-    def pause_writing(self) -> None:
-        self.writable.clear()
-
-    def resume_writing(self) -> None:
-        self.writable.set()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self.bypass is not None:
@@ -291,15 +290,9 @@ class H1Connection(asyncio.BufferedProtocol):
 
     @staticmethod
     def _buffer_body(request: _Request) -> None:
-        if isinstance(request.body, memoryview):
-            return
-        first = request.body
-        size = request.expected
-        buffer = np.empty(size, dtype=np.uint8) if size >= LARGE_BUFFER else bytearray(size)
-        request.body = memoryview(buffer).cast("B")
-        if first:
-            request.body[: len(first)] = first
-            request.filled = len(first)
+        if not isinstance(request.body, memoryview):
+            request.filled = len(request.body)
+            request.body = body_buffer(request.expected, request.body)
 
     def _bypassed(self, nbytes: int) -> None:
         request = self.request
@@ -362,18 +355,10 @@ class H1Connection(asyncio.BufferedProtocol):
 
     async def _write(self, response: HttpResponse, request: _Request, keep_alive: bool) -> None:
         method = request.method
-        head = [status_line(response.status)]
-        for name, value in response.headers:
-            head += (name, b": ", value, b"\r\n")
-        head.append(_Date.now())
         chunks = response.chunks
         streamed = not isinstance(chunks, list)
         chunked = streamed and method != "HEAD" and not request.http10
-        if chunked:
-            head.append(b"transfer-encoding: chunked\r\n")
-        if not keep_alive:
-            head.append(b"connection: close\r\n")
-        head.append(b"\r\n")
+        head = _head(response, keep_alive, chunked)
         transport = self.transport
         if transport is None:
             raise ConnectionResetError
@@ -397,19 +382,6 @@ class H1Connection(asyncio.BufferedProtocol):
                 self._flush()
                 await self._drained()
                 transport.write(view[start : start + WRITE_SLICE])
-
-    def _send(self, data: bytes) -> None:
-        """Queues bytes for the socket: what the answers of one event-loop pass write goes out at its end,
-        together (sent one by one, each woke the client's side separately: ~25% more CPU a request at
-        full load; bench.transport)."""
-        if not self.outbox:
-            self.loop.call_soon(self._flush)
-        self.outbox.append(data)
-
-    def _flush(self) -> None:
-        if self.outbox and self.transport is not None:
-            self.transport.write(b"".join(self.outbox) if len(self.outbox) > 1 else self.outbox[0])
-        self.outbox.clear()
 
     async def _write_stream(self, chunks: Any, chunked: bool, response: HttpResponse) -> None:
         try:
@@ -448,8 +420,6 @@ class H1Connection(asyncio.BufferedProtocol):
         ambiguous): sent, then the connection closes once the client stops sending."""
         if self.transport is None or self.state == CLOSING:
             return  # already answered
-        if not any(name == b"connection" for name, _ in response.headers):
-            response.headers.append((b"connection", b"close"))
         self._write_now(response, self.request.method if self.request else "GET", False)
         self.state = CLOSING
         self.pending.clear()
@@ -474,13 +444,7 @@ class H1Connection(asyncio.BufferedProtocol):
         )
 
     def _write_now(self, response: HttpResponse, method: str, keep_alive: bool) -> None:
-        head = [status_line(response.status)]
-        for name, value in response.headers:
-            head += (name, b": ", value, b"\r\n")
-        head.append(_Date.now())
-        if not keep_alive and not any(name == b"connection" for name, _ in response.headers):
-            head.append(b"connection: close\r\n")
-        head.append(b"\r\n")
+        head = _head(response, keep_alive, chunked=False)
         body = b"" if method == "HEAD" else b"".join(response.chunks)  # error answers are small lists
         self._send(b"".join(head) + body)
 
@@ -522,10 +486,6 @@ class H1Connection(asyncio.BufferedProtocol):
         self.shutting_down = True
         if self.state == IDLE and self.task is None:
             self._close()
-
-    def abort(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
 
     def _become_h2(self, data: bytes) -> None:
         from server.http.h2 import H2Connection

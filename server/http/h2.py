@@ -66,6 +66,7 @@ from server.http.h2_frames import (
 )
 from server.http.h2_receive import FrameReceiver
 from server.http.hpack_decode import Decoder
+from server.http.listener import BaseConnection
 from server.router import HttpRequest, HttpResponse, stalled_body
 
 if TYPE_CHECKING:
@@ -74,21 +75,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("tensorgate.http")
 
 
-class H2Connection(FrameReceiver, asyncio.BufferedProtocol):
+class H2Connection(FrameReceiver, BaseConnection):
     def __init__(self, host: ConnectionHost) -> None:
-        self.host = host
-        self.settings = host.settings
+        super().__init__(host)
         self.router = host.router
-        self.loop = asyncio.get_running_loop()
-        self.transport: asyncio.Transport | None = None
         self.buffer = bytearray(READ_BUFFER)
         self.view = memoryview(self.buffer)
         self.start = self.end = 0
         self.direct: memoryview | None = None  # where the socket reads the rest of a large DATA frame
         self.direct_frame: tuple[Stream, int, int] | None = None  # (stream, bytes left, flags)
         self.preface = True
-        self.out: list[bytes] = []  # frames to write at the end of this pass of the event loop
-        self.flush_pending = False
         self.decoder = Decoder(self.settings.max_head_bytes)
         self.streams: dict[int, Stream] = {}
         self.closed_ids: collections.deque[int] = collections.deque(maxlen=CLOSED_KEPT)
@@ -101,8 +97,6 @@ class H2Connection(FrameReceiver, asyncio.BufferedProtocol):
         self.window_waiters: set[Stream] = set()
         self.sending = 0  # streams whose answers are going out
         self.recv_window = OUR_CONNECTION_WINDOW
-        self.writable = asyncio.Event()
-        self.writable.set()
         self.goaway_sent = False
         self.shutting_down = False
         self.closing = False
@@ -129,18 +123,10 @@ class H2Connection(FrameReceiver, asyncio.BufferedProtocol):
         )
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.host.closed(self)
-        self.transport = None
-        self.writable.set()
+        super().connection_lost(exc)
         for stream in list(self.streams.values()):
             self._drop(stream)
         self.streams.clear()
-
-    def pause_writing(self) -> None:
-        self.writable.clear()
-
-    def resume_writing(self) -> None:
-        self.writable.set()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self.direct is not None:
@@ -409,19 +395,10 @@ class H2Connection(FrameReceiver, asyncio.BufferedProtocol):
             waiter.set_result(None)
 
     def _write(self, data: bytes) -> None:
-        """Queues frames of an answer; the answers of one pass of the event loop go out in one write."""
+        """Queues frames of an answer (see BaseConnection._send)."""
         if self.transport is None:
             raise StreamReset
-        if not self.flush_pending:
-            self.flush_pending = True
-            self.loop.call_soon(self._flush)
-        self.out.append(data)
-
-    def _flush(self) -> None:
-        self.flush_pending = False
-        if self.out and self.transport is not None:
-            self.transport.write(b"".join(self.out))
-        self.out.clear()
+        self._send(data)
 
     # ------------------------------------------------------------------------------ lifecycle
 
@@ -487,7 +464,3 @@ class H2Connection(FrameReceiver, asyncio.BufferedProtocol):
         if not self.streams:
             self._goaway()
             self._close()
-
-    def abort(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()

@@ -36,7 +36,6 @@ READ_BUFFER = 64 << 10  # to start with; grows to hold the largest frame that co
 DIRECT_READ = 64 << 10  # DATA frames from this size go straight into their body's buffer
 SMALL_DATA = 16 << 10  # DATA up to this is copied into the queued frames; larger goes out as views
 SEND_BATCH = 1 << 20  # the most bytes of DATA frames (views) one writev takes
-LARGE_BUFFER = 1 << 20  # bodies from this size are numpy memory (no zeroing, huge pages)
 LINGER_SECONDS = 2.0  # after a connection error, how long what the client still sends is read and dropped
 CLOSED_KEPT = 256  # ids of recently closed streams remembered (a frame on one is STREAM_CLOSED)
 CONNECTION_SPECIFIC = frozenset(

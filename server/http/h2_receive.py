@@ -8,8 +8,6 @@ error is raised as `ConnectionError_`; the connection turns it into GOAWAY.
 
 from __future__ import annotations
 
-import numpy as np
-
 from server.http.h2_frames import (
     ACK,
     COMPRESSION_ERROR,
@@ -22,7 +20,6 @@ from server.http.h2_frames import (
     FRAME_SIZE_ERROR,
     GOAWAY,
     HEADERS,
-    LARGE_BUFFER,
     MAX_WINDOW,
     OUR_CONNECTION_WINDOW,
     OUR_STREAM_WINDOW,
@@ -48,6 +45,7 @@ from server.http.h2_frames import (
     unpad,
 )
 from server.http.hpack_decode import HeaderListTooLarge, HpackError
+from server.http.listener import body_buffer
 from server.router import BodyTooLarge, HttpResponse
 
 
@@ -157,12 +155,8 @@ class FrameReceiver:
 
     @staticmethod
     def _buffer_body(stream: Stream) -> None:
-        if isinstance(stream.body, memoryview):
-            return
-        first = stream.body
-        size = stream.expected
-        stream.body = memoryview(np.empty(size, dtype=np.uint8) if size >= LARGE_BUFFER else bytearray(size))
-        stream.body[: len(first)] = first
+        if not isinstance(stream.body, memoryview):
+            stream.body = body_buffer(stream.expected, stream.body)
 
     def _start_direct(self, flags: int, stream_id: int, length: int, pos: int) -> bool:
         """A DATA frame whose payload is still coming: when it fills part of a known-length body, the

@@ -15,6 +15,8 @@ import ssl
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from server.router import Router
 
 log = logging.getLogger("tensorgate.http")
@@ -48,6 +50,63 @@ class Connection(Protocol):
 
     def abort(self) -> None:
         """Closes at once."""
+
+
+LARGE_BODY = 1 << 20  # bodies from this size are received into numpy memory
+
+
+def body_buffer(size: int, first: bytes | memoryview) -> memoryview:
+    """A buffer for a request body of `size` bytes, `first` (what came so far) already in it. From a MiB
+    it is numpy memory: not zeroed, and numpy asks the kernel for transparent huge pages, so 64 MiB fill
+    in ~10 ms instead of ~50 ms of page faults."""
+    buffer = memoryview(np.empty(size, dtype=np.uint8) if size >= LARGE_BODY else bytearray(size))
+    buffer[: len(first)] = first
+    return buffer
+
+
+class BaseConnection(asyncio.BufferedProtocol):
+    """What both protocols share (h1.py, h2.py): their host, the transport, the event pause_writing and
+    resume_writing keep, and the bytes queued for the end of the event loop's pass."""
+
+    def __init__(self, host: ConnectionHost) -> None:
+        self.host = host
+        self.settings = host.settings
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.out: list[bytes] = []  # bytes to write at the end of this pass of the event loop
+        self.flush_pending = False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.host.closed(self)
+        self.transport = None
+        self.writable.set()  # a writer waiting for the socket wakes and finds it gone
+
+    def pause_writing(self) -> None:
+        self.writable.clear()
+
+    def resume_writing(self) -> None:
+        self.writable.set()
+
+    def _send(self, data: bytes) -> None:
+        """Queues bytes for the socket: what the answers of one event-loop pass write goes out at its end,
+        together. Written one by one from the read callbacks, each answer woke the client separately:
+        ~25% more server CPU a request at full load (bench.transport)."""
+        if not self.flush_pending:
+            self.flush_pending = True
+            self.loop.call_soon(self._flush)
+        self.out.append(data)
+
+    def _flush(self) -> None:
+        self.flush_pending = False
+        if self.out and self.transport is not None:
+            self.transport.write(b"".join(self.out) if len(self.out) > 1 else self.out[0])
+        self.out.clear()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
 
 
 class ConnectionHost:
