@@ -8,6 +8,8 @@ from pathlib import Path
 import httpx
 import pytest
 from e2e_helpers import EXAMPLES, LOG_TAIL, ServerProcess, make_client, stop_all
+from grps_helpers import write_grps_repository
+from h2_wire import H2Wire
 
 ServerFactory = Callable[..., ServerProcess]
 
@@ -55,6 +57,13 @@ def http_version(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
+def h2(v2_server: ServerProcess) -> Iterator[H2Wire]:
+    """A raw HTTP/2 connection to the shared server, preface and SETTINGS exchanged."""
+    with H2Wire(v2_server.address) as wire:
+        yield wire.open()
+
+
+@pytest.fixture
 def client(v2_server: ServerProcess, http_version: str) -> Iterator[httpx.Client]:
     with make_client(v2_server.base_url, http_version) as c:
         yield c
@@ -74,3 +83,19 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         servers.extend(getattr(value, "servers", ()))
     for server in servers:
         report.sections.append((f"server log {server.log_path}", server.log_text()[-LOG_TAIL:]))
+
+
+@pytest.fixture(scope="module")
+def grps_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One server on grps_helpers' test models, per test module (grps REST, streaming and gRPC)."""
+    repository = write_grps_repository(tmp_path_factory.mktemp("grps_models"))
+    log = tmp_path_factory.mktemp("grps_server") / "server.log"
+    server = ServerProcess(repository, log, extra_args=("--max-request-bytes", "65536")).start()
+    yield server
+    stop_all([server])
+
+
+@pytest.fixture
+def grps_client(grps_server: ServerProcess, http_version: str) -> Iterator[httpx.Client]:
+    with make_client(grps_server.base_url, http_version) as c:
+        yield c

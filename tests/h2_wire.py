@@ -9,8 +9,14 @@ import time
 from dataclasses import dataclass
 
 import hpack
+from hpack.huffman import HuffmanEncoder
+from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
+
+from server.http.hpack_encode import integer
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+PATH = "/v2/health/live"  # a request that gets a response
+POST_PATH = "/v2/models/nowhere/infer"  # any POST gets an answer (404) once its body is in
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = (
     range(10)
 )
@@ -157,6 +163,9 @@ class H2Wire:
             if got.flags & END_STREAM:
                 return status, headers, body
 
+    def expect_response(self, stream: int = 1, status: int = 200) -> None:
+        assert self.response(stream)[0] == status
+
     # ---- h2spec's verdicts
 
     def expect_connection_error(self, *codes: int) -> None:
@@ -186,3 +195,39 @@ class H2Wire:
             assert got is not None, "connection closed"
             assert got.kind != GOAWAY, f"GOAWAY {got.error_code}"
         assert got.payload == b"alive!!!"
+
+
+def priority(depends_on: int, weight: int = 15, exclusive: bool = False) -> bytes:
+    """A PRIORITY payload (and HEADERS' priority fields)."""
+    return struct.pack(">IB", depends_on | (0x80000000 if exclusive else 0), weight)
+
+
+def literal(first: int, prefix_bits: int, index: int, name: bytes, value: bytes, huffman: bool) -> bytes:
+    """One HPACK literal field: `index` > 0 names it from the static table, else `name` follows."""
+
+    def string(text: bytes) -> bytes:
+        if huffman:
+            coded = HuffmanEncoder(REQUEST_CODES, REQUEST_CODES_LENGTH).encode(text)
+            return integer(len(coded), 7, 0x80) + coded
+        return integer(len(text), 7) + text
+
+    out = integer(index, prefix_bits, first)
+    if index == 0:
+        out += string(name)
+    return out + string(value)
+
+
+def request_block(extra: bytes) -> bytes:
+    """:method GET, :scheme http, :path PATH, :authority, then `extra` (raw HPACK)."""
+    return (
+        b"\x82\x86"
+        + literal(0x00, 4, 4, b"", PATH.encode(), False)
+        + literal(0x00, 4, 1, b"", b"x", False)
+        + extra
+    )
+
+
+def literals(fields: list[tuple[str, str]]) -> bytes:
+    """Fields as literals without indexing: they leave the connection's dynamic table alone, so the
+    server's decoder and a client's encoder stay in step after a refused block."""
+    return b"".join(literal(0x00, 4, 0, name.encode(), value.encode(), False) for name, value in fields)

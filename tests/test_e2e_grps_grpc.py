@@ -17,23 +17,15 @@ import grpc
 import httpx
 import pytest
 from conftest import ServerFactory
-from e2e_helpers import A, B, ServerProcess, stop_all, write_model
+from e2e_helpers import A, B, ServerProcess, write_model
 from grpclib.client import Channel
 from grpclib.const import Cardinality
-from test_e2e_grps_http import bytes_config, echo_version, ticker_end, write_grps_repository
+from grps_helpers import bytes_config, echo_version, ticker_end, write_grps_repository
 
 import proto.grps.protos.v1 as pb
 import proto.inference as inference
 
 Stub = pb.GrpsServiceStub
-
-
-@pytest.fixture(scope="module")
-def grps_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    repository = write_grps_repository(tmp_path_factory.mktemp("grps_models"))
-    server = ServerProcess(repository, tmp_path_factory.mktemp("grps_grpc") / "server.log").start()
-    yield server
-    stop_all([server])
 
 
 def call(server: ServerProcess, rpc: Callable[[Stub], Awaitable[Any]]) -> Any:

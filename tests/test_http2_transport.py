@@ -11,7 +11,6 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -23,7 +22,6 @@ from e2e_helpers import (
     identity_binary_request,
     simple_inputs,
     split_binary_response,
-    stop_all,
     write_model,
 )
 from h2_wire import (
@@ -51,37 +49,15 @@ pytestmark = pytest.mark.ours
 INFER = json.dumps({"inputs": simple_inputs(list(range(16)), [1] * 16, [1, 16])}).encode()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    log = tmp_path_factory.mktemp("h2") / "server.log"
-    started = ServerProcess(EXAMPLES, log).start()
-    yield started
-    stop_all([started])
-
-
-@pytest.fixture
-def limited(tmp_path: Path) -> Iterator:
-    servers: list[ServerProcess] = []
-
-    def start(*args: str) -> ServerProcess:
-        servers.append(
-            ServerProcess(EXAMPLES, tmp_path / f"server-{len(servers)}.log", extra_args=args).start()
-        )
-        return servers[-1]
-
-    yield start
-    stop_all(servers)
-
-
-def _assert_serves(server: ServerProcess) -> None:
-    with H2Wire(server.address) as fresh:
+def _assert_serves(v2_server: ServerProcess) -> None:
+    with H2Wire(v2_server.address) as fresh:
         fresh.open()
         fresh.request(1)
         assert fresh.response(1)[0] == 200
 
 
-def test_httpx_runs_concurrent_requests_on_one_connection(server: ServerProcess) -> None:
-    with httpx.Client(base_url=server.base_url, http1=False, http2=True, timeout=10) as client:
+def test_httpx_runs_concurrent_requests_on_one_connection(v2_server: ServerProcess) -> None:
+    with httpx.Client(base_url=v2_server.base_url, http1=False, http2=True, timeout=10) as client:
         from concurrent.futures import ThreadPoolExecutor
 
         def one(i: int) -> list[int]:
@@ -95,7 +71,7 @@ def test_httpx_runs_concurrent_requests_on_one_connection(server: ServerProcess)
     assert results == [[x + i for x in range(16)] for i in range(32)]
 
 
-def test_the_h2_library_as_a_strict_client(server: ServerProcess) -> None:
+def test_the_h2_library_as_a_strict_client(v2_server: ServerProcess) -> None:
     import h2.config
     import h2.connection
     import h2.events
@@ -105,7 +81,7 @@ def test_the_h2_library_as_a_strict_client(server: ServerProcess) -> None:
             client_side=True, validate_inbound_headers=True, normalize_inbound_headers=False
         )
     )
-    with socket.create_connection(server.address, timeout=5) as sock:
+    with socket.create_connection(v2_server.address, timeout=5) as sock:
         conn.initiate_connection()
         headers = [
             (":method", "POST"),
@@ -134,31 +110,31 @@ def test_the_h2_library_as_a_strict_client(server: ServerProcess) -> None:
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
-def test_curl_with_prior_knowledge(server: ServerProcess) -> None:
+def test_curl_with_prior_knowledge(v2_server: ServerProcess) -> None:
     probe = subprocess.run(["curl", "--version"], capture_output=True, text=True)
     if "HTTP2" not in probe.stdout:
         pytest.skip("this curl has no HTTP/2")
     argv = ["curl", "-s", "--http2-prior-knowledge", "-w", "\n%{http_version}", "--data-binary", "@-"]
-    argv += ["-H", "Content-Type: application/json", f"{server.base_url}/v2/models/simple/infer"]
+    argv += ["-H", "Content-Type: application/json", f"{v2_server.base_url}/v2/models/simple/infer"]
     out = subprocess.run(argv, input=INFER, capture_output=True, timeout=10, check=True)
     body, version = out.stdout.rsplit(b"\n", 1)
     assert version == b"2"
     assert json.loads(body)["outputs"][0]["data"] == [x + 1 for x in range(16)]
 
 
-def test_large_binary_tensor_round_trips_with_flow_control(server: ServerProcess) -> None:
+def test_large_binary_tensor_round_trips_with_flow_control(v2_server: ServerProcess) -> None:
     values = np.arange(2 * 1024 * 1024, dtype="<f4")  # 8 MiB, past every default window
     body, headers = identity_binary_request(values)
-    with httpx.Client(base_url=server.base_url, http1=False, http2=True, timeout=30) as client:
+    with httpx.Client(base_url=v2_server.base_url, http1=False, http2=True, timeout=30) as client:
         response = client.post("/v2/models/identity_fp32/infer", content=body, headers=headers)
     assert response.http_version == "HTTP/2" and response.status_code == 200
     _, raw = split_binary_response(response)
     assert np.array_equal(np.frombuffer(raw["OUTPUT0"], dtype="<f4"), values)
 
 
-def test_answer_waits_for_the_clients_window(server: ServerProcess) -> None:
+def test_answer_waits_for_the_clients_window(v2_server: ServerProcess) -> None:
     """A client announcing a 10-byte stream window gets its answer 10 bytes at a time, as it opens it."""
-    with H2Wire(server.address) as h2:
+    with H2Wire(v2_server.address) as h2:
         h2.open(client_settings=b"\x00\x04\x00\x00\x00\x0a")  # INITIAL_WINDOW_SIZE 10
         h2.request(1, "GET", "/v2/models/simple")
         received = b""
@@ -175,8 +151,8 @@ def test_answer_waits_for_the_clients_window(server: ServerProcess) -> None:
     assert json.loads(received)["name"] == "simple"
 
 
-def test_streamed_grps_answer(server: ServerProcess) -> None:
-    with H2Wire(server.address) as h2:
+def test_streamed_grps_answer(v2_server: ServerProcess) -> None:
+    with H2Wire(v2_server.address) as h2:
         h2.open()
         body = json.dumps({"str_data": "a b c", "model": "token_stream"}).encode()
         h2.request(
@@ -191,8 +167,8 @@ def test_streamed_grps_answer(server: ServerProcess) -> None:
 # ------------------------------------------------------------------------------------------ limits
 
 
-def test_streams_past_the_limit_are_refused(limited) -> None:
-    server = limited("--http2-max-concurrent-streams", "2")
+def test_streams_past_the_limit_are_refused(start_server) -> None:
+    server = start_server(EXAMPLES, extra_args=("--http2-max-concurrent-streams", "2"))
     with H2Wire(server.address) as h2:
         h2.open()
         assert h2.server_settings[3] == 2  # MAX_CONCURRENT_STREAMS, as advertised
@@ -205,8 +181,8 @@ def test_streams_past_the_limit_are_refused(limited) -> None:
         assert h2.response(7)[0] == 200
 
 
-def test_stalled_body_is_408_on_its_stream(limited) -> None:
-    server = limited("--http-body-timeout", "1")
+def test_stalled_body_is_408_on_its_stream(start_server) -> None:
+    server = start_server(EXAMPLES, extra_args=("--http-body-timeout", "1"))
     with H2Wire(server.address, timeout=6) as h2:
         h2.open()
         h2.send(frame(HEADERS, END_HEADERS, 1, h2.block("POST", "/v2/models/simple/infer")))
@@ -217,82 +193,73 @@ def test_stalled_body_is_408_on_its_stream(limited) -> None:
         assert h2.response(3)[0] == 200
 
 
-def test_rapid_reset_is_goaway_enhance_your_calm(limited) -> None:
-    server = limited("--http2-max-resets-per-second", "50")
-    with H2Wire(server.address) as h2:
-        h2.open()
-        burst = b""
-        for n in range(200):
-            stream = 1 + 2 * n
-            burst += frame(HEADERS, END_HEADERS, stream, h2.block("POST", "/v2/models/simple/infer"))
-            burst += frame(RST_STREAM, 0, stream, CANCEL.to_bytes(4, "big"))
-        h2.send(burst)
-        h2.expect_connection_error(ENHANCE_YOUR_CALM)
-    _assert_serves(server)
+def _rapid_reset(h2: H2Wire) -> None:
+    """Streams opened and reset at once, 200 in one burst (CVE-2023-44487)."""
+    burst = b""
+    for n in range(200):
+        stream = 1 + 2 * n
+        burst += frame(HEADERS, END_HEADERS, stream, h2.block("POST", "/v2/models/simple/infer"))
+        burst += frame(RST_STREAM, 0, stream, CANCEL.to_bytes(4, "big"))
+    h2.send(burst)
 
 
-def test_continuation_flood_is_refused_past_the_head_limit(limited) -> None:
-    server = limited("--http-max-head-bytes", "4096")
-    with H2Wire(server.address) as h2:
-        h2.open()
-        h2.send(frame(HEADERS, 0, 1, h2.block()))
-        for _ in range(20):  # 20 KB of header block, never ended: refused once past the 4 KiB limit
-            h2.send(frame(CONTINUATION, 0, 1, b"\x40\x01a\x01b" * 200))
-        h2.expect_connection_error(ENHANCE_YOUR_CALM)
-    _assert_serves(server)
+def _continuation_flood(h2: H2Wire) -> None:
+    """20 KB of a header block that never ends (CVE-2024-27316 class), over a 4 KiB head limit."""
+    h2.send(frame(HEADERS, 0, 1, h2.block()))
+    for _ in range(20):
+        h2.send(frame(CONTINUATION, 0, 1, b"\x40\x01a\x01b" * 200))
 
 
-def test_hpack_bomb_is_refused(limited) -> None:
+def _hpack_bomb(h2: H2Wire) -> None:
     """One big field in the dynamic table, then a small block naming it hundreds of times."""
-    server = limited("--http-max-head-bytes", "16384")
+    h2.send(frame(HEADERS, END_HEADERS | END_STREAM, 1, h2.block(extra=[("x-bomb", "b" * 3000)])))
+    assert h2.response(1)[0] == 200
+    index = bytes([0x80 | 62])  # the field just added: the newest dynamic entry
+    h2.send(frame(HEADERS, END_HEADERS | END_STREAM, 3, h2.block() + index * 500))
+
+
+def _empty_data_flood(h2: H2Wire) -> None:
+    h2.send(frame(HEADERS, END_HEADERS, 1, h2.block("POST", "/v2/models/simple/infer")))
+    h2.send(frame(DATA, 0, 1, b"") * 500)
+
+
+def _flood(one: bytes):
+    return lambda h2: h2.send(one * 500)
+
+
+CONTROL_LIMIT = ("--http2-max-control-frames-per-second", "100")
+CALM = {  # abuse -> (the flag that limits it, the abuse)
+    "rapid-reset": (("--http2-max-resets-per-second", "50"), _rapid_reset),
+    "continuation-flood": (("--http-max-head-bytes", "4096"), _continuation_flood),
+    "hpack-bomb": (("--http-max-head-bytes", "16384"), _hpack_bomb),
+    "ping-flood": (CONTROL_LIMIT, _flood(frame(PING, 0, 0, b"12345678"))),
+    "settings-flood": (CONTROL_LIMIT, _flood(frame(SETTINGS, 0, 0, b""))),
+    "window-update-flood": (CONTROL_LIMIT, _flood(frame(WINDOW_UPDATE, 0, 0, (1).to_bytes(4, "big")))),
+    "priority-flood": (CONTROL_LIMIT, _flood(frame(PRIORITY, 0, 9, b"\x00\x00\x00\x00\x10"))),
+    "empty-data-flood": (CONTROL_LIMIT, _empty_data_flood),
+}
+
+
+@pytest.mark.parametrize("abuse", sorted(CALM))
+def test_abuse_is_goaway_enhance_your_calm_and_the_server_serves_on(start_server, abuse: str) -> None:
+    flags, attack = CALM[abuse]
+    server = start_server(EXAMPLES, extra_args=flags)
     with H2Wire(server.address) as h2:
         h2.open()
-        h2.send(frame(HEADERS, END_HEADERS | END_STREAM, 1, h2.block(extra=[("x-bomb", "b" * 3000)])))
-        assert h2.response(1)[0] == 200
-        index = bytes([0x80 | 62])  # the field just added: the newest dynamic entry
-        h2.send(frame(HEADERS, END_HEADERS | END_STREAM, 3, h2.block() + index * 500))
+        attack(h2)
         h2.expect_connection_error(ENHANCE_YOUR_CALM)
     _assert_serves(server)
 
 
-@pytest.mark.parametrize(
-    "flood",
-    [
-        frame(PING, 0, 0, b"12345678"),
-        frame(SETTINGS, 0, 0, b""),
-        frame(WINDOW_UPDATE, 0, 0, (1).to_bytes(4, "big")),
-        frame(PRIORITY, 0, 9, b"\x00\x00\x00\x00\x10"),
-    ],
-    ids=["ping", "settings", "window-update", "priority"],
-)
-def test_control_frame_floods_are_goaway_enhance_your_calm(limited, flood: bytes) -> None:
-    server = limited("--http2-max-control-frames-per-second", "100")
-    with H2Wire(server.address) as h2:
-        h2.open()
-        h2.send(flood * 500)
-        h2.expect_connection_error(ENHANCE_YOUR_CALM)
-    _assert_serves(server)
-
-
-def test_empty_data_flood_is_goaway_enhance_your_calm(limited) -> None:
-    server = limited("--http2-max-control-frames-per-second", "100")
-    with H2Wire(server.address) as h2:
-        h2.open()
-        h2.send(frame(HEADERS, END_HEADERS, 1, h2.block("POST", "/v2/models/simple/infer")))
-        h2.send(frame(DATA, 0, 1, b"") * 500)
-        h2.expect_connection_error(ENHANCE_YOUR_CALM)
-    _assert_serves(server)
-
-
-def test_connection_window_past_the_maximum_is_flow_control_error(server: ServerProcess) -> None:
-    with H2Wire(server.address) as h2:
+def test_connection_window_past_the_maximum_is_flow_control_error(v2_server: ServerProcess) -> None:
+    with H2Wire(v2_server.address) as h2:
         h2.open()
         h2.send(frame(WINDOW_UPDATE, 0, 0, (0x7FFFFFFF).to_bytes(4, "big")))
         h2.expect_connection_error(FLOW_CONTROL_ERROR)
 
 
-def test_stream_window_past_the_maximum_is_a_stream_error(server: ServerProcess) -> None:
-    with H2Wire(server.address) as h2:
+def test_stream_window_past_the_maximum_is_a_stream_error(v2_server: ServerProcess) -> None:
+    with H2Wire(v2_server.address) as h2:
         h2.open()
         h2.send(frame(HEADERS, END_HEADERS, 1, h2.block("POST", "/v2/models/simple/infer")))
         h2.send(frame(WINDOW_UPDATE, 0, 1, (0x7FFFFFFF).to_bytes(4, "big")))
@@ -332,13 +299,13 @@ def _wait_for(path: Path, timeout: float = 10) -> None:
         time.sleep(0.01)
 
 
-def test_client_reset_cancels_a_queued_request(tmp_path: Path) -> None:
+def test_client_reset_cancels_a_queued_request(start_server, tmp_path: Path) -> None:
     """A one-instance model busy with stream 1; stream 3 waits in its queue; the client resets stream 3.
     Stream 5, sent after the release, runs after anything still queued: two executions, not three."""
     repo = tmp_path / "models"
     write_model(repo, "slow", SLOW_CONFIG, {1: SLOW_MODEL})
     version_dir = repo / "slow" / "1"
-    server = ServerProcess(repo, tmp_path / "server.log").start()
+    server = start_server(repo)
     try:
         with H2Wire(server.address, timeout=10) as h2:
             h2.open()
@@ -359,14 +326,13 @@ def test_client_reset_cancels_a_queued_request(tmp_path: Path) -> None:
         assert stats["inference_stats"]["success"]["count"] == 2
     finally:
         (version_dir / "release").write_text("1")
-        stop_all([server])
 
 
-def test_sigterm_answers_the_open_stream_then_goaway_and_exit_0(tmp_path: Path) -> None:
+def test_sigterm_answers_the_open_stream_then_goaway_and_exit_0(start_server, tmp_path: Path) -> None:
     repo = tmp_path / "models"
     write_model(repo, "slow", SLOW_CONFIG, {1: SLOW_MODEL})
     version_dir = repo / "slow" / "1"
-    server = ServerProcess(repo, tmp_path / "server.log").start()
+    server = start_server(repo)
     with H2Wire(server.address, timeout=10) as h2:
         h2.open()
         h2.request(1, "POST", "/v2/models/slow/infer", SLOW_BODY)
@@ -381,10 +347,10 @@ def test_sigterm_answers_the_open_stream_then_goaway_and_exit_0(tmp_path: Path) 
     assert server.wait(timeout=10) == 0
 
 
-def test_window_updates_of_a_client_reading_an_answer_are_not_a_flood(limited) -> None:
+def test_window_updates_of_a_client_reading_an_answer_are_not_a_flood(start_server) -> None:
     """A client that opens its window a little per DATA frame sends many WINDOW_UPDATEs, all while the
     answer goes out: they do not count towards --http2-max-control-frames-per-second."""
-    server = limited("--http2-max-control-frames-per-second", "20")
+    server = start_server(EXAMPLES, extra_args=("--http2-max-control-frames-per-second", "20"))
     with H2Wire(server.address) as h2:
         h2.open(client_settings=b"\x00\x04\x00\x00\x00\x10")  # INITIAL_WINDOW_SIZE 16
         h2.request(1, "GET", "/v2/models/simple/config")
