@@ -135,7 +135,7 @@ def metrics_router(repository: Repository) -> Router:
 
 
 def _plain_error(error: InferError) -> HttpResponse:
-    if getattr(error, "fixed_http_status", None) == 405:
+    if error.fixed_http_status == 405:
         return body_response(b"method not allowed: use GET\n", PLAIN, 405)
     if error.kind == ErrorKind.NOT_FOUND:
         return body_response(b"not found: this port serves GET /metrics\n", PLAIN, 404)
