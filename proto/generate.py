@@ -15,10 +15,20 @@ from pathlib import Path
 
 PROTO_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PROTO_DIR.parent
-SOURCES = ("grpc_service.proto", "model_config.proto", "grps.proto")
+SOURCES = (
+    "grpc_service.proto",
+    "model_config.proto",
+    "grps.proto",
+    "grpc_health.proto",
+    "grpc_reflection_v1.proto",
+    "grpc_reflection_v1alpha.proto",
+)
+# Every source's FileDescriptorProto, for server reflection (server/grpc/reflection.py) to serve.
+DESCRIPTORS = "descriptors.binpb"
 PLUGIN_OPTIONS = "server_generation=async,client_generation=async"
-# What the plugin writes: modules and the py.typed marker (this script and the sources are not).
-GENERATED_SUFFIXES = (".py", ".typed")
+# What the plugin writes: modules and the py.typed marker (this script and the sources are not), and the
+# descriptor set.
+GENERATED_SUFFIXES = (".py", ".typed", ".binpb")
 
 
 def generate(out_dir: Path) -> list[Path]:
@@ -34,6 +44,7 @@ def generate(out_dir: Path) -> list[Path]:
         f"-I{PROTO_DIR.relative_to(REPO_ROOT)}",
         f"--python_betterproto2_out={out_dir}",
         f"--python_betterproto2_opt={PLUGIN_OPTIONS}",
+        f"--descriptor_set_out={out_dir / DESCRIPTORS}",
         *(str((PROTO_DIR / name).relative_to(REPO_ROOT)) for name in SOURCES),
     ]
     result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True)

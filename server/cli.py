@@ -8,13 +8,12 @@ import signal
 import sys
 from pathlib import Path
 
-from grpclib.server import Server as GrpcServer
-
 from server import grpc
 from server.endpoints.grps import GrpsEndpoints
 from server.endpoints.repository import RepositoryEndpoints
 from server.endpoints.tfserving import TFServingEndpoints
 from server.endpoints.v2 import V2Endpoints, error_response
+from server.http.grpc_call import GrpcServices
 from server.http.listener import HttpSettings, Listener, address_of, bind, raise_fd_limit, tls_context
 from server.metrics import metrics_router
 from server.repository import CONTROL_MODES, Repository
@@ -120,6 +119,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=limits.h2_max_control_frames_per_second,
         help="HTTP/2 SETTINGS, PING, PRIORITY, WINDOW_UPDATE and empty DATA frames a client may send per "
         f"second before GOAWAY ENHANCE_YOUR_CALM (default {limits.h2_max_control_frames_per_second})",
+    )
+    serve.add_argument(
+        "--grpc-http2-min-recv-ping-interval-without-data",
+        type=int,
+        default=int(limits.h2_min_ping_interval * 1000),
+        metavar="MS",
+        help="HTTP/2 (gRPC) keepalive: milliseconds a client must leave between PINGs while no answer is "
+        "sent; sooner is a strike (default %(default)s, grpc-core's and Triton's)",
+    )
+    serve.add_argument(
+        "--grpc-http2-max-ping-strikes",
+        type=int,
+        default=limits.h2_max_ping_strikes,
+        help="HTTP/2 (gRPC) keepalive: strikes allowed before GOAWAY ENHANCE_YOUR_CALM 'too_many_pings' "
+        "(default %(default)s)",
     )
     serve.add_argument(
         "--graceful-timeout",
@@ -238,18 +252,15 @@ async def serve(args: argparse.Namespace) -> None:
     RepositoryEndpoints(repository).install(router)
     settings = http_settings(args)
 
-    grpc_services = grpc.services(repository, args.grps_default_model)
-    grpc_server = GrpcServer(grpc_services, codec=grpc.MessageSizeCodec(args.grpc_max_message_bytes))
-    await grpc_server.start(args.host, args.grpc_port, reuse_address=True)
-    for sock in grpc_server._server.sockets:  # grpclib keeps the asyncio server it listens with there
-        listen_log.info("gRPC listening on %s", address_of(sock))
+    grpc_services = grpc.services(repository, args.grps_default_model, args.grpc_max_message_bytes)
 
     raise_fd_limit()
-    ports = []
+    # (name, router, sockets, gRPC services): gRPC is served on its port and, over HTTP/2, on HTTP's.
+    ports = [("gRPC", Router(fallback_errors=error_response), bind(args.host, args.grpc_port), grpc_services)]
     if args.allow_metrics:  # logged before HTTP's line, which tells a waiting reader "up"
-        ports.append(("Metrics", metrics_router(repository), bind(args.host, args.metrics_port)))
-    ports.append(("HTTP", router, bind(args.host, args.http_port)))
-    for name, _, sockets in ports:
+        ports.append(("Metrics", metrics_router(repository), bind(args.host, args.metrics_port), None))
+    ports.append(("HTTP", router, bind(args.host, args.http_port), grpc_services))
+    for name, _, sockets, _ in ports:
         for sock in sockets:
             listen_log.info("%s listening on %s", name, address_of(sock))
 
@@ -261,14 +272,21 @@ async def serve(args: argparse.Namespace) -> None:
         await stop.wait()
         if poller is not None:
             await poller  # returns once a poll under way is done
-        # gRPC first; the models unload once HTTP has drained too.
-        await grpc.drain(grpc_server, grpc_services, settings.graceful_timeout)
+        grpc_services.begin_shutdown()  # open streams end; every port then drains
 
     tls_files = (args.ssl_certfile, args.ssl_keyfile) if args.ssl_certfile else None
     await asyncio.gather(
         *(
-            serve_port(args.http_server, r, sockets, settings, tls_files, shutdown_trigger)
-            for _, r, sockets in ports
+            serve_port(
+                "tensorgate" if name == "gRPC" else args.http_server,
+                port_router,
+                sockets,
+                settings,
+                tls_files if name == "HTTP" else None,
+                shutdown_trigger,
+                services,
+            )
+            for name, port_router, sockets, services in ports
         )
     )
     await repository.unload_all()
@@ -286,6 +304,8 @@ def http_settings(args: argparse.Namespace) -> HttpSettings:
         h2_max_concurrent_streams=args.http2_max_concurrent_streams,
         h2_max_resets_per_second=args.http2_max_resets_per_second,
         h2_max_control_frames_per_second=args.http2_max_control_frames_per_second,
+        h2_min_ping_interval=args.grpc_http2_min_recv_ping_interval_without_data / 1000,
+        h2_max_ping_strikes=args.grpc_http2_max_ping_strikes,
         graceful_timeout=args.graceful_timeout,
     )
 
@@ -297,15 +317,18 @@ async def serve_port(
     settings: HttpSettings,
     tls_files: tuple[str, str] | None,
     shutdown_trigger,
+    grpc_services: GrpcServices | None = None,
 ) -> None:
-    """Serves one port with the chosen transport until `shutdown_trigger` returns, then drains it."""
+    """Serves one port with the chosen transport until `shutdown_trigger` returns, then drains it. gRPC
+    needs ours: on hypercorn, the HTTP port serves REST only."""
     if transport == "hypercorn":
         from server.http.asgi import AsgiApp, serve_hypercorn
 
         app = AsgiApp(router, settings.max_request_bytes)
         await serve_hypercorn(app, sockets, shutdown_trigger, settings.graceful_timeout, tls_files)
         return
-    listener = Listener(router, settings, sockets, tls_context(*tls_files) if tls_files else None)
+    tls = tls_context(*tls_files) if tls_files else None
+    listener = Listener(router, settings, sockets, tls, grpc_services)
     await listener.start()
     await shutdown_trigger()
     await listener.shutdown()

@@ -23,6 +23,9 @@ import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import FieldDescriptor
 
+import proto.grpc.health.v1  # noqa: F401 (registers its messages in the pool)
+import proto.grpc.reflection.v1  # noqa: F401
+import proto.grpc.reflection.v1alpha  # noqa: F401
 import proto.grps.protos.v1 as grps
 import proto.inference as inference
 from proto.generate import PROTO_DIR, REPO_ROOT, SOURCES, generate
@@ -52,7 +55,7 @@ def test_no_committed_module_is_left_over_from_an_older_generation(tmp_path: Pat
     committed = {
         p.relative_to(PROTO_DIR)
         for p in PROTO_DIR.rglob("*")
-        if p.is_file() and p.suffix in (".py", ".typed") and "__pycache__" not in p.parts
+        if p.is_file() and p.suffix in (".py", ".typed", ".binpb") and "__pycache__" not in p.parts
     }
     leftovers = sorted(str(p) for p in committed - generated - {Path("generate.py")})
     assert not leftovers, f"files under proto/ that `make proto` no longer generates: {leftovers}"

@@ -1,68 +1,30 @@
-"""gRPC front doors (grpclib, on the same event loop as HTTP): KServe v2 and grps services.
+"""gRPC services (handlers, not transport: server/http/grpc_call.py serves them on our HTTP/2 layer).
 
-`services()` lists every servicer the gRPC port serves; each protocol module adds its own here.
+`services()` lists every servicer the server offers; each protocol module adds its own here.
 """
 
-import asyncio
-from typing import Any
-
-from grpclib.const import Status
-from grpclib.encoding.proto import ProtoCodec
-from grpclib.exceptions import GRPCError
-from grpclib.server import Server
-
 from server.grpc.grps import GrpsService
+from server.grpc.health import HealthService
 from server.grpc.inference import InferenceService
+from server.grpc.reflection import DESCRIPTORS, Descriptors, Reflection, ReflectionV1, ReflectionV1Alpha
+from server.http.grpc_call import GrpcServices
 from server.repository import Repository
 
 
-def services(repository: Repository, grps_default_model: str | None) -> list:
-    """The grpclib servicers served on --grpc-port."""
-    return [InferenceService(repository), GrpsService(repository, grps_default_model)]
-
-
-class MessageSizeCodec(ProtoCodec):
-    """grpclib's protobuf codec with --grpc-max-message-bytes enforced on every message received or sent,
-    by every service on the port (grpclib itself has no limit). grpclib hands a message to the codec once
-    it has it whole: a larger one is refused with RESOURCE_EXHAUSTED, the connection lives on."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-
-    def decode(self, data: bytes, message_type: Any) -> Any:
-        if len(data) > self.max_bytes:
-            raise GRPCError(
-                Status.RESOURCE_EXHAUSTED,
-                f"received message of {len(data)} bytes is larger than the server's limit of "
-                f"{self.max_bytes} bytes (--grpc-max-message-bytes)",
-            )
-        return message_type.FromString(data)
-
-    def encode(self, message: Any, message_type: Any) -> bytes:
-        data = super().encode(message, message_type)
-        if len(data) > self.max_bytes:
-            raise GRPCError(
-                Status.RESOURCE_EXHAUSTED,
-                f"response message of {len(data)} bytes is larger than the server's limit of "
-                f"{self.max_bytes} bytes (--grpc-max-message-bytes)",
-            )
-        return data
-
-
-async def drain(server: Server, services: list, timeout: float) -> None:
-    """Stops a grpclib server gracefully: no new connections; calls in flight (on any connection) finish,
-    up to `timeout` seconds; open ModelStreamInfer streams answer what they have read and end. grpclib's
-    own close() would cancel them all, so this reaches into its listener and handlers."""
-    loop = asyncio.get_running_loop()
-    server._server.close()  # the asyncio server grpclib listens with
-    for service in services:
-        if hasattr(service, "begin_shutdown"):
-            service.begin_shutdown()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        calls = [t for h in server._handlers for t in h._tasks.values() if not t.done()]
-        if not calls:
-            break
-        await asyncio.wait(calls, timeout=deadline - loop.time())
-    server.close()
-    await server.wait_closed()
+def services(repository: Repository, grps_default_model: str | None, max_message_bytes: int) -> GrpcServices:
+    """The services served on --grpc-port and, over HTTP/2, on --http-port."""
+    health = HealthService(repository)
+    reflection = Reflection(Descriptors(DESCRIPTORS.read_bytes()))
+    served = GrpcServices(
+        [
+            InferenceService(repository),
+            GrpsService(repository, grps_default_model),
+            health,
+            ReflectionV1(reflection),
+            ReflectionV1Alpha(reflection),
+        ],
+        max_message_bytes,
+    )
+    health.services = set(served.names)
+    reflection.services = served.names
+    return served

@@ -208,8 +208,6 @@ class InferenceService(pb.GrpcInferenceServiceBase):
 
     async def _model_infer(self, stream: Stream) -> None:
         message = await stream.recv_message()
-        if message is None:
-            raise GRPCError(Status.INVALID_ARGUMENT, "ModelInfer needs a request message")
         try:
             request = v2_grpc.decode_request(message.data)
             version = self.repository.resolve(request.model_name, request.model_version)

@@ -25,6 +25,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from server.http import hpack_encode
+from server.http.grpc_call import GrpcCall
 from server.http.h2_frames import (
     CLOSED_KEPT,
     CONNECTION_SPECIFIC,
@@ -37,6 +38,7 @@ from server.http.h2_frames import (
     END_STREAM,
     FRAME_SIZE_ERROR,
     GOAWAY,
+    GOAWAY_DELAY,
     HEADERS,
     INTERNAL_ERROR,
     LINGER_SECONDS,
@@ -79,6 +81,7 @@ class H2Connection(FrameReceiver, BaseConnection):
     def __init__(self, host: ConnectionHost) -> None:
         super().__init__(host)
         self.router = host.router
+        self.grpc = host.grpc  # GrpcServices on ports that serve gRPC, else None
         self.buffer = bytearray(READ_BUFFER)
         self.view = memoryview(self.buffer)
         self.start = self.end = 0
@@ -104,6 +107,8 @@ class H2Connection(FrameReceiver, BaseConnection):
         self.budget_second = 0.0
         self.resets = 0
         self.control_frames = 0
+        self.last_ping = float("-inf")
+        self.ping_strikes = 0
 
     # ------------------------------------------------------------------------------ asyncio protocol
 
@@ -238,9 +243,17 @@ class H2Connection(FrameReceiver, BaseConnection):
     def _after_stream(self) -> None:
         if not self.streams and not self.closing:
             self.since = self.loop.time()
-            if self.goaway_sent or self.shutting_down:
-                self._goaway()
+            if self.goaway_sent:
                 self._close()
+            elif self.shutting_down:
+                # A moment after the last answer: a client that reads the answer and GOAWAY together
+                # may fail the call it has not yet finished reading (grpclib ends every stream it has).
+                self.loop.call_later(GOAWAY_DELAY, self._goaway_and_close)
+
+    def _goaway_and_close(self) -> None:
+        if not self.streams:
+            self._goaway()
+            self._close()
 
     def _answer_early(self, stream: Stream, response: HttpResponse) -> None:
         """An answer from the head (or a body past the limit) while the body may still come: sent now.
@@ -279,12 +292,38 @@ class H2Connection(FrameReceiver, BaseConnection):
         if not stream.reset:
             self._close_stream(stream)
 
+    # ------------------------------------------------------------------------------ gRPC calls
+
+    def _start_grpc(self, stream: Stream) -> None:
+        """A gRPC call starts with its HEADERS; its messages follow it as they come (grpc_call.py)."""
+        stream.grpc = GrpcCall(self, stream, self.grpc)
+        stream.task = self.loop.create_task(stream.grpc.run())
+        if not stream.remote_open:
+            stream.grpc.end_in()
+
+    def grpc_credit(self, stream: Stream, queued: int) -> None:
+        """Gives the client back the window of what the call has read (`queued` bytes are still unread)."""
+        owed = OUR_STREAM_WINDOW - stream.recv_window - queued
+        if owed >= OUR_STREAM_WINDOW // 2 or (owed > 0 and stream.recv_window < OUR_STREAM_WINDOW // 2):
+            stream.recv_window += owed
+            self._send(frame(WINDOW_UPDATE, 0, stream.id, owed.to_bytes(4, "big")))
+
+    def grpc_done(self, stream: Stream) -> None:
+        """The call's trailers are out. A client still sending is told to stop (RST_STREAM NO_ERROR, as
+        grpc-core servers do); what it sent meanwhile is dropped."""
+        if stream.remote_open:
+            self._reset(stream.id, NO_ERROR)
+        self._close_stream(stream)
+
     # ------------------------------------------------------------------------------ frames out
 
     def _head_frames(self, stream_id: int, response: HttpResponse, method: str, last: bool) -> bytes:
         headers = [(n, v) for n, v in response.headers if n not in CONNECTION_SPECIFIC]
         block = hpack_encode.encode(response.status, headers)
-        flags = END_STREAM if last else 0
+        return self._block_frames(stream_id, block, END_STREAM if last else 0)
+
+    def _block_frames(self, stream_id: int, block: bytes, flags: int) -> bytes:
+        """A header block as HEADERS (and CONTINUATIONs past the peer's frame size)."""
         size = self.peer_max_frame
         if len(block) <= size:
             return frame(HEADERS, flags | END_HEADERS, stream_id, block)
@@ -336,7 +375,7 @@ class H2Connection(FrameReceiver, BaseConnection):
             block = hpack_encode.encode(
                 None, [(n, v) for n, v in response.trailers if n not in CONNECTION_SPECIFIC]
             )
-            self._write(frame(HEADERS, END_STREAM | END_HEADERS, stream.id, block))
+            self._write(self._block_frames(stream.id, block, END_STREAM))
 
     async def _send_data(self, stream: Stream, data: memoryview, last: bool) -> None:
         """DATA frames within the stream's and the connection's windows and the peer's frame size.
@@ -395,9 +434,11 @@ class H2Connection(FrameReceiver, BaseConnection):
             waiter.set_result(None)
 
     def _write(self, data: bytes) -> None:
-        """Queues frames of an answer (see BaseConnection._send)."""
+        """Queues frames of an answer (see BaseConnection._send). An answer going out forgives PINGs."""
         if self.transport is None:
             raise StreamReset
+        self.ping_strikes = 0
+        self.last_ping = float("-inf")
         self._send(data)
 
     # ------------------------------------------------------------------------------ lifecycle
@@ -443,10 +484,12 @@ class H2Connection(FrameReceiver, BaseConnection):
                 self._reset(stream.id, NO_ERROR)
                 self._close_stream(stream)
             elif (
-                stream.remote_open and not stream.answered and now - stream.since > self.settings.body_timeout
+                stream.remote_open
+                and not stream.answered
+                and stream.grpc is None  # a gRPC stream may idle as long as its call lasts
+                and now - stream.since > self.settings.body_timeout
             ):
-                # A body the app awaits whole that stopped coming (gRPC streams, idle by nature, will need
-                # their own rule).
+                # A body the app awaits whole that stopped coming.
                 errors = stream.route.errors if stream.route is not None else self.router.fallback_errors
                 self._answer_early(stream, stalled_body(errors, self.settings.body_timeout))
         self._flush()
@@ -462,5 +505,4 @@ class H2Connection(FrameReceiver, BaseConnection):
         (GOAWAY goes last: some clients, httpcore among them, fail every open stream on receiving it.)"""
         self.shutting_down = True
         if not self.streams:
-            self._goaway()
-            self._close()
+            self._goaway_and_close()

@@ -36,6 +36,7 @@ READ_BUFFER = 64 << 10  # to start with; grows to hold the largest frame that co
 DIRECT_READ = 64 << 10  # DATA frames from this size go straight into their body's buffer
 SMALL_DATA = 16 << 10  # DATA up to this is copied into the queued frames; larger goes out as views
 SEND_BATCH = 1 << 20  # the most bytes of DATA frames (views) one writev takes
+GOAWAY_DELAY = 0.1  # at shutdown, from the last answer to GOAWAY and close
 LINGER_SECONDS = 2.0  # after a connection error, how long what the client still sends is read and dropped
 CLOSED_KEPT = 256  # ids of recently closed streams remembered (a frame on one is STREAM_CLOSED)
 CONNECTION_SPECIFIC = frozenset(
@@ -164,6 +165,7 @@ class Stream:
         "sending",
         "since",
         "reset",
+        "grpc",
     )
 
     def __init__(self, stream_id: int, send_window: int, recv_window: int) -> None:
@@ -186,3 +188,4 @@ class Stream:
         self.sending = False  # its answer's body is going out
         self.since = 0.0  # when its body last made progress
         self.reset = False
+        self.grpc: Any = None  # the GrpcCall this stream carries (grpc_call.py)

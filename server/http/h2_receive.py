@@ -8,6 +8,7 @@ error is raised as `ConnectionError_`; the connection turns it into GOAWAY.
 
 from __future__ import annotations
 
+from server.http.grpc_wire import is_grpc
 from server.http.h2_frames import (
     ACK,
     COMPRESSION_ERROR,
@@ -70,6 +71,7 @@ class FrameReceiver:
                 raise ConnectionError_(FRAME_SIZE_ERROR, "PING of a length other than 8")
             if not flags & ACK:
                 self._calm()
+                self._ping_strike()
                 self.out.append(frame(PING, ACK, 0, payload))
         elif kind == RST_STREAM:
             self._rst_stream(stream_id, payload)
@@ -113,7 +115,7 @@ class FrameReceiver:
             return None
         stream.recv_window -= length
         stream.since = self.loop.time()
-        if stream.recv_window < OUR_STREAM_WINDOW // 2 and not flags & END_STREAM:
+        if stream.recv_window < OUR_STREAM_WINDOW // 2 and not flags & END_STREAM and stream.grpc is None:
             self.out.append(
                 frame(
                     WINDOW_UPDATE, 0, stream_id, (OUR_STREAM_WINDOW - stream.recv_window).to_bytes(4, "big")
@@ -129,6 +131,14 @@ class FrameReceiver:
         if stream is None:
             return
         data = unpad(flags, payload)
+        if stream.grpc is not None:
+            if data:
+                stream.grpc.data_in(data)
+                self.grpc_credit(stream, stream.grpc.queued)
+            if flags & END_STREAM:
+                stream.remote_open = False
+                stream.grpc.end_in()
+            return
         if not stream.answered and data:
             self._body_in(stream, data)
         if flags & END_STREAM:
@@ -165,6 +175,7 @@ class FrameReceiver:
         if (
             flags & PADDED
             or stream is None
+            or stream.grpc is not None
             or stream.expected is None
             or stream.answered
             or not stream.remote_open
@@ -196,6 +207,8 @@ class FrameReceiver:
 
     def _remote_end(self, stream: Stream) -> None:
         stream.remote_open = False
+        if stream.grpc is not None:
+            return stream.grpc.end_in()
         if stream.answered:
             self._close_stream(stream)
             return
@@ -273,9 +286,11 @@ class FrameReceiver:
             stream.method, stream.path, stream.query, stream.expected = request_head(fields, stream.headers)
         except StreamError as e:
             return self._refuse(stream.id, e.code)
-        found = self.router.find(stream.method, stream.path)
         if flags & END_STREAM:
             stream.remote_open = False
+        if self.grpc is not None and stream.method == "POST" and is_grpc(stream.headers.get(b"content-type")):
+            return self._start_grpc(stream)
+        found = self.router.find(stream.method, stream.path)
         if isinstance(found, HttpResponse):
             return self._answer_early(stream, found)
         stream.route, stream.params = found
@@ -377,6 +392,17 @@ class FrameReceiver:
         now = self.loop.time()
         if now - self.budget_second >= 1.0:
             self.budget_second, self.resets, self.control_frames = now, 0, 0
+
+    def _ping_strike(self) -> None:
+        """A keepalive PING sooner than the minimum interval after the last one, with no answer sent in
+        between, is a strike; more than the strikes allowed end the connection as grpc-core's servers
+        do, with the debug data its clients read (they then ping less often)."""
+        now = self.loop.time()
+        if now - self.last_ping < self.settings.h2_min_ping_interval:
+            self.ping_strikes += 1
+            if self.ping_strikes > self.settings.h2_max_ping_strikes:
+                raise ConnectionError_(ENHANCE_YOUR_CALM, "too_many_pings")
+        self.last_ping = now
 
     def _calm(self) -> None:
         """Counts a frame that costs us work without carrying a request; past the limit, GOAWAY."""

@@ -13,11 +13,14 @@ import resource
 import socket
 import ssl
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from server.router import Router
+
+if TYPE_CHECKING:
+    from server.http.grpc_call import GrpcServices
 
 log = logging.getLogger("tensorgate.http")
 
@@ -38,6 +41,10 @@ class HttpSettings:
     h2_max_concurrent_streams: int = 256
     h2_max_resets_per_second: int = 200  # client RST_STREAMs (rapid reset, CVE-2023-44487)
     h2_max_control_frames_per_second: int = 1000  # SETTINGS, PING, PRIORITY, empty DATA, WINDOW_UPDATE
+    # Keepalive PINGs, as grpc-core servers take them: one sooner than this after the last, with no answer
+    # sent between, is a strike; past the strikes, GOAWAY ENHANCE_YOUR_CALM "too_many_pings".
+    h2_min_ping_interval: float = 300.0
+    h2_max_ping_strikes: int = 2
     graceful_timeout: float = 30.0
 
 
@@ -110,10 +117,12 @@ class BaseConnection(asyncio.BufferedProtocol):
 
 
 class ConnectionHost:
-    """What every connection of one listener shares: the router, the limits, the set of connections."""
+    """What every connection of one listener shares: the router, the gRPC services (HTTP/2 requests with
+    content-type application/grpc go to them), the limits, the set of connections."""
 
-    def __init__(self, router: Router, settings: HttpSettings) -> None:
+    def __init__(self, router: Router, settings: HttpSettings, grpc: GrpcServices | None = None) -> None:
         self.router = router
+        self.grpc = grpc
         self.settings = settings
         self.connections: set[Connection] = set()
         self.closing = False
@@ -191,8 +200,9 @@ class Listener:
         settings: HttpSettings,
         sockets: list[socket.socket],
         tls: ssl.SSLContext | None = None,
+        grpc: GrpcServices | None = None,
     ) -> None:
-        self.host = ConnectionHost(router, settings)
+        self.host = ConnectionHost(router, settings, grpc)
         self.sockets = sockets
         self.tls = tls
         self.servers: list[asyncio.Server] = []
