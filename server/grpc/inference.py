@@ -29,6 +29,7 @@ from codec.errors import ErrorKind, InferError
 from codec.tensor import InferResponse
 from server import __version__
 from server.endpoints.v2 import EXTENSIONS
+from server.http import eager
 from server.repository import Repository
 from server.statistics import model_statistics
 
@@ -274,7 +275,9 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             version = self.repository.resolve(request.model_name, request.model_version)
             if version.streams:
                 return _Pending(request_id, final, iterator=version.infer_stream(request))
-            return _Pending(request_id, final, task=asyncio.ensure_future(version.infer(request)))
+            # Run at once: a model executed inline answers without a task made for it.
+            answer = eager.future(version.infer(request), asyncio.get_running_loop())
+            return _Pending(request_id, final, task=answer)
         except InferError as e:
             return _Pending(request_id, False, error=e.message)
         except Exception:
@@ -282,26 +285,31 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             return _Pending(request_id, False, error="internal error serving ModelStreamInfer")
 
     async def _answer(self, stream: Stream, item: "_Pending") -> None:
-        async with aclosing(_answers(item)) as answers:
+        if item.iterator is None:  # one answer: no generator to run it through
+            await stream.send_message(RawMessage(await _one_answer(item)))
+            return
+        async with aclosing(_streamed_answers(item)) as answers:
             async for body in answers:
                 await stream.send_message(RawMessage(body))
 
 
-async def _answers(item: "_Pending") -> AsyncIterator[bytes]:
-    """The ModelStreamInferResponse messages answering one request of a stream: its answer, one per yield
-    of a streaming model, or an error_message (after the answers already given)."""
+async def _one_answer(item: "_Pending") -> bytes:
+    """The ModelStreamInferResponse answering a request of a stream with one answer, or its error_message."""
     if item.error is not None:
-        yield v2_grpc.encode_stream_error(item.error, item.request_id)
-        return
-    error = None
+        return v2_grpc.encode_stream_error(item.error, item.request_id)
     try:
-        if item.task is not None:
-            response = await item.task
-            if item.final:
-                response.parameters[FINAL_FLAG] = True
-            yield v2_grpc.encode_stream_response(v2_grpc.encode_response(response))
-            return
-        assert item.iterator is not None
+        response = await item.task
+    except Exception as e:
+        return v2_grpc.encode_stream_error(_message_of(e), item.request_id)
+    if item.final:
+        response.parameters[FINAL_FLAG] = True
+    return v2_grpc.encode_stream_response(v2_grpc.encode_response(response))
+
+
+async def _streamed_answers(item: "_Pending") -> AsyncIterator[bytes]:
+    """The ModelStreamInferResponse messages answering a request to a streaming model: one per yield, an
+    empty final one when asked for, or an error_message after the answers already given."""
+    try:
         async with aclosing(item.iterator) as responses:
             async for response in responses:
                 if item.final:
@@ -309,13 +317,17 @@ async def _answers(item: "_Pending") -> AsyncIterator[bytes]:
                 yield v2_grpc.encode_stream_response(v2_grpc.encode_response(response))
         if item.final:
             yield _final_response(item.request_id)
-    except InferError as e:  # a model's failure among them (server/model.py)
-        error = e.message
-    except Exception:
-        log.exception("unexpected error answering a ModelStreamInfer request")
-        error = "internal error serving ModelStreamInfer"
-    if error is not None:
-        yield v2_grpc.encode_stream_error(error, item.request_id)
+    except Exception as e:
+        yield v2_grpc.encode_stream_error(_message_of(e), item.request_id)
+
+
+def _message_of(error: Exception) -> str:
+    """An InferError's message (a model's failure among them, server/model.py); anything else is logged
+    (call it from an except clause)."""
+    if isinstance(error, InferError):
+        return error.message
+    log.exception("unexpected error answering a ModelStreamInfer request")
+    return "internal error serving ModelStreamInfer"
 
 
 def _final_response(request_id: str | None) -> bytes:

@@ -29,8 +29,24 @@ def start(coro: Coroutine[Any, Any, None], loop: asyncio.AbstractEventLoop) -> a
     return loop.create_task(_resume(coro, waiting_on))
 
 
-async def _resume(coro: Coroutine[Any, Any, None], waiting_on: Any) -> None:
-    await _Resumed(coro, waiting_on)
+def future(coro: Coroutine[Any, Any, Any], loop: asyncio.AbstractEventLoop) -> asyncio.Future:
+    """`coro`'s outcome: a future already done when it finished without waiting (no task made), else the
+    task that runs the rest."""
+    try:
+        waiting_on = coro.send(None)
+    except StopIteration as finished:
+        done = loop.create_future()
+        done.set_result(finished.value)
+        return done
+    except Exception as error:
+        done = loop.create_future()
+        done.set_exception(error)
+        return done
+    return loop.create_task(_resume(coro, waiting_on))
+
+
+async def _resume(coro: Coroutine[Any, Any, Any], waiting_on: Any) -> Any:
+    return await _Resumed(coro, waiting_on)
 
 
 class _Resumed:
@@ -43,7 +59,7 @@ class _Resumed:
         self.coro = coro
         self.waiting_on = waiting_on
 
-    def __await__(self) -> Generator[Any, Any, None]:
+    def __await__(self) -> Generator[Any, Any, Any]:
         coro, waiting_on = self.coro, self.waiting_on
         while True:
             try:
@@ -51,10 +67,10 @@ class _Resumed:
             except BaseException as error:  # noqa: B036 - relayed to the coroutine, which decides
                 try:
                     waiting_on = coro.throw(error)
-                except StopIteration:
-                    return
+                except StopIteration as finished:
+                    return finished.value
             else:
                 try:
                     waiting_on = coro.send(value)
-                except StopIteration:
-                    return
+                except StopIteration as finished:
+                    return finished.value

@@ -54,9 +54,8 @@ def metadata(headers: dict[bytes, bytes]) -> dict[str, str | bytes]:
             continue
         key = name.decode("latin-1")
         if key.endswith("-bin"):
-            found[key] = b"".join(
-                base64.b64decode(part.strip() + b"=" * (-len(part.strip()) % 4)) for part in value.split(b",")
-            )
+            parts = [part.strip() for part in value.split(b",")]
+            found[key] = b"".join(base64.b64decode(p + b"=" * (-len(p) % 4), validate=True) for p in parts)
         else:
             found[key] = value.decode("latin-1")
     return found

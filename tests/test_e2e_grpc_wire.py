@@ -1,0 +1,258 @@
+"""gRPC over our HTTP/2, frame by frame (grpc/grpc doc/PROTOCOL-HTTP2.md): what a client sees on the wire,
+malformed input included, on the gRPC port and on the HTTP port (one port for everything)."""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from urllib.parse import unquote
+
+import pytest
+from e2e_helpers import EXAMPLES, ServerProcess
+from grpc_helpers import SUMS, simple_request
+from h2_wire import (
+    ACK,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    ENHANCE_YOUR_CALM,
+    GOAWAY,
+    HEADERS,
+    NO_ERROR,
+    PING,
+    RST_STREAM,
+    S_INITIAL_WINDOW_SIZE,
+    WINDOW_UPDATE,
+    H2Wire,
+    frame,
+    settings,
+)
+
+import proto.inference as pb
+
+pytestmark = pytest.mark.ours  # gRPC is served by our transport only
+
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
+SIMPLE = bytes(simple_request())
+
+
+def message(data: bytes, compressed: bool = False) -> bytes:
+    return (b"\x01" if compressed else b"\x00") + len(data).to_bytes(4, "big") + data
+
+
+def messages_of(data: bytes) -> list[tuple[bool, bytes]]:
+    out = []
+    while data:
+        size = int.from_bytes(data[1:5], "big")
+        out.append((data[0] == 1, data[5 : 5 + size]))
+        data = data[5 + size :]
+    return out
+
+
+def open_call(
+    h2: H2Wire, stream: int, path: str, body: bytes | None = None, extra=(), end: bool = True
+) -> None:
+    """HEADERS of a gRPC call, and its body in one DATA frame (END_STREAM unless `end` is False)."""
+    named = {name for name, _ in extra}
+    fields = [(n, v) for n, v in (("content-type", "application/grpc"), ("te", "trailers")) if n not in named]
+    fields += extra
+    out = frame(HEADERS, END_HEADERS, stream, h2.block("POST", path, fields))
+    if body is not None:
+        out += frame(DATA, END_STREAM if end else 0, stream, body)
+    h2.send(out)
+
+
+def answer(h2: H2Wire, stream: int) -> tuple[list[tuple[int, dict[str, str]]], bytes]:
+    """The header blocks of a call's answer, each with its frame's flags, and its DATA, up to END_STREAM."""
+    blocks, data = [], b""
+    while True:
+        got = h2.read_frame()
+        assert got is not None, "connection closed before the answer ended"
+        assert got.kind != GOAWAY, f"GOAWAY {got.error_code}: {got.payload[8:]!r}"
+        if got.stream != stream:
+            continue
+        assert got.kind != RST_STREAM or got.error_code == NO_ERROR, f"reset with {got.error_code}"
+        if got.kind == HEADERS:
+            blocks.append((got.flags, dict(h2.decoder.decode(got.payload))))
+        elif got.kind == DATA:
+            data += got.payload
+        if got.flags & END_STREAM:
+            return blocks, data
+
+
+def status_of(blocks: list[tuple[int, dict[str, str]]]) -> tuple[int, str]:
+    trailers = blocks[-1][1]
+    return int(trailers["grpc-status"]), unquote(trailers.get("grpc-message", ""))
+
+
+@pytest.fixture(params=["grpc-port", "http-port"])
+def wire(request: pytest.FixtureRequest, v2_server: ServerProcess):
+    port = v2_server.grpc_port if request.param == "grpc-port" else v2_server.port
+    with H2Wire(("127.0.0.1", port)) as h2:
+        h2.open()
+        yield h2
+
+
+def test_a_call_is_headers_messages_and_trailers(wire: H2Wire) -> None:
+    open_call(wire, 1, INFER, message(SIMPLE))
+    blocks, data = answer(wire, 1)
+    assert len(blocks) == 2, "HEADERS, then trailers"
+    flags, head = blocks[0]
+    assert not flags & END_STREAM
+    assert head[":status"] == "200" and head["content-type"] == "application/grpc"
+    assert "gzip" in head["grpc-accept-encoding"]
+    assert blocks[1][0] & END_STREAM and status_of(blocks) == (0, "")
+    [(compressed, body)] = messages_of(data)
+    assert not compressed
+    response = pb.ModelInferResponse.parse(body)
+    assert response.model_name == "simple"
+    assert list(memoryview(response.raw_output_contents[0]).cast("i")) == SUMS
+
+
+def test_errors_are_trailers_only_with_a_percent_encoded_message(wire: H2Wire) -> None:
+    request = bytes(simple_request(model_name="nö model"))
+    open_call(wire, 1, INFER, message(request))
+    blocks, data = answer(wire, 1)
+    assert len(blocks) == 1 and blocks[0][0] & END_STREAM, "one HEADERS frame ends the call"
+    head = blocks[0][1]
+    assert head[":status"] == "200" and head["content-type"] == "application/grpc"
+    assert data == b""
+    assert head["grpc-status"] == "5"  # NOT_FOUND
+    assert "%C3%B6" in head["grpc-message"], "non-ASCII is percent-encoded (UTF-8)"
+    assert status_of(blocks)[1] == "unknown model 'nö model'"
+
+
+def test_unknown_method_content_subtype_encoding_and_timeout(wire: H2Wire) -> None:
+    open_call(wire, 1, "/inference.GRPCInferenceService/NoSuchMethod", message(b""))
+    status, text = status_of(answer(wire, 1)[0])
+    assert status == 12 and "NoSuchMethod" in text  # UNIMPLEMENTED
+    open_call(wire, 3, INFER, message(SIMPLE), extra=[("content-type", "application/grpc+json")])
+    assert status_of(answer(wire, 3)[0])[0] == 12
+    open_call(wire, 5, INFER, message(SIMPLE, True), extra=[("grpc-encoding", "snappy")])
+    blocks, _ = answer(wire, 5)
+    assert status_of(blocks)[0] == 12 and "snappy" in status_of(blocks)[1]
+    assert "gzip" in blocks[0][1]["grpc-accept-encoding"], "the answer says what we accept"
+    open_call(wire, 7, INFER, message(SIMPLE), extra=[("grpc-timeout", "soon")])
+    status, text = status_of(answer(wire, 7)[0])
+    assert status == 13 and "grpc-timeout" in text  # INTERNAL, as grpc-go answers it
+    open_call(wire, 9, INFER, message(SIMPLE))
+    assert status_of(answer(wire, 9)[0]) == (0, ""), "the connection serves on"
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_compressed_messages_both_ways(wire: H2Wire, encoding: str) -> None:
+    packed = gzip.compress(SIMPLE) if encoding == "gzip" else zlib.compress(SIMPLE)
+    open_call(wire, 1, INFER, message(packed, True), extra=[("grpc-encoding", encoding)])
+    blocks, data = answer(wire, 1)
+    assert status_of(blocks) == (0, "")
+    assert blocks[0][1]["grpc-encoding"] == encoding, "answered in the request's encoding"
+    [(compressed, body)] = messages_of(data)
+    assert compressed
+    unpacked = gzip.decompress(body) if encoding == "gzip" else zlib.decompress(body)
+    assert pb.ModelInferResponse.parse(unpacked).model_name == "simple"
+
+
+def test_compressed_flag_without_an_encoding_and_a_bad_prefix_are_internal(wire: H2Wire) -> None:
+    open_call(wire, 1, INFER, message(SIMPLE, True))
+    status, text = status_of(answer(wire, 1)[0])
+    assert status == 13 and "grpc-encoding" in text
+    open_call(wire, 3, INFER, b"\x02" + message(SIMPLE)[1:])
+    status, text = status_of(answer(wire, 3)[0])
+    assert status == 13 and "compressed flag 2" in text
+    open_call(wire, 5, INFER, message(SIMPLE)[:-3])  # the stream ends inside the message
+    status, text = status_of(answer(wire, 5)[0])
+    assert status == 13 and "inside a message" in text
+    open_call(wire, 7, INFER, message(b"\xff\xff\xff"))  # not a ModelInferRequest
+    assert status_of(answer(wire, 7)[0])[0] == 3  # INVALID_ARGUMENT, as REST answers a malformed body
+    wire.expect_alive()
+
+
+def test_a_message_split_across_many_data_frames(wire: H2Wire) -> None:
+    body = message(SIMPLE)
+    open_call(wire, 1, INFER)
+    wire.send(b"".join(frame(DATA, 0, 1, body[i : i + 1]) for i in range(len(body))))  # 1 byte a frame
+    wire.send(frame(DATA, END_STREAM, 1, b""))
+    blocks, data = answer(wire, 1)
+    assert status_of(blocks) == (0, "")
+    assert pb.ModelInferResponse.parse(messages_of(data)[0][1]).model_name == "simple"
+
+
+def test_an_oversized_message_is_refused_at_its_prefix(start_server) -> None:
+    server = start_server(EXAMPLES, extra_args=("--grpc-max-message-bytes", "4096"))
+    with H2Wire(("127.0.0.1", server.grpc_port)) as h2:
+        h2.open()
+        # A prefix announcing 1 GiB and a few bytes of it: the answer comes without the rest.
+        open_call(h2, 1, INFER, (1 << 30).to_bytes(5, "big") + b"12345", end=False)
+        blocks, _ = answer(h2, 1)
+        status, text = status_of(blocks)
+        assert status == 8 and "1073741824 bytes" in text and "--grpc-max-message-bytes" in text
+        reset = h2.frames_until(lambda f: f.kind == RST_STREAM and f.stream == 1)[-1]
+        assert reset.error_code == NO_ERROR, "the client is told to stop sending (as grpc-core does)"
+        h2.send(frame(DATA, 0, 1, b"x" * 1000))  # still coming: dropped
+        open_call(h2, 3, INFER, message(SIMPLE))
+        assert status_of(answer(h2, 3)[0]) == (0, ""), "the connection stays usable"
+
+
+def test_a_stream_of_messages_in_one_frame_and_across_frames(wire: H2Wire) -> None:
+    body = message(SIMPLE) * 5
+    open_call(wire, 1, STREAM_INFER)
+    wire.send(
+        frame(DATA, 0, 1, body[:7]) + frame(DATA, 0, 1, body[7:300]) + frame(DATA, END_STREAM, 1, body[300:])
+    )
+    blocks, data = answer(wire, 1)
+    assert status_of(blocks) == (0, "")
+    answers = [pb.ModelStreamInferResponse.parse(m) for _, m in messages_of(data)]
+    assert len(answers) == 5 and all(a.infer_response.model_name == "simple" for a in answers)
+
+
+def test_a_slow_reader_holds_a_stream_at_its_window(v2_server: ServerProcess) -> None:
+    """The client's window stops the answers (they are not buffered past it); WINDOW_UPDATE lets them on."""
+    with H2Wire(("127.0.0.1", v2_server.grpc_port)) as h2:
+        h2.open(settings((S_INITIAL_WINDOW_SIZE, 1000)))
+        open_call(h2, 1, STREAM_INFER, message(SIMPLE) * 50)
+        got = b""
+        while len(got) < 1000:
+            f = h2.read_frame()
+            if f.kind == DATA:
+                got += f.payload
+        with pytest.raises(TimeoutError):
+            while True:
+                f = h2.read_frame(timeout=0.5)
+                assert f.kind != DATA, "DATA past the stream's window"
+        h2.send(frame(WINDOW_UPDATE, 0, 1, (1 << 20).to_bytes(4, "big")))
+        blocks, data = answer(h2, 1)
+        assert status_of(blocks) == (0, "")
+        assert len(messages_of(got + data)) == 50
+
+
+def test_binary_metadata_is_accepted_and_malformed_base64_refused(wire: H2Wire) -> None:
+    open_call(wire, 1, INFER, message(SIMPLE), extra=[("x-trace-bin", "AAEC/w"), ("x-user", "ann")])
+    assert status_of(answer(wire, 1)[0]) == (0, "")
+    open_call(wire, 3, INFER, message(SIMPLE), extra=[("x-trace-bin", "!!not base64!!")])
+    status, text = status_of(answer(wire, 3)[0])
+    assert status == 13 and "metadata" in text
+
+
+def test_too_many_pings_is_goaway_enhance_your_calm(start_server) -> None:
+    server = start_server(
+        EXAMPLES,
+        extra_args=(
+            "--grpc-http2-min-recv-ping-interval-without-data",
+            "60000",
+            "--grpc-http2-max-ping-strikes",
+            "2",
+        ),
+    )
+    with H2Wire(("127.0.0.1", server.grpc_port)) as h2:
+        h2.open()
+        for round_no in range(3):  # an answer between PINGs forgives them
+            for _ in range(2):
+                h2.send(frame(PING, 0, 0, b"keepaliv"))
+                assert h2.frames_until(lambda f: f.kind == PING and f.flags & ACK)[-1] is not None
+            open_call(h2, 1 + 2 * round_no, INFER, message(SIMPLE))
+            assert status_of(answer(h2, 1 + 2 * round_no)[0]) == (0, "")
+        for _ in range(4):  # the first PING sets the clock, then 2 strikes, the third is one too many
+            h2.send(frame(PING, 0, 0, b"keepaliv"))
+        goaway = h2.frames_until(lambda f: f.kind == GOAWAY)[-1]
+        assert goaway.error_code == ENHANCE_YOUR_CALM and goaway.payload[8:] == b"too_many_pings"
