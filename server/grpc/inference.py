@@ -1,7 +1,9 @@
-"""KServe v2 / Triton `inference.GRPCInferenceService` on grpclib: thin calls into the Repository.
+"""KServe v2 / Triton `inference.GRPCInferenceService`: thin calls into the Repository.
 
-ModelInfer and ModelStreamInfer take the request bytes as grpclib received them (RawMessage) and decode
-them with codec.v2_grpc, zero-copy; the other RPCs use the generated betterproto2 messages. Errors are
+ModelInfer and ModelStreamInfer take the request bytes as the transport received them (RawMessage) and
+decode them with codec.v2_grpc, zero-copy; a ModelInfer answer goes out as the pieces codec.v2_grpc
+encodes (the output tensors' bytes are views, not joined into one message). The other RPCs use the
+generated betterproto2 messages. Errors are
 InferErrors mapped to gRPC status codes in codec.v2_grpc, with the same messages as REST.
 
 ModelStreamInfer reads requests while earlier ones run (up to STREAM_WINDOW in flight per stream) and
@@ -42,20 +44,22 @@ ENABLE_FINAL = "triton_enable_empty_final_response"
 
 
 class RawMessage:
-    """A message as its bytes: grpclib's codec calls FromString / SerializeToString on the message types
-    of a handler, and these keep the bytes as they are, for codec.v2_grpc to read and write."""
+    """A message as its bytes. The transport (and grpclib's client codec) calls FromString /
+    SerializeToString on a handler's message types: these keep the bytes as they are, for codec.v2_grpc to
+    read and write. `parts` are the bytes to send, in pieces; our transport sends them without joining."""
 
-    __slots__ = ("data",)
+    __slots__ = ("data", "parts")
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes | memoryview = b"", parts: list | None = None) -> None:
         self.data = data
+        self.parts = [data] if parts is None else parts
 
     @classmethod
-    def FromString(cls, data: bytes) -> "RawMessage":  # noqa: N802 (grpclib's name)
+    def FromString(cls, data: bytes | memoryview) -> "RawMessage":  # noqa: N802 (grpclib's name)
         return cls(data)
 
     def SerializeToString(self) -> bytes:  # noqa: N802 (grpclib's name)
-        return self.data
+        return self.data if len(self.parts) == 1 else b"".join(self.parts)
 
 
 def _grpc_error(error: Exception, rpc_name: str) -> GRPCError:
@@ -212,10 +216,10 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         try:
             request = v2_grpc.decode_request(message.data)
             version = self.repository.resolve(request.model_name, request.model_version)
-            body = v2_grpc.encode_response(await version.infer(request))
-        except Exception as e:  # only the work: grpclib handles errors of the stream itself
+            parts = v2_grpc.encode_response_parts(await version.infer(request))
+        except Exception as e:  # only the work: the transport answers errors of the stream itself
             raise _grpc_error(e, "ModelInfer") from None
-        await stream.send_message(RawMessage(body))
+        await stream.send_message(RawMessage(parts=parts))
 
     # ----------------------------------------------------------------------------- ModelStreamInfer
 

@@ -179,11 +179,17 @@ class GrpcCall:
         return message
 
     async def send_message(self, message: Any) -> None:
-        data = message.SerializeToString()
-        if len(data) > self.max_bytes:
-            raise too_large("response", len(data), self.max_bytes)
+        """Sends a message: its SerializeToString(), or its `parts` (bytes-like pieces, sent as they are:
+        a large tensor is not copied into one message)."""
+        parts = getattr(message, "parts", None)
+        if parts is None:
+            parts = [message.SerializeToString()]
+        size = sum(len(part) for part in parts)
+        if size > self.max_bytes:
+            raise too_large("response", size, self.max_bytes)
         if self.encoding is not None:
-            data = compress(self.encoding, data)
+            parts = [compress(self.encoding, b"".join(parts))]
+            size = len(parts[0])
         connection, stream = self.connection, self.stream
         if stream.reset:
             raise StreamReset
@@ -191,8 +197,8 @@ class GrpcCall:
             self.headers_sent = stream.sending = True
             connection.sending += 1
             connection._write(connection._block_frames(stream.id, _HEAD_BLOCKS[self.encoding], 0))
-        head = prefix(self.encoding is not None, len(data))
-        size = 5 + len(data)
+        head = prefix(self.encoding is not None, size)
+        size += 5
         if (
             size <= SMALL_DATA
             and size <= stream.send_window
@@ -201,10 +207,11 @@ class GrpcCall:
         ):  # the usual message: one DATA frame, joined to this loop pass's writes
             stream.send_window -= size
             connection.send_window -= size
-            connection._write(frame_head(DATA, 0, stream.id, size) + head + data)
+            connection._write(b"".join((frame_head(DATA, 0, stream.id, size), head, *parts)))
             return
         await connection._send_data(stream, memoryview(head), False)
-        await connection._send_data(stream, memoryview(data).cast("B"), False)
+        for part in parts:
+            await connection._send_data(stream, memoryview(part).cast("B"), False)
 
     # ------------------------------------------------------------------------------ the call's life
 
