@@ -3,63 +3,50 @@
 ModelInfer and ModelStreamInfer take the request bytes as the transport received them (RawMessage) and
 decode them with codec.v2_grpc, zero-copy; a ModelInfer answer goes out as the pieces codec.v2_grpc
 encodes (the output tensors' bytes are views, not joined into one message). The other RPCs use the
-generated betterproto2 messages. Errors are
-InferErrors mapped to gRPC status codes in codec.v2_grpc, with the same messages as REST.
-
-ModelStreamInfer reads requests while earlier ones run (up to STREAM_WINDOW in flight per stream) and
-answers in request order: one response per request, or one per yield of a model with `execute_stream`.
-An error answers its request with `error_message` and the stream goes on. With the request parameter
-`triton_enable_empty_final_response: true`, as Triton has it for decoupled models, each answer carries
-the parameter `triton_final_response`, true on the last one (after a streaming model's yields, an answer
-with no outputs).
+generated betterproto2 messages. Errors are InferErrors mapped to gRPC status codes in codec.v2_grpc,
+with the same messages as REST. ModelStreamInfer is stream_infer.py.
 """
 
-import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import aclosing
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
-from grpclib.server import Stream
 
 import proto.inference as pb
 from codec import v2_grpc
 from codec.errors import ErrorKind, InferError
-from codec.tensor import InferResponse
 from server import __version__
 from server.endpoints.v2 import EXTENSIONS
-from server.http import eager
+from server.grpc.stream_infer import SHUTTING_DOWN, StreamInfer
 from server.repository import Repository
 from server.statistics import model_statistics
 
 log = logging.getLogger("tensorgate.grpc")
 
 SERVICE = "/inference.GRPCInferenceService/"
-STREAM_WINDOW = 64  # requests of one ModelStreamInfer stream read ahead of their answers
-FINAL_FLAG = "triton_final_response"
-ENABLE_FINAL = "triton_enable_empty_final_response"
 
 
 class RawMessage:
     """A message as its bytes. The transport (and grpclib's client codec) calls FromString /
     SerializeToString on a handler's message types: these keep the bytes as they are, for codec.v2_grpc to
-    read and write. `parts` are the bytes to send, in pieces; our transport sends them without joining."""
+    read and write. `parts`, when given, are the bytes to send in pieces: our transport sends them
+    without joining them."""
 
     __slots__ = ("data", "parts")
 
     def __init__(self, data: bytes | memoryview = b"", parts: list | None = None) -> None:
         self.data = data
-        self.parts = [data] if parts is None else parts
+        self.parts = parts
 
     @classmethod
     def FromString(cls, data: bytes | memoryview) -> "RawMessage":  # noqa: N802 (grpclib's name)
         return cls(data)
 
     def SerializeToString(self) -> bytes:  # noqa: N802 (grpclib's name)
-        return self.data if len(self.parts) == 1 else b"".join(self.parts)
+        return self.data if self.parts is None else b"".join(self.parts)
 
 
 def _grpc_error(error: Exception, rpc_name: str) -> GRPCError:
@@ -93,7 +80,7 @@ def _unimplemented(what: str) -> GRPCError:
 class InferenceService(pb.GrpcInferenceServiceBase):
     def __init__(self, repository: Repository) -> None:
         self.repository = repository
-        self._readers: set[asyncio.Task] = set()  # ModelStreamInfer readers, stopped on shutdown
+        self._streams: set[StreamInfer] = set()  # open ModelStreamInfer calls, stopped on shutdown
         self._closing = False
 
     def __mapping__(self) -> dict[str, Handler]:
@@ -108,8 +95,8 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     def begin_shutdown(self) -> None:
         """Open streams take no more requests: each answers those it has read, then ends UNAVAILABLE."""
         self._closing = True
-        for reader in self._readers:
-            reader.cancel()
+        for stream in list(self._streams):
+            stream.stop()
 
     # ------------------------------------------------------------------------------- health, metadata
 
@@ -211,7 +198,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
 
     # ---------------------------------------------------------------------------------- ModelInfer
 
-    async def _model_infer(self, stream: Stream) -> None:
+    async def _model_infer(self, stream: Any) -> None:
         message = await stream.recv_message()
         try:
             request = v2_grpc.decode_request(message.data)
@@ -223,153 +210,12 @@ class InferenceService(pb.GrpcInferenceServiceBase):
 
     # ----------------------------------------------------------------------------- ModelStreamInfer
 
-    async def _model_stream_infer(self, stream: Stream) -> None:
-        pending: asyncio.Queue = asyncio.Queue()
-        window = asyncio.Semaphore(STREAM_WINDOW)
-        reader = asyncio.create_task(self._read_stream(stream, pending, window))
-        self._readers.add(reader)
+    async def _model_stream_infer(self, call: Any) -> None:
+        if self._closing:
+            raise GRPCError(Status.UNAVAILABLE, SHUTTING_DOWN)
+        stream = StreamInfer(self.repository, call, RawMessage)
+        self._streams.add(stream)
         try:
-            while True:
-                item = await pending.get()
-                if isinstance(item, _End):
-                    if item.error is not None:
-                        raise item.error
-                    return
-                await self._answer(stream, item)
-                window.release()
+            await stream.run()
         finally:
-            self._readers.discard(reader)
-            reader.cancel()
-            while not pending.empty():
-                item = pending.get_nowait()
-                if isinstance(item, _Pending):
-                    await item.discard()
-
-    async def _read_stream(self, stream: Stream, pending: asyncio.Queue, window: asyncio.Semaphore) -> None:
-        """Reads requests and queues each one's answer in the making; the last item is an _End."""
-        try:
-            if self._closing:
-                raise asyncio.CancelledError
-            while True:
-                await window.acquire()
-                message = await stream.recv_message()
-                if message is None:
-                    pending.put_nowait(_End())
-                    return
-                pending.put_nowait(self._start(message.data))
-        except asyncio.CancelledError:  # the server is shutting down (or the call ended, no one reads on)
-            shutting_down = GRPCError(
-                Status.UNAVAILABLE, "the server is shutting down: this stream takes no more requests"
-            )
-            pending.put_nowait(_End(shutting_down))
-        except GRPCError as e:  # a message over the size limit: the call ends with its status
-            pending.put_nowait(_End(e))
-        except Exception as e:
-            log.exception("unexpected error reading a ModelStreamInfer stream")
-            pending.put_nowait(_End(GRPCError(Status.INTERNAL, f"internal error reading the stream: {e}")))
-
-    def _start(self, data: bytes) -> "_Pending":
-        """Starts one request of the stream: a task for a plain infer, an iterator (started when its turn
-        to answer comes) for a streaming model, or the error that answers it."""
-        request_id = None
-        try:
-            request = v2_grpc.decode_request(data)
-            request_id = request.id
-            final = request.parameters.pop(ENABLE_FINAL, False) is True
-            version = self.repository.resolve(request.model_name, request.model_version)
-            if version.streams:
-                return _Pending(request_id, final, iterator=version.infer_stream(request))
-            # Run at once: a model executed inline answers without a task made for it.
-            answer = eager.future(version.infer(request), asyncio.get_running_loop())
-            return _Pending(request_id, final, task=answer)
-        except InferError as e:
-            return _Pending(request_id, False, error=e.message)
-        except Exception:
-            log.exception("unexpected error starting a ModelStreamInfer request")
-            return _Pending(request_id, False, error="internal error serving ModelStreamInfer")
-
-    async def _answer(self, stream: Stream, item: "_Pending") -> None:
-        if item.iterator is None:  # one answer: no generator to run it through
-            await stream.send_message(RawMessage(await _one_answer(item)))
-            return
-        async with aclosing(_streamed_answers(item)) as answers:
-            async for body in answers:
-                await stream.send_message(RawMessage(body))
-
-
-async def _one_answer(item: "_Pending") -> bytes:
-    """The ModelStreamInferResponse answering a request of a stream with one answer, or its error_message."""
-    if item.error is not None:
-        return v2_grpc.encode_stream_error(item.error, item.request_id)
-    try:
-        response = await item.task
-    except Exception as e:
-        return v2_grpc.encode_stream_error(_message_of(e), item.request_id)
-    if item.final:
-        response.parameters[FINAL_FLAG] = True
-    return v2_grpc.encode_stream_response(v2_grpc.encode_response(response))
-
-
-async def _streamed_answers(item: "_Pending") -> AsyncIterator[bytes]:
-    """The ModelStreamInferResponse messages answering a request to a streaming model: one per yield, an
-    empty final one when asked for, or an error_message after the answers already given."""
-    try:
-        async with aclosing(item.iterator) as responses:
-            async for response in responses:
-                if item.final:
-                    response.parameters[FINAL_FLAG] = False
-                yield v2_grpc.encode_stream_response(v2_grpc.encode_response(response))
-        if item.final:
-            yield _final_response(item.request_id)
-    except Exception as e:
-        yield v2_grpc.encode_stream_error(_message_of(e), item.request_id)
-
-
-def _message_of(error: Exception) -> str:
-    """An InferError's message (a model's failure among them, server/model.py); anything else is logged
-    (call it from an except clause)."""
-    if isinstance(error, InferError):
-        return error.message
-    log.exception("unexpected error answering a ModelStreamInfer request")
-    return "internal error serving ModelStreamInfer"
-
-
-def _final_response(request_id: str | None) -> bytes:
-    empty = InferResponse("", "", [], request_id, {FINAL_FLAG: True})
-    return v2_grpc.encode_stream_response(v2_grpc.encode_response(empty))
-
-
-class _End:
-    __slots__ = ("error",)
-
-    def __init__(self, error: GRPCError | None = None) -> None:
-        self.error = error
-
-
-class _Pending:
-    """One stream request on its way to its answer(s)."""
-
-    __slots__ = ("request_id", "final", "task", "iterator", "error")
-
-    def __init__(
-        self,
-        request_id: str | None,
-        final: bool,
-        *,
-        task: asyncio.Future | None = None,
-        iterator: AsyncIterator | None = None,
-        error: str | None = None,
-    ) -> None:
-        self.request_id = request_id
-        self.final = final
-        self.task = task
-        self.iterator = iterator
-        self.error = error
-
-    async def discard(self) -> None:
-        if self.task is not None:
-            if self.task.done() and not self.task.cancelled():
-                self.task.exception()  # retrieved: no "exception was never retrieved" warning
-            self.task.cancel()
-        if self.iterator is not None:
-            await self.iterator.aclose()  # type: ignore[attr-defined]
+            self._streams.discard(stream)

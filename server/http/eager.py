@@ -29,20 +29,14 @@ def start(coro: Coroutine[Any, Any, None], loop: asyncio.AbstractEventLoop) -> a
     return loop.create_task(_resume(coro, waiting_on))
 
 
-def future(coro: Coroutine[Any, Any, Any], loop: asyncio.AbstractEventLoop) -> asyncio.Future:
-    """`coro`'s outcome: a future already done when it finished without waiting (no task made), else the
-    task that runs the rest."""
+def step(coro: Coroutine[Any, Any, Any], loop: asyncio.AbstractEventLoop) -> tuple[bool, Any]:
+    """(True, its result) when `coro` finished without waiting (no task made), else (False, the task that
+    runs the rest). What it raises before it first waits is raised here."""
     try:
         waiting_on = coro.send(None)
     except StopIteration as finished:
-        done = loop.create_future()
-        done.set_result(finished.value)
-        return done
-    except Exception as error:
-        done = loop.create_future()
-        done.set_exception(error)
-        return done
-    return loop.create_task(_resume(coro, waiting_on))
+        return True, finished.value
+    return False, loop.create_task(_resume(coro, waiting_on))
 
 
 async def _resume(coro: Coroutine[Any, Any, Any], waiting_on: Any) -> Any:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from grpclib.const import Handler, Status
@@ -89,6 +90,9 @@ class GrpcCall:
         "ended",
         "failure",
         "waiter",
+        "consumer",
+        "held",
+        "told_end",
         "headers_sent",
         "encoding",
         "metadata",
@@ -106,6 +110,9 @@ class GrpcCall:
         self.ended = False  # the client has sent END_STREAM
         self.failure: GRPCError | None = None  # the input broke here: reading past it raises this
         self.waiter: asyncio.Future | None = None
+        self.consumer: tuple[Callable[[Any], bool], Callable[[GRPCError | None], None]] | None = None
+        self.held = False  # the consumer wants no more messages for now
+        self.told_end = False
         self.headers_sent = False
         self.encoding: bytes | None = None  # the request's grpc-encoding, and so the answer's
         self.metadata: dict[str, str | bytes] = {}
@@ -137,8 +144,60 @@ class GrpcCall:
             self._wake()
 
     def _wake(self) -> None:
-        if self.waiter is not None and not self.waiter.done():
+        if self.consumer is not None:
+            self._deliver()
+        elif self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
+
+    # ------------------------------------------------------------------------------ a consumer's side
+
+    def consume(self, on_message: Callable[[Any], bool], on_end: Callable[[GRPCError | None], None]) -> None:
+        """Instead of recv_message: from now on each message is handed to `on_message` (as the method's
+        request type) as it arrives, in the transport's read callback, with no task to wake. While it
+        returns False the rest is held (unread, so out of the client's window) until `resume()`.
+        `on_end` hears once that the input ended: None, or the error it broke with."""
+        self.consumer = (on_message, on_end)
+        self._deliver()
+
+    def hold(self) -> None:
+        self.held = True
+
+    def resume(self) -> None:
+        self.held = False
+        if self.consumer is not None:
+            self._deliver()
+
+    def _deliver(self) -> None:
+        on_message, on_end = self.consumer
+        taken = False
+        while self.messages and not self.held:
+            try:
+                message = self._take()
+            except GRPCError as e:
+                self.failure = e
+                self.messages.clear()
+                break
+            taken = True
+            if not on_message(message):
+                self.held = True
+        if taken and self.stream.remote_open:
+            self.connection.grpc_credit(self.stream, self.queued)
+        if not self.messages and not self.told_end and (self.ended or self.failure is not None):
+            self.told_end = True
+            on_end(self.failure)
+
+    def _take(self) -> Any:
+        """The next message, decoded as the method's request type."""
+        compressed, data = self.messages.popleft()
+        self.queued -= 5 + len(data)
+        self.received += 1
+        if compressed:
+            data = decompress(self.encoding, data, self.max_bytes)
+        try:
+            return self.handler.request_type.FromString(data)
+        except Exception as e:
+            message = f"the request is not a valid {self.handler.request_type.__name__}: {e}"
+            raise GRPCError(Status.INTERNAL, message) from None
 
     # ------------------------------------------------------------------------------ the handler's side
 
@@ -156,18 +215,10 @@ class GrpcCall:
                 await self.waiter
             finally:
                 self.waiter = None
-        compressed, data = self.messages.popleft()
-        self.queued -= 5 + len(data)
-        self.received += 1
+        message = self._take()
         if self.stream.remote_open:
             self.connection.grpc_credit(self.stream, self.queued)
-        if compressed:
-            data = decompress(self.encoding, data, self.max_bytes)
-        try:
-            return self.handler.request_type.FromString(data)
-        except Exception as e:
-            message = f"the request is not a valid {self.handler.request_type.__name__}: {e}"
-            raise GRPCError(Status.INTERNAL, message) from None
+        return message
 
     def __aiter__(self) -> GrpcCall:
         return self
@@ -181,37 +232,52 @@ class GrpcCall:
     async def send_message(self, message: Any) -> None:
         """Sends a message: its SerializeToString(), or its `parts` (bytes-like pieces, sent as they are:
         a large tensor is not copied into one message)."""
+        head, parts, size = self._framed(message)
+        if self._write_now(head, parts, size):
+            return
+        connection, stream = self.connection, self.stream
+        await connection._send_data(stream, memoryview(head), False)
+        for part in parts:
+            await connection._send_data(stream, memoryview(part).cast("B"), False)
+
+    def _framed(self, message: Any) -> tuple[bytes, list, int]:
+        """The message's prefix, its pieces (compressed if the call is), and its size after the prefix."""
         parts = getattr(message, "parts", None)
         if parts is None:
             parts = [message.SerializeToString()]
-        size = sum(len(part) for part in parts)
+        size = len(parts[0]) if len(parts) == 1 else sum(map(len, parts))
         if size > self.max_bytes:
             raise too_large("response", size, self.max_bytes)
         if self.encoding is not None:
             parts = [compress(self.encoding, b"".join(parts))]
             size = len(parts[0])
-        connection, stream = self.connection, self.stream
-        if stream.reset:
+        if self.stream.reset:
             raise StreamReset
         if not self.headers_sent:
-            self.headers_sent = stream.sending = True
+            connection = self.connection
+            self.headers_sent = self.stream.sending = True
             connection.sending += 1
-            connection._write(connection._block_frames(stream.id, _HEAD_BLOCKS[self.encoding], 0))
-        head = prefix(self.encoding is not None, size)
+            connection._write(connection._block_frames(self.stream.id, _HEAD_BLOCKS[self.encoding], 0))
+        return prefix(self.encoding is not None, size), parts, size
+
+    def _write_now(self, head: bytes, parts: list, size: int) -> bool:
+        """The usual message, one DATA frame joined to this loop pass's writes, when it fits."""
+        connection, stream = self.connection, self.stream
         size += 5
         if (
-            size <= SMALL_DATA
-            and size <= stream.send_window
-            and size <= connection.send_window
-            and connection.writable.is_set()
-        ):  # the usual message: one DATA frame, joined to this loop pass's writes
-            stream.send_window -= size
-            connection.send_window -= size
+            size > SMALL_DATA
+            or size > stream.send_window
+            or size > connection.send_window
+            or not connection.writable.is_set()
+        ):
+            return False
+        stream.send_window -= size
+        connection.send_window -= size
+        if len(parts) == 1:
+            connection._write(frame_head(DATA, 0, stream.id, size) + head + parts[0])
+        else:
             connection._write(b"".join((frame_head(DATA, 0, stream.id, size), head, *parts)))
-            return
-        await connection._send_data(stream, memoryview(head), False)
-        for part in parts:
-            await connection._send_data(stream, memoryview(part).cast("B"), False)
+        return True
 
     # ------------------------------------------------------------------------------ the call's life
 
@@ -267,6 +333,7 @@ class GrpcCall:
             log.exception("unexpected error serving %s", self.stream.path)
             status, message = Status.INTERNAL, f"internal error serving {self.stream.path}"
         finally:
+            self.consumer = None
             if self.stream.sending:
                 self.connection.sending -= 1
                 self.stream.sending = False
