@@ -188,3 +188,23 @@ def test_every_rpc_answers_alike(
         assert got[1], "at least one answer"
     else:
         assert got[1] == wanted[1]
+
+
+@pytest.mark.parametrize("port", ["grpc-port", "http-port"])
+def test_grpcio_with_gzip_both_ways(v2_server: ServerProcess, port: str) -> None:
+    """grpcio compresses what it sends (grpc-encoding: gzip); the answers come back compressed too."""
+    number = v2_server.grpc_port if port == "grpc-port" else v2_server.port
+    plain = with_grpclib(v2_server.grpc_port, *CALLS[5])  # ModelInfer, uncompressed
+    with grpc.insecure_channel(f"127.0.0.1:{number}", compression=grpc.Compression.Gzip) as channel:
+        infer = channel.unary_unary(
+            V2 + "ModelInfer", request_serializer=bytes, response_deserializer=pb.ModelInferResponse.parse
+        )
+        answer = infer(simple_request(), timeout=10)
+        assert bytes(answer) == bytes(plain[1][0])
+        streaming = channel.stream_stream(
+            V2 + "ModelStreamInfer",
+            request_serializer=bytes,
+            response_deserializer=pb.ModelStreamInferResponse.parse,
+        )
+        answers = list(streaming(iter([simple_request()] * 3), timeout=10))
+        assert [bytes(a.infer_response) for a in answers] == [bytes(plain[1][0])] * 3

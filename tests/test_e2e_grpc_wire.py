@@ -3,13 +3,14 @@ malformed input included, on the gRPC port and on the HTTP port (one port for ev
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import zlib
 from urllib.parse import unquote
 
 import pytest
-from e2e_helpers import EXAMPLES, ServerProcess
-from grpc_helpers import SUMS, simple_request
+from e2e_helpers import EXAMPLES, ServerProcess, write_model
+from grpc_helpers import SUMS, simple_request, tensor
 from h2_wire import (
     ACK,
     DATA,
@@ -27,6 +28,8 @@ from h2_wire import (
     frame,
     settings,
 )
+from test_e2e_grpc_deadlines import GATED_CONFIG, GATED_MODEL
+from test_e2e_grpc_deadlines import request as gated_request
 
 import proto.inference as pb
 
@@ -256,3 +259,91 @@ def test_too_many_pings_is_goaway_enhance_your_calm(start_server) -> None:
             h2.send(frame(PING, 0, 0, b"keepaliv"))
         goaway = h2.frames_until(lambda f: f.kind == GOAWAY)[-1]
         assert goaway.error_code == ENHANCE_YOUR_CALM and goaway.payload[8:] == b"too_many_pings"
+
+
+COUNTING_STREAM_MODEL = """
+import pathlib
+import numpy as np
+HERE = pathlib.Path(__file__).parent
+
+class Model:
+    def execute(self, inputs):
+        raise NotImplementedError
+
+    async def execute_stream(self, inputs):
+        for i in range(1000):
+            (HERE / "yielded").write_text(str(i + 1))
+            yield {"OUTPUT0": np.full(1000, i, dtype=np.int32)}
+"""
+COUNTING_STREAM_CONFIG = """
+name: "counting"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]
+"""
+
+
+def test_a_slow_reader_pauses_the_models_generator(start_server, repo) -> None:
+    """Each answer is ~4 KB: a client that gives the default 64 KB of window and reads nothing gets ~16
+    of them, and the model's generator waits there instead of running on into memory."""
+    version_dir = write_model(repo, "counting", COUNTING_STREAM_CONFIG, {1: COUNTING_STREAM_MODEL}) / "1"
+    server = start_server(repo)
+    request = pb.ModelInferRequest(
+        model_name="counting", inputs=[tensor("INPUT0", "INT32", [1], int_contents=[1])]
+    )
+    with H2Wire(("127.0.0.1", server.grpc_port)) as h2:
+        h2.open()
+        open_call(h2, 1, STREAM_INFER, message(bytes(request)))
+        early = b""
+        with pytest.raises(TimeoutError):
+            while True:
+                got = h2.read_frame(timeout=1.0)
+                if got.kind == DATA:
+                    early += got.payload
+        assert len(early) <= 65535
+        yielded = int((version_dir / "yielded").read_text())
+        assert yielded < 40, f"the generator ran {yielded} steps ahead of a client that reads nothing"
+        h2.send(frame(WINDOW_UPDATE, 0, 0, (64 << 20).to_bytes(4, "big")))
+        h2.send(frame(WINDOW_UPDATE, 0, 1, (64 << 20).to_bytes(4, "big")))
+        blocks, data = answer(h2, 1)
+        assert status_of(blocks) == (0, "")
+        answers = [pb.ModelStreamInferResponse.parse(m) for _, m in messages_of(early + data)]
+        firsts = [memoryview(a.infer_response.raw_output_contents[0]).cast("i")[0] for a in answers]
+        assert firsts == list(range(1000)), "every answer, in order"
+
+
+def test_requests_that_wait_stop_crediting_the_client(start_server, repo) -> None:
+    """Requests to a busy model pile up: past the 64 started ahead of their answers the call holds the
+    rest unread and gives the client no window for them; once the model answers, the window opens."""
+    version_dir = write_model(repo, "gated", GATED_CONFIG, {1: GATED_MODEL}) / "1"
+    server = start_server(repo)
+    pad = {"pad": pb.InferParameter(string_param="x" * (64 << 10))}  # 64 KB a request
+    gated = pb.ModelInferRequest.parse(gated_request(1))
+    one = message(bytes(pb.ModelInferRequest(model_name="gated", inputs=gated.inputs, parameters=pad)))
+    try:
+        with H2Wire(("127.0.0.1", server.grpc_port), timeout=5) as h2:
+            h2.open()
+            window = h2.server_settings[S_INITIAL_WINDOW_SIZE]
+            open_call(h2, 1, STREAM_INFER, end=False)
+            sent, credited = 0, 0
+            while sent < window + credited and sent < 256 << 20:
+                at = sent % len(one)  # the requests back to back, cut where the window allows
+                piece = (one[at:] + one[:at])[: window + credited - sent]
+                h2.send(frame(DATA, 0, 1, piece))
+                sent += len(piece)
+                with contextlib.suppress(TimeoutError):
+                    while True:
+                        got = h2.read_frame(timeout=0.01)
+                        if got.kind == WINDOW_UPDATE and got.stream == 1:
+                            credited += int.from_bytes(got.payload, "big")
+            assert sent == window + credited < 256 << 20, "the client's window ran out"
+            with pytest.raises(TimeoutError):  # and stays out
+                h2.frames_until(lambda f: f.kind == WINDOW_UPDATE and f.stream == 1, timeout=0.5)
+            assert credited <= 65 * len(one), "credit for the requests started and the one coming, no more"
+            (version_dir / "release").write_text("1")
+            credit = h2.frames_until(lambda f: f.kind == WINDOW_UPDATE and f.stream == 1, timeout=30)[-1]
+            assert credit is not None, "credit again once the model answers"
+    finally:
+        (version_dir / "release").write_text("1")

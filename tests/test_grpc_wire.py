@@ -93,30 +93,32 @@ def test_messages_come_out_whole_however_the_bytes_are_cut(messages: list[bytes]
     reader, got, pos, i = MessageReader(1000), [], 0, 0
     while pos < len(data):
         size = cuts[i % len(cuts)]
-        got += [bytes(m) for _, m in reader.feed(memoryview(data[pos : pos + size]))]
+        found: list = []
+        reader.feed(memoryview(data[pos : pos + size]), found)
+        got += [bytes(m) for _, m in found]
         pos, i = pos + size, i + 1
     assert got == messages
     assert not reader.partial
 
 
 def test_a_message_cut_mid_prefix_or_mid_body_is_partial() -> None:
-    reader = MessageReader(100)
-    assert reader.feed(memoryview(_stream(b"abc")[:3])) == [] and reader.partial
-    reader = MessageReader(100)
-    assert reader.feed(memoryview(_stream(b"abc")[:6])) == [] and reader.partial
+    for cut in (3, 6):
+        reader, found = MessageReader(100), []
+        reader.feed(memoryview(_stream(b"abc")[:cut]), found)
+        assert found == [] and reader.partial
 
 
 def test_the_size_limit_is_checked_at_the_prefix() -> None:
-    reader = MessageReader(10)
-    assert [bytes(m) for _, m in reader.feed(memoryview(_stream(b"0123456789")))] == [b"0123456789"]
-    with pytest.raises(GRPCError) as excinfo:
-        reader.feed(memoryview(prefix(False, 11)))  # the prefix alone: nothing of the body needed
+    reader, found = MessageReader(10), []
+    with pytest.raises(GRPCError) as excinfo:  # the second prefix alone: nothing of its body needed
+        reader.feed(memoryview(_stream(b"0123456789") + prefix(False, 11)), found)
     assert excinfo.value.status is Status.RESOURCE_EXHAUSTED and "11 bytes" in excinfo.value.message
+    assert [bytes(m) for _, m in found] == [b"0123456789"], "the message before the bad prefix is kept"
 
 
 def test_a_compressed_flag_other_than_0_or_1_is_internal() -> None:
     with pytest.raises(GRPCError) as excinfo:
-        MessageReader(10).feed(memoryview(b"\x02\x00\x00\x00\x00"))
+        MessageReader(10).feed(memoryview(b"\x02\x00\x00\x00\x00"), [])
     assert excinfo.value.status is Status.INTERNAL
 
 

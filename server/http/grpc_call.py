@@ -122,12 +122,14 @@ class GrpcCall:
     def data_in(self, data: memoryview) -> None:
         if self.failure is not None:
             return
+        found: list[tuple[bool, bytes | memoryview]] = []
         try:
-            for message in self.reader.feed(data):
-                self.messages.append(message)
-                self.queued += 5 + len(message[1])
+            self.reader.feed(data, found)
         except GRPCError as e:
-            return self.fail(e)
+            self.failure = e
+        for message in found:
+            self.messages.append(message)
+            self.queued += 5 + len(message[1])
         self._wake()
 
     def end_in(self) -> None:

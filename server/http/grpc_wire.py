@@ -129,8 +129,9 @@ class MessageReader:
         """A message has begun and not ended."""
         return bool(self.head) or self.body is not None
 
-    def feed(self, data: memoryview) -> list[tuple[bool, bytes | memoryview]]:
-        messages: list[tuple[bool, bytes | memoryview]] = []
+    def feed(self, data: memoryview, messages: list[tuple[bool, bytes | memoryview]]) -> None:
+        """Appends the messages `data` completes to `messages`; raises GRPCError at a prefix that breaks
+        the framing or the size limit (the messages before it are appended)."""
         while data:
             if self.body is not None:
                 take = min(len(data), len(self.body) - self.filled)
@@ -164,4 +165,3 @@ class MessageReader:
                 self.filled = len(data)
                 self.compressed = flag == 1
                 data = data[len(data) :]
-        return messages
