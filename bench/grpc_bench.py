@@ -9,10 +9,12 @@ Two servers run side by side on 127.0.0.1:
 
 Scenarios, each in `--rounds` rounds whose server order alternates:
 - unary: h2load -c4 -m4 (16 calls in flight), ModelInfer on `simple` (raw contents), gRPC framing.
-- stream: ModelStreamInfer on `simple`, 4 connections x 4 streams, each sending its next request when
-  the answer to the last has come (bench/grpc_pingpong.py; h2load cannot), `--duration` s.
-- stream-pipelined: h2load -c4 -m4, each stream a body of 32 requests sent at once (no target: shown
-  beside `stream`).
+- unary-http-port: the same on our HTTP port (no target: one port for everything costs nothing).
+- stream: h2load -c4 -m4 with gRPC framing, ModelStreamInfer on `simple`, each of the 16 streams in
+  flight sending 32 requests without waiting (as tritonclient's async_stream_infer streams); messages/s.
+- stream-pingpong: 4 connections x 4 streams, each sending its next request only when the answer to the
+  last has come (bench/grpc_pingpong.py; h2load cannot). No target: a syscall and a wake-up a message
+  on both sides weigh more here than what the servers do.
 - binary: a 64 MiB FP32 tensor through `identity_fp32` and back as raw contents, h2load -c1 -m1
   `--binary-trips` times after one round trip by grpcio checked byte for byte; GB/s counts the tensor
   both ways, RSS growth is the peak over the RSS before, as a share of the payload.
@@ -43,7 +45,7 @@ from bench.procs import ServerProcess, cpu_clock, memory_kib, reset_peak_rss, se
 from bench.transport import _H2LOAD, _H2LOAD_TIME, _run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCENARIOS = ("unary", "unary-http-port", "stream", "stream-pipelined", "binary")
+SCENARIOS = ("unary", "unary-http-port", "stream", "stream-pingpong", "binary")
 SERVERS = {
     "grpclib-echo": [sys.executable, "-m", "bench.grpc_echo"],
     "ours": serve_argv(),
@@ -107,14 +109,15 @@ def run_one(name: str, key: str, server: ServerProcess, args, files) -> dict:
         count = max(2000, int(warm[0] / warm[1] * args.duration)) if warm[1] else 2000
         cpu = cpu_clock(server.pid)
         answered, seconds, note = h2load(port, INFER_PATH, files["unary"], count)
-    elif name == "stream-pipelined":
+    elif name == "stream":
         count = max(100, int(args.duration * 1000))
         cpu = cpu_clock(server.pid)
         streams, seconds, note = h2load(port, STREAM_PATH, files["pipelined"], count)
         answered = streams * PIPELINED
-    else:  # stream: the ping-pong driver, in its own process (its CPU reported beside the server's)
+    else:  # stream-pingpong: the driver in its own process (its CPU reported beside the server's)
         out = subprocess.run(
-            [sys.executable, "-m", "bench.grpc_pingpong", str(port), "--seconds", str(args.duration)],
+            [sys.executable, "-m", "bench.grpc_pingpong", str(port), "--seconds", str(args.duration)]
+            + ["--warmup", "0"],
             capture_output=True,
             text=True,
             timeout=args.duration + 60,
@@ -203,8 +206,9 @@ def report(results: dict, args) -> str:
         f"# gRPC bench, {date.today()} ({platform.node()}, {os.cpu_count()} cores)",
         "",
         f"{args.duration:g} s per server per round, {args.rounds} rounds alternating; rates over all rounds, "
-        "server CPU per message the median of the rounds. unary: h2load -c4 -m4; stream: 16 ping-pong "
-        f"streams (bench/grpc_pingpong.py); stream-pipelined: h2load -c4 -m4, {PIPELINED} requests a stream.",
+        f"server CPU per message the median of the rounds. unary: h2load -c4 -m4; stream: h2load -c4 -m4, "
+        f"{PIPELINED} requests a stream; stream-pingpong: 16 streams each waiting for an answer before its "
+        "next request (bench/grpc_pingpong.py).",
         "",
         "| scenario | server | messages/s | server CPU/message | client CPU/message | notes |",
         "|---|---|---|---|---|---|",

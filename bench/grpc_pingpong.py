@@ -113,14 +113,14 @@ class PingPong(asyncio.Protocol):
         return sends
 
 
-async def drive(port: int, seconds: float, connections: int, streams: int) -> dict:
+async def drive(port: int, seconds: float, connections: int, streams: int, warmup: float) -> dict:
     loop = asyncio.get_running_loop()
     counts = {"messages": 0, "errors": 0}
     protocols = []
     for _ in range(connections):
         _, protocol = await loop.create_connection(lambda: PingPong(port, streams, counts), "127.0.0.1", port)
         protocols.append(protocol)
-    await asyncio.sleep(0.5)  # warm-up
+    await asyncio.sleep(warmup)
     counts.update(messages=0, errors=0)
     cpu, started = time.process_time(), time.perf_counter()
     await asyncio.sleep(seconds)
@@ -139,9 +139,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--connections", type=int, default=4)
     parser.add_argument("--streams", type=int, default=4)
+    parser.add_argument("--warmup", type=float, default=0.5, help="seconds run before counting")
     args = parser.parse_args(argv)
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
-        result = runner.run(drive(args.port, args.seconds, args.connections, args.streams))
+        result = runner.run(drive(args.port, args.seconds, args.connections, args.streams, args.warmup))
     print(json.dumps(result))
 
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from server.http import hpack_encode
 from server.http.grpc_call import GrpcCall
 from server.http.h2_frames import (
+    BULK_READ,
     CLOSED_KEPT,
     CONNECTION_SPECIFIC,
     CONTINUATION,
@@ -85,6 +86,7 @@ class H2Connection(FrameReceiver, BaseConnection):
         self.buffer = bytearray(READ_BUFFER)
         self.view = memoryview(self.buffer)
         self.start = self.end = 0
+        self.filled = False  # the last read filled the read buffer
         self.direct: memoryview | None = None  # where the socket reads the rest of a large DATA frame
         self.direct_frame: tuple[Stream, int, int] | None = None  # (stream, bytes left, flags)
         self.preface = True
@@ -136,6 +138,11 @@ class H2Connection(FrameReceiver, BaseConnection):
     def get_buffer(self, sizehint: int) -> memoryview:
         if self.direct is not None:
             return self.direct
+        if self.filled and self.end == 0 and len(self.buffer) < BULK_READ:
+            # The last read filled the buffer: a client sending a lot (a large message in small frames)
+            # is read in fewer, larger reads. Idle connections keep the small buffer.
+            self.buffer = bytearray(2 * len(self.buffer))
+            self.view = memoryview(self.buffer)
         if self.end == len(self.buffer):  # full: move the incomplete frame to the front, or grow
             size = self.end - self.start
             if self.start == 0:
@@ -155,6 +162,7 @@ class H2Connection(FrameReceiver, BaseConnection):
             self._direct_read(nbytes)
         else:
             self.end += nbytes
+            self.filled = self.end == len(self.buffer)
         self._process()
 
     def data_in(self, data: bytes) -> None:

@@ -33,6 +33,7 @@ OUR_MAX_FRAME = 1 << 20  # what we accept (advertised); large frames move tensor
 OUR_STREAM_WINDOW = 16 << 20  # advertised per stream; topped up as the body arrives
 OUR_CONNECTION_WINDOW = 64 << 20
 READ_BUFFER = 64 << 10  # to start with; grows to hold the largest frame that comes (idle ones stay small)
+BULK_READ = 1 << 20  # and up to this while reads keep filling it
 DIRECT_READ = 64 << 10  # DATA frames from this size go straight into their body's buffer
 SMALL_DATA = 16 << 10  # DATA up to this is copied into the queued frames; larger goes out as views
 SEND_BATCH = 1 << 20  # the most bytes of DATA frames (views) one writev takes
