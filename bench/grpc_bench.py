@@ -42,7 +42,7 @@ import numpy as np
 import proto.inference as pb
 from bench.grpc_load import INFER_PATH, STREAM_PATH, infer_request
 from bench.procs import ServerProcess, cpu_clock, memory_kib, reset_peak_rss, serve_argv
-from bench.transport import _H2LOAD, _H2LOAD_TIME, _run
+from bench.transport import _H2LOAD, _H2LOAD_TIME, _run, save
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCENARIOS = ("unary", "unary-http-port", "stream", "stream-pingpong", "binary")
@@ -296,15 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for server in servers.values():
                 server.stop()
-    text = report(results, args)
-    sys.stdout.write(text)
-    os.makedirs(args.out, exist_ok=True)
-    base = os.path.join(args.out, f"{date.today()}-grpc")
-    with open(base + ".md", "w") as f:
-        f.write(text)
-    with open(base + ".json", "w") as f:
-        json.dump({"args": vars(args), "results": results}, f, indent=1, default=str)
-    print(f"results: {base}.md, {base}.json", file=sys.stderr)
+    save(report(results, args), results, args, "grpc")
     return 0
 
 

@@ -422,16 +422,20 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for server in servers.values():
                 server.stop()
-    text = report(results, args)
+    save(report(results, args), results, args, "transport")
+    return 0
+
+
+def save(text: str, results: dict, args: argparse.Namespace, kind: str) -> None:
+    """Prints the report and writes it to `<args.out>/<date>-<kind>.md`, the numbers beside it (.json)."""
     sys.stdout.write(text)
     os.makedirs(args.out, exist_ok=True)
-    base = os.path.join(args.out, f"{date.today()}-transport")
+    base = os.path.join(args.out, f"{date.today()}-{kind}")
     with open(base + ".md", "w") as f:
         f.write(text)
     with open(base + ".json", "w") as f:
         json.dump({"args": vars(args), "results": results}, f, indent=1, default=str)
     print(f"results: {base}.md, {base}.json", file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":

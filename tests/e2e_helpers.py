@@ -190,6 +190,14 @@ def make_client(base_url: str, http_version: str, **kwargs) -> httpx.Client:
 # ------------------------------------------------------------------------------------------ repositories
 
 
+def wait_for_file(path: Path, timeout: float = 10) -> None:
+    """Waits for a file a test model writes to say it got somewhere."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.01)
+
+
 def write_model(
     repository: Path,
     name: str,

@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
-from e2e_helpers import write_model
+from e2e_helpers import wait_for_file, write_model
 from grpc_helpers import SERVICE, tensor
 from grpclib import GRPCError
 from grpclib.client import Channel
@@ -52,13 +52,6 @@ def request(value: int) -> bytes:
     )
 
 
-def _wait_for(path: Path, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.01)
-
-
 def _queued(server, count: int) -> None:
     """Waits until `count` requests wait in the server's queues (the pending-request gauge)."""
     deadline = time.monotonic() + 10
@@ -87,7 +80,7 @@ def test_deadlines_and_cancellation_take_requests_out_of_the_queue(start_server,
                 response_deserializer=pb.ModelInferResponse.parse,
             )
             first = infer.future(request(1), timeout=30)
-            _wait_for(version_dir / "ran")  # the one instance is busy with request 1 from now on
+            wait_for_file(version_dir / "ran")  # the one instance is busy with request 1 from now on
 
             started = time.monotonic()
             with pytest.raises(grpc.RpcError) as excinfo:  # grpcio: a deadline passes in the queue

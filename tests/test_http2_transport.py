@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -22,6 +21,7 @@ from e2e_helpers import (
     identity_binary_request,
     simple_inputs,
     split_binary_response,
+    wait_for_file,
     write_model,
 )
 from h2_wire import (
@@ -292,13 +292,6 @@ SLOW_BODY = json.dumps(
 ).encode()
 
 
-def _wait_for(path: Path, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.01)
-
-
 def test_client_reset_cancels_a_queued_request(start_server, tmp_path: Path) -> None:
     """A one-instance model busy with stream 1; stream 3 waits in its queue; the client resets stream 3.
     Stream 5, sent after the release, runs after anything still queued: two executions, not three."""
@@ -310,7 +303,7 @@ def test_client_reset_cancels_a_queued_request(start_server, tmp_path: Path) -> 
         with H2Wire(server.address, timeout=10) as h2:
             h2.open()
             h2.request(1, "POST", "/v2/models/slow/infer", SLOW_BODY)
-            _wait_for(version_dir / "started")
+            wait_for_file(version_dir / "started")
             h2.request(3, "POST", "/v2/models/slow/infer", SLOW_BODY)
             # The PING's ACK comes after the server read stream 3 whole and started its request (the
             # task runs before the loop reads the socket again), so stream 3 is queued by now.
@@ -336,7 +329,7 @@ def test_sigterm_answers_the_open_stream_then_goaway_and_exit_0(start_server, tm
     with H2Wire(server.address, timeout=10) as h2:
         h2.open()
         h2.request(1, "POST", "/v2/models/slow/infer", SLOW_BODY)
-        _wait_for(version_dir / "started")
+        wait_for_file(version_dir / "started")
         server.send_signal(signal.SIGTERM)
         threading.Timer(0.5, lambda: (version_dir / "release").write_text("1")).start()
         status, _, body = h2.response(1)

@@ -1,4 +1,4 @@
-"""gRPC `grps.protos.v1.GrpsService` (NetEase-Media/grps), on the shared grpclib server.
+"""gRPC `grps.protos.v1.GrpsService` (NetEase-Media/grps), served with the other gRPC services.
 
 As grps does, every RPC completes with gRPC status OK and reports success or failure in the message's
 `status` {code (an HTTP status code), msg, status: SUCCESS | FAILURE}. PredictStreaming sends one
