@@ -21,6 +21,7 @@ from codec.errors import ErrorKind, InferError
 from server import __version__
 from server.endpoints.v2 import EXTENSIONS
 from server.grpc.stream_infer import SHUTTING_DOWN, StreamInfer
+from server.http.grpc_call import GrpcCall
 from server.repository import Repository
 from server.statistics import model_statistics
 
@@ -198,19 +199,19 @@ class InferenceService(pb.GrpcInferenceServiceBase):
 
     # ---------------------------------------------------------------------------------- ModelInfer
 
-    async def _model_infer(self, stream: Any) -> None:
-        message = await stream.recv_message()
+    async def _model_infer(self, call: GrpcCall) -> None:
+        message = await call.recv_message()
         try:
             request = v2_grpc.decode_request(message.data)
             version = self.repository.resolve(request.model_name, request.model_version)
             parts = v2_grpc.encode_response_parts(await version.infer(request))
         except Exception as e:  # only the work: the transport answers errors of the stream itself
             raise _grpc_error(e, "ModelInfer") from None
-        await stream.send_message(RawMessage(parts=parts))
+        await call.send_message(RawMessage(parts=parts))
 
     # ----------------------------------------------------------------------------- ModelStreamInfer
 
-    async def _model_stream_infer(self, call: Any) -> None:
+    async def _model_stream_infer(self, call: GrpcCall) -> None:
         if self._closing:
             raise GRPCError(Status.UNAVAILABLE, SHUTTING_DOWN)
         stream = StreamInfer(self.repository, call, RawMessage)

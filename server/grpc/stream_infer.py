@@ -29,6 +29,7 @@ from codec import v2_grpc
 from codec.errors import InferError
 from codec.tensor import InferResponse
 from server.http import eager
+from server.http.grpc_call import GrpcCall
 from server.repository import Repository
 
 log = logging.getLogger("tensorgate.grpc")
@@ -40,7 +41,7 @@ SHUTTING_DOWN = "the server is shutting down: this stream takes no more requests
 
 
 class StreamInfer:
-    def __init__(self, repository: Repository, call: Any, raw_message: type) -> None:
+    def __init__(self, repository: Repository, call: GrpcCall, raw_message: type) -> None:
         self.repository = repository
         self.call = call
         self.raw_message = raw_message  # the handler's message type: bytes to send

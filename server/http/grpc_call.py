@@ -108,7 +108,9 @@ class GrpcCall:
         self.queued = 0  # bytes of messages in, not yet read by the handler: kept out of the window
         self.received = 0  # messages the handler has read
         self.ended = False  # the client has sent END_STREAM
-        self.failure: GRPCError | None = None  # the input broke here: reading past it raises this
+        # The input broke here: what follows is dropped unread; the handler reads the messages before it,
+        # then gets this error (its call ends with that status).
+        self.failure: GRPCError | None = None
         self.waiter: asyncio.Future | None = None
         self.consumer: tuple[Callable[[Any], bool], Callable[[GRPCError | None], None]] | None = None
         self.held = False  # the consumer wants no more messages for now
@@ -134,16 +136,9 @@ class GrpcCall:
 
     def end_in(self) -> None:
         self.ended = True
-        if self.reader.partial:
-            return self.fail(GRPCError(Status.INTERNAL, "the request stream ended inside a message"))
+        if self.reader.partial and self.failure is None:
+            self.failure = GRPCError(Status.INTERNAL, "the request stream ended inside a message")
         self._wake()
-
-    def fail(self, error: GRPCError) -> None:
-        """The stream's input is unusable from here: what follows is dropped unread; the handler reads the
-        messages before it, then gets `error` (its call ends with that status)."""
-        if self.failure is None:
-            self.failure = error
-            self._wake()
 
     def _wake(self) -> None:
         if self.consumer is not None:
@@ -178,6 +173,7 @@ class GrpcCall:
             except GRPCError as e:
                 self.failure = e
                 self.messages.clear()
+                self.queued = 0
                 break
             taken = True
             if not on_message(message):

@@ -6,7 +6,9 @@ hpack_decode.py and hpack_encode.py.
 One connection: a BufferedProtocol whose read buffer holds whole frames; frames are handled in order
 as they complete, and the control frames they call for (SETTINGS ACK, PING ACK, WINDOW_UPDATE,
 RST_STREAM) are written once per read. Each request runs as a task when its stream ends; its answer
-goes out as HEADERS and DATA frames within the peer's flow-control windows and frame size.
+goes out as HEADERS and DATA frames within the peer's flow-control windows and frame size. A request
+with content-type application/grpc, on a port that serves gRPC, is a gRPC call instead: it starts with
+its HEADERS and its messages reach it as they come (grpc_call.py).
 
 A large DATA frame for a body of known length is read by the socket straight into the body's buffer
 (as HTTP/1.1 does), so a tensor is not copied between the socket and the model.
