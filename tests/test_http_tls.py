@@ -1,4 +1,4 @@
-"""TLS on the HTTP port (--ssl-certfile, --ssl-keyfile): HTTP/1.1 and HTTP/2 chosen by ALPN."""
+"""TLS on the HTTP port (--ssl-certfile, --ssl-keyfile): HTTP/1.1 and HTTP/2 chosen by ALPN, gRPC too."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
 from e2e_helpers import EXAMPLES, ServerProcess, simple_inputs, stop_all
+
+import proto.inference as pb
 
 pytestmark = [
     pytest.mark.ours,
@@ -54,3 +57,16 @@ def test_plain_http_on_the_tls_port_is_not_served(tls_server) -> None:
     server, _ = tls_server
     with httpx.Client(timeout=5) as client, pytest.raises(httpx.HTTPError):
         client.get(f"http://127.0.0.1:{server.port}/v2/health/live")
+
+
+def test_grpc_over_tls_on_the_http_port(tls_server) -> None:
+    """grpcio with TLS credentials reaches the gRPC services on the HTTP port (ALPN h2)."""
+    server, cert = tls_server
+    credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
+    with grpc.secure_channel(f"127.0.0.1:{server.port}", credentials) as channel:
+        ready = channel.unary_unary(
+            "/inference.GRPCInferenceService/ServerReady",
+            request_serializer=bytes,
+            response_deserializer=pb.ServerReadyResponse.parse,
+        )
+        assert ready(pb.ServerReadyRequest(), timeout=10).ready
