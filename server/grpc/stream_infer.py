@@ -49,7 +49,9 @@ class StreamInfer:
         self.answering: asyncio.Task | None = None
         self.ended = False  # no more requests are taken
         self.end_error: GRPCError | None = None  # the status the call ends with, once answered
-        self.done = asyncio.get_running_loop().create_future()  # the call's end: None, or its error
+        # Kept: asyncio.get_running_loop() costs a getpid() system call a time on Python 3.11.
+        self.loop = asyncio.get_running_loop()
+        self.done = self.loop.create_future()  # the call's end: None, or its error
 
     async def run(self) -> None:
         self.call.consume(self._message, self._end)
@@ -75,7 +77,7 @@ class StreamInfer:
             return False
         self.pending.append(self._start(message.data))
         if self.answering is None:
-            self.answering = asyncio.get_running_loop().create_task(self._answer_pending())
+            self.answering = self.loop.create_task(self._answer_pending())
         return len(self.pending) < STREAM_WINDOW
 
     def _end(self, error: GRPCError | None) -> None:
@@ -119,7 +121,7 @@ class StreamInfer:
             version = self.repository.resolve(request.model_name, request.model_version)
             if version.streams:
                 return _Pending(request_id, final, iterator=version.infer_stream(request))
-            finished, outcome = eager.step(version.infer(request), asyncio.get_running_loop())
+            finished, outcome = eager.step(version.infer(request), self.loop)
             if finished:  # a model executed inline: no task, no future
                 return _Pending(request_id, final, response=outcome)
             return _Pending(request_id, final, task=outcome)
