@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from codec.datatypes import BY_CONFIG, BY_NUMPY, DataType
+from codec.errors import ErrorKind, InferError
 
 log = logging.getLogger("tensorgate.staging")
 
@@ -146,6 +147,23 @@ def _concatenate(parts: list[np.ndarray]) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
+def _in_config_dtype(name: str, parts: list[np.ndarray], datatype: DataType | None) -> list[np.ndarray]:
+    """The parts as the config types the input (BF16: its uint16 bit patterns): a part of another kind
+    of the same family (INT64 for INT32, FP64 for FP32) is cast; another family is an error naming the
+    input, not a shape error from deep in torch."""
+    if datatype is None or all(p.dtype == datatype.numpy for p in parts):
+        return parts
+    cast = []
+    for part in parts:
+        if part.dtype != datatype.numpy and not np.can_cast(part.dtype, datatype.numpy, casting="same_kind"):
+            raise InferError(
+                ErrorKind.INVALID_ARGUMENT,
+                f"input '{name}' holds {part.dtype} data where the model expects {datatype.v2}",
+            )
+        cast.append(part.astype(datatype.numpy, copy=False))
+    return cast
+
+
 # ------------------------------------------------------------------------------------------- CPU torch
 
 
@@ -162,13 +180,14 @@ class TorchHostStaging:
     def __init__(self, config: dict) -> None:
         ops = _TorchOps(self.device)
         self.torch = ops.torch
-        self._inputs = {n: ops.dtype(t) for n, t in _config_types(config, "input").items()}
+        self._types = _config_types(config, "input")
+        self._inputs = {n: ops.dtype(t) for n, t in self._types.items()}
         self._outputs = {n: ops.dtype(t) for n, t in _config_types(config, "output").items()}
 
     def gather(self, name: str, parts: list[np.ndarray]) -> Any:
-        array = _concatenate(parts)
-        if array.dtype == object:
-            return array
+        if parts[0].dtype == object:
+            return _concatenate(parts)
+        array = _concatenate(_in_config_dtype(name, parts, self._types.get(name)))
         if not (array.flags.writeable and array.flags.c_contiguous):
             array = array.copy()
         tensor = self.torch.from_numpy(array)
@@ -235,7 +254,8 @@ class DeviceStaging:
         self.device = device
         self.array_module = module
         self.ops = _TorchOps(device) if module == "torch" else _CupyOps(device)
-        self._inputs = {n: self.ops.dtype(t) for n, t in _config_types(config, "input").items()}
+        self._types = _config_types(config, "input")
+        self._inputs = {n: self.ops.dtype(t) for n, t in self._types.items()}
         self._outputs = {n: self.ops.dtype(t) for n, t in _config_types(config, "output").items()}
         self._lanes: list[_Lane] = []
         self._lock = threading.Lock()
@@ -259,9 +279,10 @@ class DeviceStaging:
                 self._lanes.append(lane)
 
     def gather(self, name: str, parts: list[np.ndarray]) -> Any:
-        first = parts[0]
-        if first.dtype == object:
+        if parts[0].dtype == object:
             return _concatenate(parts)  # BYTES stay numpy objects on the host
+        parts = _in_config_dtype(name, parts, self._types.get(name))
+        first = parts[0]
         shape = first.shape if len(parts) == 1 else (sum(p.shape[0] for p in parts), *first.shape[1:])
         nbytes = first.dtype.itemsize * int(np.prod(shape))
         dtype = self._inputs.get(name)

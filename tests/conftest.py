@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -69,11 +70,39 @@ def client(v2_server: ServerProcess, http_version: str) -> Iterator[httpx.Client
         yield c
 
 
+# TENSORGATE_REQUIRE_GPU=1 (the GPU check kit sets it): a GPU run that tested nothing must not look green.
+REQUIRE_GPU = os.environ.get("TENSORGATE_REQUIRE_GPU") == "1"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """With TENSORGATE_REQUIRE_GPU=1, the run stops at once without CUDA torch, a device, or CuPy."""
+    if not REQUIRE_GPU:
+        return
+    try:
+        import torch
+    except ImportError:
+        raise pytest.UsageError("TENSORGATE_REQUIRE_GPU=1 but torch is not installed") from None
+    if torch.version.cuda is None or not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}, no device"
+        raise pytest.UsageError(f"TENSORGATE_REQUIRE_GPU=1 but torch {torch.__version__} is {build}")
+    try:
+        import cupy
+
+        cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:
+        raise pytest.UsageError(f"TENSORGATE_REQUIRE_GPU=1 but CuPy cannot use a device: {e}") from None
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
-    """On failure, attach the log of every server the test used (the tail of it)."""
+    """On failure, attach the log of every server the test used (the tail of it). With
+    TENSORGATE_REQUIRE_GPU=1, a `gpu` test that skips fails instead."""
     outcome = yield
     report = outcome.get_result()
+    if REQUIRE_GPU and report.skipped and item.get_closest_marker("gpu") is not None:
+        report.outcome = "failed"
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.longrepr = f"a gpu test skipped under TENSORGATE_REQUIRE_GPU=1: {reason}"
     if not report.failed:
         return
     servers: list[ServerProcess] = []

@@ -24,7 +24,13 @@ from e2e_helpers import (
 )
 
 torch = pytest.importorskip("torch")
-pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.:DeprecationWarning")  # torch 2.10+
+# `gpu` too: on a machine with CUDA the example models (KIND_AUTO) are served there, and `pytest -m gpu`
+# runs these with the other GPU tests.
+pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore:`torch.jit.:DeprecationWarning")]
+# The reference runs where the server runs the model. On CUDA another process may pick other cuDNN
+# algorithms, and cuDNN's TF32 convolutions differ from FP32 by ~1e-3: the tolerance says so.
+DEVICE = "cuda:0" if torch.cuda.is_available() else "cpu"
+CLOSE = {"rtol": 1e-5, "atol": 1e-6} if DEVICE == "cpu" else {"rtol": 3e-3, "atol": 3e-4}
 
 MODELS = {  # name: (input name, per-row input shape, output names)
     "mlp": ("INPUT0", (64,), ("OUTPUT0",)),
@@ -34,15 +40,15 @@ MODELS = {  # name: (input name, per-row input shape, output names)
 
 @functools.cache
 def local_module(model: str) -> torch.jit.ScriptModule:
-    return torch.jit.load(str(EXAMPLES / model / "1" / "model.pt"))
+    return torch.jit.load(str(EXAMPLES / model / "1" / "model.pt"), map_location=DEVICE)
 
 
 def local_outputs(model: str, batch: np.ndarray) -> dict[str, np.ndarray]:
-    """What the committed TorchScript file computes for `batch`, run here."""
+    """What the committed TorchScript file computes for `batch`, run here on the server's device."""
     with torch.inference_mode():
-        result = local_module(model)(torch.from_numpy(batch))
+        result = local_module(model)(torch.from_numpy(batch).to(DEVICE))
     results = result if isinstance(result, tuple) else (result,)
-    return {name: t.numpy() for name, t in zip(MODELS[model][2], results, strict=True)}
+    return {name: t.cpu().numpy() for name, t in zip(MODELS[model][2], results, strict=True)}
 
 
 def infer(client: httpx.Client, model: str, batch: np.ndarray) -> dict[str, np.ndarray]:
@@ -84,7 +90,7 @@ def test_example_model_matches_torchscript_run_locally(client: httpx.Client, mod
     served = infer(client, model, batch)
     for name, expected in local_outputs(model, batch).items():
         assert served[name].shape == (rows, 10)
-        np.testing.assert_allclose(served[name], expected, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(served[name], expected, **CLOSE)
     if model == "convnet":
         np.testing.assert_allclose(served["probabilities"].sum(axis=1), 1.0, rtol=1e-5)
 
@@ -99,9 +105,7 @@ def test_mlp_over_json(client: httpx.Client) -> None:
     [output] = response.json()["outputs"]
     assert (output["name"], output["datatype"], output["shape"]) == ("OUTPUT0", "FP32", [3, 10])
     expected = local_outputs("mlp", batch)["OUTPUT0"]
-    np.testing.assert_allclose(
-        np.array(output["data"], dtype=np.float32).reshape(3, 10), expected, rtol=1e-5, atol=1e-6
-    )
+    np.testing.assert_allclose(np.array(output["data"], dtype=np.float32).reshape(3, 10), expected, **CLOSE)
 
 
 def test_example_models_metadata(client: httpx.Client) -> None:
@@ -127,7 +131,7 @@ def test_concurrent_clients_each_get_their_own_rows(v2_server: ServerProcess) ->
     def one(i: int) -> None:
         with make_client(v2_server.base_url, "http1" if i % 2 else "http2") as c:
             served = infer(c, "mlp", batches[i])["OUTPUT0"]
-        np.testing.assert_allclose(served, local_outputs("mlp", batches[i])["OUTPUT0"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(served, local_outputs("mlp", batches[i])["OUTPUT0"], **CLOSE)
 
     def counts() -> tuple[int, int]:
         with httpx.Client(base_url=v2_server.base_url) as c:

@@ -15,6 +15,7 @@ from batcher.staging import (
     make_staging,
     placement,
 )
+from codec.errors import InferError
 from server.model_config import normalize_config, parse_pbtxt
 
 
@@ -355,3 +356,17 @@ def test_gpu_batches_from_instance_threads(module: str) -> None:
     for t in threads:
         t.join()
     assert not failures
+
+
+def test_parts_of_another_dtype_are_cast_or_refused_naming_the_input(torch) -> None:
+    """INT32 in the config: INT64 parts are cast (the values, not their bytes reinterpreted), parts of
+    mixed kinds become one batch, and floats for an integer input are our error, not torch's."""
+    for staging in (TorchHostStaging(config(module="torch", dtype="TYPE_INT32")),
+                    DeviceStaging(config(module="torch", dtype="TYPE_INT32"), "cpu")):  # fmt: skip
+        wide = np.arange(6, dtype=np.int64).reshape(2, 3)
+        batch = staging.gather("x", [wide])
+        assert batch.dtype is torch.int32 and batch.tolist() == wide.tolist()
+        mixed = staging.gather("x", [wide, np.full((1, 3), 7, dtype=np.int32)])
+        assert mixed.dtype is torch.int32 and mixed.tolist() == [*wide.tolist(), [7, 7, 7]]
+        with pytest.raises(InferError, match="input 'x' holds float32 data where the model expects INT32"):
+            staging.gather("x", [np.ones((2, 3), dtype=np.float32)])
