@@ -3,9 +3,11 @@ on the host, each phase timed.
 
 How `execute` runs:
 - a plain function runs on the event loop (cheap numpy models: no thread hand-off);
-- a backend with `in_thread = True` runs in a worker thread, staging included, so the loop keeps
-  serving; the pool has one thread per instance (instance_group count);
-- an `async def execute` is awaited on the loop, staging around it.
+- a backend with `in_thread = True`, and any model staged on a GPU (the staging is `blocking`: its copies
+  and syncs wait on the device), runs in a worker thread, staging included, so the loop keeps serving; the
+  pool has one thread per instance, each set up once by the staging (its device and compute stream);
+- an `async def execute` is awaited on the loop, staging around it (on a GPU, its staging waits there).
+The infer time of a batch staged on a GPU ends when the device has run what execute queued.
 Any exception becomes an INTERNAL InferError naming the model; its traceback goes to the log.
 """
 
@@ -40,10 +42,10 @@ class Executor:
         self.execute = execute
         self.label = label  # "model 'm' version 1", for messages
         self.is_async = is_async
-        self.in_thread = in_thread and not is_async
-        self.inline = not is_async and not in_thread
-        self.instances = instances
         self.staging: Staging = staging if staging is not None else HostStaging()
+        self.in_thread = (in_thread or self.staging.blocking) and not is_async
+        self.inline = not is_async and not self.in_thread
+        self.instances = instances
         self.host = type(self.staging) is HostStaging  # staging is then the identity for one request
         self._pool: ThreadPoolExecutor | None = None
 
@@ -51,7 +53,9 @@ class Executor:
         """Blocking: one batch from per-request arrays (`parts` per input, in batch order)."""
         try:
             batch, start, staged = self._gather(parts)
-            return self._finish(self.execute(batch), start, staged)
+            produced = self.execute(batch)
+            self.staging.finished()
+            return self._finish(produced, start, staged)
         except InferError:
             raise
         except Exception as e:
@@ -91,7 +95,9 @@ class Executor:
     @property
     def pool(self) -> ThreadPoolExecutor:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.instances, thread_name_prefix="execute")
+            self._pool = ThreadPoolExecutor(
+                self.instances, thread_name_prefix="execute", initializer=self.staging.enter_thread
+            )
         return self._pool
 
     def _gather(self, parts: dict[str, list[Any]]) -> tuple[dict[str, Any], int, int]:
@@ -102,7 +108,7 @@ class Executor:
         return batch, start, perf_counter_ns()
 
     def _finish(self, produced: Any, start: int, staged: int) -> Result:
-        """Called as execute returns: the outputs on the host, and the input/infer/output times."""
+        """Called once execute has run: the outputs on the host, and the input/infer/output times."""
         executed = perf_counter_ns()
         outputs = self._to_host(produced)
         return outputs, staged - start, executed - staged, perf_counter_ns() - executed
@@ -119,3 +125,4 @@ class Executor:
         if self._pool is not None:
             self._pool.shutdown(wait=False)
             self._pool = None
+        self.staging.close()

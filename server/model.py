@@ -11,7 +11,7 @@ from batcher.dynamic import DynamicBatcher
 from batcher.execution import Executor
 from batcher.inflight import InFlight
 from batcher.scheduler import DirectScheduler
-from batcher.staging import make_staging
+from batcher.staging import instance_count, make_staging
 from batcher.stats import ModelStats
 from codec.datatypes import BY_CONFIG, DataType
 from codec.errors import ErrorKind, InferError, invalid
@@ -82,13 +82,15 @@ class ModelVersion:
         try:
             self.backend = load_backend(self.version_dir, self.config, self.version)
             staging = getattr(self.backend, "staging", None)  # the one a backend built for itself
+            if staging is None:
+                staging = make_staging(self.config)
             self.executor = Executor(
                 self.backend.execute,
                 label=f"model '{self.name}' version {self.version}",
                 is_async=self.backend.is_async,
                 in_thread=getattr(self.backend, "in_thread", False),
-                instances=sum(g.get("count", 1) for g in self.config.get("instance_group", [{}])),
-                staging=staging if staging is not None else make_staging(self.config),
+                instances=instance_count(self.config, staging.device),
+                staging=staging,
             )
         except BaseException as e:  # a model's code may raise anything, SystemExit included
             if self.backend is not None:  # loaded, but no staging for it (e.g. a GPU id not present)
@@ -113,10 +115,12 @@ class ModelVersion:
         if self.scheduler is not None:
             await self.scheduler.drain()
             self.scheduler.close()
-        if self.executor is not None:
-            self.executor.close()
-        if self.backend is not None:
-            self.backend.close()
+        try:
+            if self.backend is not None:
+                self.backend.close()
+        finally:  # then the executor's staging releases the device memory the model no longer holds
+            if self.executor is not None:
+                self.executor.close()
         self.backend = self.scheduler = self.executor = None
         self.state = ModelState.UNAVAILABLE
         self.reason = UNLOADED

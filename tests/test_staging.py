@@ -1,17 +1,23 @@
 """Device staging: which staging a config gets, and that every path hands the model the right batch and
 brings its outputs back as host arrays. CPU paths run everywhere; `gpu` tests run the same on CUDA."""
 
+import asyncio
+import gc
 import logging
 import threading
 
 import numpy as np
 import pytest
 
+import batcher.staging
+from batcher.device import OutputPool, _Buffer, torch_for_cupy
+from batcher.execution import Executor
 from batcher.staging import (
     DeviceStaging,
     HostStaging,
     TorchHostStaging,
     array_module,
+    instance_count,
     make_staging,
     placement,
 )
@@ -27,8 +33,10 @@ def config(
     module: str = "",
     dtype: str = "TYPE_FP32",
     out_dtype: str = "",
+    groups: str = "",
 ) -> dict:
     group = f"instance_group [ {{ kind: {kind} {gpus} }} ]" if kind else ""
+    group = f"instance_group [ {groups} ]" if groups else group
     params = f'parameters {{ key: "array_module" value: {{ string_value: "{module}" }} }}' if module else ""
     text = f"""
 name: "m"
@@ -73,11 +81,14 @@ def cupy_available() -> bool:
 # ---------------------------------------------------------------------------------------------- choice
 
 
-def test_numpy_is_the_default_and_stays_on_the_host_whatever_the_group_asks() -> None:
+def test_numpy_is_the_default_and_stays_on_the_host_whatever_the_group_asks(caplog) -> None:
     for cfg in (config(), config(kind="KIND_GPU"), config(kind="KIND_AUTO")):
-        staging = make_staging(cfg)
+        with caplog.at_level(logging.WARNING, "tensorgate.staging"):
+            staging = make_staging(cfg)
         assert isinstance(staging, HostStaging)
         assert (staging.device, staging.array_module) == ("cpu", "numpy")
+    [warning] = [r.getMessage() for r in caplog.records]  # KIND_GPU with numpy: not silent
+    assert "asks for KIND_GPU but the model's array_module is numpy" in warning
 
 
 def test_array_module_parameter() -> None:
@@ -104,8 +115,13 @@ def test_kind_gpu_without_cuda_falls_back_to_cpu_with_a_warning(torch, caplog) -
     assert isinstance(staging, TorchHostStaging)
     [record] = caplog.records
     assert record.levelno == logging.WARNING
+    why = (
+        f"torch {torch.__version__} is a CPU-only build (install its CUDA build to use a GPU)"
+        if torch.version.cuda is None
+        else "no CUDA device is present"
+    )
     assert record.getMessage() == (
-        "model 'm': instance_group 'm_0' asks for KIND_GPU but no CUDA device is present; running on the CPU"
+        f"model 'm': instance_group 'm_0' asks for KIND_GPU but {why}; running on the CPU"
     )
 
 
@@ -125,6 +141,39 @@ def test_cupy_without_a_gpu_gets_numpy_with_a_warning(caplog: pytest.LogCaptureF
     messages = [r.getMessage() for r in caplog.records]
     assert any("asks for KIND_GPU but" in m for m in messages), messages
     assert messages[-1] == "model 'm': array_module 'cupy' needs a CUDA device; the model gets numpy arrays"
+
+
+def test_instance_count_on_a_gpu_is_the_placing_groups_and_on_the_host_every_groups() -> None:
+    two = config(groups='{ name: "c" count: 3 kind: KIND_CPU }, { name: "g" count: 2 kind: KIND_GPU }')
+    assert instance_count(two, "cuda:0") == 2  # the KIND_CPU group's three do not run on the GPU
+    assert instance_count(two, "cpu") == 5  # no GPU: every group's instances run on the host
+    assert instance_count(config(groups="{ count: 4 kind: KIND_AUTO }"), "cuda:0") == 4
+    assert instance_count(config(), "cpu") == 1  # no instance_group: Triton's default, one instance
+
+
+@pytest.fixture
+def two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device count a CUDA machine with two GPUs reports: placement's choices without one."""
+    monkeypatch.setattr(batcher.staging, "cuda_devices", lambda module: (2, ""))
+
+
+def test_placement_honours_gpus_of_kind_auto_and_says_what_it_does_not_run(two_gpus) -> None:
+    assert placement(config(module="torch", kind="KIND_AUTO", gpus="gpus: [ 1 ]"), "torch") == ("cuda:1", "")
+    assert placement(config(module="cupy", kind="KIND_GPU"), "cupy") == ("cuda:0", "")
+    device, warning = placement(config(module="torch", kind="KIND_GPU", gpus="gpus: [ 1, 0 ]"), "torch")
+    assert device == "cuda:1"
+    assert warning == (
+        "instance_group 'm_0' lists GPUs [1, 0]; its instances all run on GPU 1; "
+        "a model runs on one device here"
+    )
+    mixed = config(module="torch", groups='{ name: "c" kind: KIND_CPU }, { name: "g" kind: KIND_GPU }')
+    assert placement(mixed, "torch") == (
+        "cuda:0",
+        "instance_group 'c' not run beside instance_group 'g' on cuda:0; a model runs on one device here",
+    )
+    with pytest.raises(ValueError, match=r"instance_group 'm_0' asks for GPU 2 but 2 CUDA device\(s\)"):
+        placement(config(module="torch", kind="KIND_AUTO", gpus="gpus: [ 2 ]"), "torch")
+    assert placement(config(module="torch", kind="KIND_CPU"), "torch") == ("cpu", "")
 
 
 def test_torch_missing_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -275,6 +324,126 @@ def test_device_staging_from_many_threads_at_once(torch) -> None:
     assert staging.pinned_bytes <= 4 << 16  # at most one lane per batch staged at once
 
 
+def test_device_staging_takes_lanes_first_in_first_out(torch) -> None:
+    """Consecutive batches use different copy streams once two lanes exist: the lane given back first is
+    taken first (last-in-first-out would queue each copy behind the previous batch's on one stream)."""
+    staging = DeviceStaging(config(module="torch"), "cpu")
+    with staging._lane() as first, staging._lane() as second:
+        pass  # two batches staged at once: two lanes; `second` was given back first
+    taken = []
+    for _ in range(4):
+        with staging._lane() as lane:
+            taken.append(lane)
+    assert taken == [second, first, second, first]
+
+
+def test_device_staging_close_releases_its_buffers(torch) -> None:
+    staging = DeviceStaging(config(module="torch"), "cpu")
+    staging.gather("x", [rows(2)])
+    staging.gather("y", [rows(2, width=2)])
+    assert staging.pinned_bytes == 2 << 16
+    Executor(lambda batch: batch, label="m", staging=staging).close()  # unloading closes the staging
+    assert staging.pinned_bytes == 0
+
+
+def numpy_pool() -> OutputPool:
+    return OutputPool(lambda size: _Buffer(*(2 * (np.zeros(size, dtype=np.uint8),))))
+
+
+def test_output_pool_lends_a_buffer_again_only_once_every_view_of_it_is_gone() -> None:
+    pool = numpy_pool()
+    out, buffer = pool.lease(24)
+    batch = out.view(np.float32).reshape(2, 3)  # a batch's output, as to_host shapes it
+    batch[:] = rows(2)
+    first_row = batch[:1]  # what one request's answer keeps after the batch is split
+    del out, batch
+    gc.collect()
+    other, other_buffer = pool.lease(24)
+    assert other_buffer is not buffer  # still viewed: not lent again
+    np.testing.assert_array_equal(first_row, rows(1))
+    del first_row, other
+    again, again_buffer = pool.lease(100)
+    assert again_buffer in (buffer, other_buffer)  # the same size class, given back: reused
+    assert pool.nbytes == 2 << 16
+    assert pool.lease(0)[1] is None  # nothing to hold for an empty output
+
+
+def test_output_pool_memory_is_flat_under_threads_and_released_on_close() -> None:
+    pool = numpy_pool()
+    held_after_warm_up = []
+    barrier = threading.Barrier(4)
+
+    def worker(seed: int) -> None:
+        barrier.wait()
+        for i in range(500):
+            nbytes = 4 * (1 + (seed * 31 + i * 7) % 20000)  # up to 80 000 bytes: two size classes
+            out, _ = pool.lease(nbytes)
+            view = out.view(np.float32)
+            view[:] = i
+            assert view[-1] == i  # nobody else wrote into this lease meanwhile
+            if i == 100:
+                held_after_warm_up.append(pool.nbytes)
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert pool.nbytes <= 4 * (1 << 17) + 4 * (1 << 16)  # at most one buffer per thread per size class
+    assert pool.nbytes == max(held_after_warm_up)
+    pool.close()
+    assert pool.nbytes == 0
+    pool = numpy_pool()
+    late, _ = pool.lease(8)
+    pool.close()
+    assert pool.nbytes == 1 << 16  # still lent: an answer being sent keeps it
+    del late
+    assert pool.nbytes == 0  # dropped when it comes back
+
+
+def test_torch_outputs_for_cupy_are_detached_and_host_ones_numpy(torch) -> None:
+    """A torch output handed to a CuPy model's staging: DLPack refuses tensors that require grad, and
+    neither numpy nor CuPy has bfloat16. On the host they become numpy (bf16 as its uint16 bits)."""
+    graded = torch.arange(6, dtype=torch.float32).reshape(2, 3).requires_grad_() * 2
+    host = torch_for_cupy(torch, graded)
+    assert isinstance(host, np.ndarray)
+    np.testing.assert_array_equal(host, rows(2) * 2)
+    bf16 = torch.tensor([1.5, -2.0], dtype=torch.bfloat16)
+    bits = torch_for_cupy(torch, bf16)
+    assert bits.dtype == np.uint16
+    np.testing.assert_array_equal(bits, bf16.view(torch.uint16).numpy())
+
+
+def test_a_device_staged_model_runs_in_as_many_worker_threads_as_instances(torch) -> None:
+    """Its staging waits on the device, so it never runs on the event loop; instance_group count batches
+    run at once (two here: each batch waits at a barrier for the other)."""
+    staging = DeviceStaging(config(module="torch"), "cpu")
+    arrived = threading.Barrier(2, timeout=10)
+    threads = set()
+
+    def execute(batch: dict) -> dict:
+        threads.add(threading.current_thread().name)
+        arrived.wait()
+        return {"z": batch["x"] * 2}
+
+    executor = Executor(execute, label="model 'm' version 1", instances=2, staging=staging)
+    assert executor.in_thread and not executor.inline
+
+    async def two_batches() -> list:
+        loop_thread = threading.current_thread().name
+        results = await asyncio.gather(executor.run({"x": [rows(1)]}), executor.run({"x": [rows(2, 9)]}))
+        assert loop_thread not in threads
+        return results
+
+    try:
+        (first, *_), (second, *_) = asyncio.run(two_batches())
+    finally:
+        executor.close()
+    assert len(threads) == 2 and all(name.startswith("execute") for name in threads)
+    np.testing.assert_array_equal(first["z"], rows(1) * 2)
+    np.testing.assert_array_equal(second["z"], rows(2, 9) * 2)
+
+
 # ------------------------------------------------------------------------------------------------ GPU
 
 
@@ -293,6 +462,8 @@ def test_gpu_make_staging_puts_kind_gpu_on_cuda(module: str) -> None:
     assert make_staging(config(module=module, kind="KIND_CPU")).device == "cpu"
     with pytest.raises(ValueError, match="asks for GPU 999 but"):
         make_staging(config(module=module, kind="KIND_GPU", gpus="gpus: [ 999 ]"))
+    with pytest.raises(ValueError, match="asks for GPU 999 but"):  # KIND_AUTO reads its gpus too
+        make_staging(config(module=module, kind="KIND_AUTO", gpus="gpus: [ 999 ]"))
 
 
 @pytest.mark.parametrize("module", [pytest.param(m, marks=needs(m)) for m in ("torch", "cupy")])

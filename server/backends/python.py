@@ -9,9 +9,11 @@ The class is `TritonPythonModel` or `Model`, or else the one class in the module
         def finalize(self) -> None: ...                             # optional
         async def execute_stream(self, inputs): yield {...}        # optional: one answer per yield
 
-With max_batch_size > 0 every array carries the leading batch dimension. Arrays are numpy on the host;
-later device staging hands CuPy arrays or torch tensors with the same interface. Input arrays may be
-read-only views of the request: a model copies before writing in place. `execute` may be `async def`.
+With max_batch_size > 0 every array carries the leading batch dimension. Arrays are numpy by default;
+the config parameter `array_module` asks for torch tensors or CuPy arrays (batcher/staging.py). A model
+staged on a GPU runs in the batcher's worker threads, one per instance, all calling this one object.
+Input arrays may be read-only views of the request: a model copies before writing in place. `execute`
+may be `async def`.
 
 A streaming model defines the async generator `execute_stream`: streaming clients (grps streaming, v2
 ModelStreamInfer) receive each yield as it comes; a client that goes away closes the generator. Such a
