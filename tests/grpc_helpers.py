@@ -1,11 +1,14 @@
 """Client-side helpers of the KServe v2 gRPC end-to-end tests: grpclib stubs generated from proto/ on a
-fresh channel per call, request builders, and answers read back as a client reads them."""
+fresh channel per call, request builders, and answers read back as a client reads them; and gRPC calls
+made frame by frame on an H2Wire, for what a client library hides (any service)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import httpx
 import numpy as np
@@ -14,6 +17,18 @@ from e2e_helpers import A, B, ServerProcess, decode_bytes_elements
 from grpclib import GRPCError
 from grpclib.client import Channel
 from grpclib.const import Cardinality, Status
+from h2_wire import (
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    GOAWAY,
+    HEADERS,
+    NO_ERROR,
+    RST_STREAM,
+    WINDOW_UPDATE,
+    H2Wire,
+    frame,
+)
 from v2_client import WIRE_DTYPES
 
 import proto.inference as pb
@@ -106,3 +121,82 @@ def text_request(text: str, **fields: Any) -> pb.ModelInferRequest:
         inputs=[tensor("TEXT", "BYTES", [1], bytes_contents=[text.encode()])],
         **fields,
     )
+
+
+# ------------------------------------------------------------------------------------------ raw frames
+
+
+def message(data: bytes, compressed: bool = False) -> bytes:
+    """One length-prefixed message."""
+    return (b"\x01" if compressed else b"\x00") + len(data).to_bytes(4, "big") + data
+
+
+def messages_of(data: bytes) -> list[tuple[bool, bytes]]:
+    """(compressed flag, bytes) of each length-prefixed message in `data`."""
+    out = []
+    while data:
+        size = int.from_bytes(data[1:5], "big")
+        out.append((data[0] == 1, data[5 : 5 + size]))
+        data = data[5 + size :]
+    return out
+
+
+def open_call(
+    h2: H2Wire, stream: int, path: str, body: bytes | None = None, extra=(), end: bool = True
+) -> None:
+    """HEADERS of a gRPC call, and its body in one DATA frame (END_STREAM unless `end` is False)."""
+    named = {name for name, _ in extra}
+    fields = [(n, v) for n, v in (("content-type", "application/grpc"), ("te", "trailers")) if n not in named]
+    fields += extra
+    out = frame(HEADERS, END_HEADERS, stream, h2.block("POST", path, fields))
+    if body is not None:
+        out += frame(DATA, END_STREAM if end else 0, stream, body)
+    h2.send(out)
+
+
+def answer(h2: H2Wire, stream: int) -> tuple[list[tuple[int, dict[str, str]]], bytes]:
+    """The header blocks of a call's answer, each with its frame's flags, and its DATA, up to END_STREAM."""
+    blocks, data = [], b""
+    while True:
+        got = h2.read_frame()
+        assert got is not None, "connection closed before the answer ended"
+        assert got.kind != GOAWAY, f"GOAWAY {got.error_code}: {got.payload[8:]!r}"
+        if got.stream != stream:
+            continue
+        assert got.kind != RST_STREAM or got.error_code == NO_ERROR, f"reset with {got.error_code}"
+        if got.kind == HEADERS:
+            blocks.append((got.flags, dict(h2.decoder.decode(got.payload))))
+        elif got.kind == DATA:
+            data += got.payload
+        if got.flags & END_STREAM:
+            return blocks, data
+
+
+def status_of(blocks: list[tuple[int, dict[str, str]]]) -> tuple[int, str]:
+    """(grpc-status, grpc-message decoded) of an answer's trailers."""
+    trailers = blocks[-1][1]
+    return int(trailers["grpc-status"]), unquote(trailers.get("grpc-message", ""))
+
+
+def stalled_stream(port: int, path: str, request: bytes, progress: Path) -> tuple[int, list[bytes]]:
+    """A streaming call to `path` with `request`, from a client that gives the default 64 KB of window and
+    reads nothing: how many steps the model's generator had taken (the number it writes to `progress`) once
+    the answers stopped coming (1 s without a frame). Then the client opens its windows wide and reads the
+    call to its end, status OK: every message of the answer, in the order sent."""
+    with H2Wire(("127.0.0.1", port)) as h2:
+        h2.open()
+        open_call(h2, 1, path, message(request))
+        early = b""
+        with pytest.raises(TimeoutError):  # answers until the window is spent, then none
+            while True:
+                got = h2.read_frame(timeout=1.0 if early else 10.0)
+                assert got is not None, "connection closed"
+                if got.kind == DATA:
+                    early += got.payload
+        assert len(early) <= 65535, "DATA past the client's window"
+        steps = int(progress.read_text())
+        h2.send(frame(WINDOW_UPDATE, 0, 0, (64 << 20).to_bytes(4, "big")))
+        h2.send(frame(WINDOW_UPDATE, 0, 1, (64 << 20).to_bytes(4, "big")))
+        blocks, data = answer(h2, 1)
+        assert status_of(blocks) == (0, "")
+        return steps, [body for _, body in messages_of(early + data)]

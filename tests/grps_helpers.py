@@ -80,6 +80,20 @@ class Model:
                 f.write("ran to its end" if ticks == 150 else f"closed after {ticks} ticks")
 """
 
+# TEXT is the path of a progress file: the model writes how many steps its generator has taken there, and
+# yields 1000 answers of ~4 KB each ("<step> ....").
+COUNTING = """
+import numpy as np
+
+class Model:
+    async def execute_stream(self, inputs):
+        progress = inputs["TEXT"][0].decode()
+        for i in range(1000):
+            with open(progress, "w") as f:
+                f.write(str(i + 1))
+            yield {"TOKEN": np.array([(b"%d " % i).ljust(4000, b".")], dtype=object)}
+"""
+
 FAILING = """
 import numpy as np
 
@@ -118,7 +132,7 @@ class Model:
 
 
 def write_grps_repository(repository: Path) -> Path:
-    """echo (versions 1 and 2), my-model (a '-' in its name), gated, ticker and failing (streaming),
+    """echo (versions 1 and 2), my-model (a '-' in its name), gated, ticker, counting and failing (streaming),
     queued (dynamic batching), broken (raises), unloadable (fails to load). Every model takes TEXT and
     answers TOKEN (BYTES)."""
     all_versions = "version_policy { all {} }"
@@ -131,6 +145,7 @@ def write_grps_repository(repository: Path) -> Path:
     write_model(repository, "my-model", bytes_config("my-model"), {1: echo_version(7)})
     write_model(repository, "gated", bytes_config("gated"), {1: GATED})
     write_model(repository, "ticker", bytes_config("ticker"), {1: TICKER})
+    write_model(repository, "counting", bytes_config("counting"), {1: COUNTING})
     write_model(repository, "failing", bytes_config("failing"), {1: FAILING})
     write_model(repository, "queued", bytes_config("queued", policy="dynamic_batching { }"), {1: QUEUED})
     write_model(repository, "broken", bytes_config("broken"), {1: BROKEN})

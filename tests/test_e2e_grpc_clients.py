@@ -192,7 +192,10 @@ def test_every_rpc_answers_alike(
 
 @pytest.mark.parametrize("port", ["grpc-port", "http-port"])
 def test_grpcio_with_gzip_both_ways(v2_server: ServerProcess, port: str) -> None:
-    """grpcio compresses what it sends (grpc-encoding: gzip); the answers come back compressed too."""
+    """grpcio with gzip compression on its channel (its calls say grpc-encoding: gzip) gets the answers an
+    uncompressed call gets, unary and streaming. grpcio decompresses answers without a word, so whether they
+    came back compressed is not seen here: test_e2e_grpc_wire.py's test_compressed_messages_both_ways
+    checks that on the wire (the answer's grpc-encoding header and its message's compressed flag)."""
     number = v2_server.grpc_port if port == "grpc-port" else v2_server.port
     plain = with_grpclib(v2_server.grpc_port, *CALLS[5])  # ModelInfer, uncompressed
     with grpc.insecure_channel(f"127.0.0.1:{number}", compression=grpc.Compression.Gzip) as channel:

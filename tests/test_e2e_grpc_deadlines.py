@@ -1,6 +1,7 @@
 """gRPC deadlines and cancellation: a call whose grpc-timeout passes ends DEADLINE_EXCEEDED, a call the
 client cancels ends at once, and either way its request leaves the batcher's queue (the model never
-runs it). grpcio and grpclib clients, on a one-instance model kept busy by a first request."""
+runs it). grpcio and grpclib clients, on a one-instance model kept busy by a first request; grpcio and
+grpclib keep a deadline themselves too, so a raw HTTP/2 client (no clock of its own) shows the server's."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ import time
 from pathlib import Path
 
 import grpc
+import grpc.aio
 import httpx
 import pytest
 from e2e_helpers import wait_for_file, write_model
-from grpc_helpers import SERVICE, tensor
+from grpc_helpers import SERVICE, answer, message, open_call, outputs, status_of, tensor
 from grpclib import GRPCError
 from grpclib.client import Channel
 from grpclib.const import Status
+from h2_wire import H2Wire
 
 import proto.inference as pb
 
@@ -139,3 +142,57 @@ def test_a_deadline_that_passes_while_the_model_runs(start_server, repo: Path) -
             assert list(memoryview(infer(request(2), timeout=10).raw_output_contents[0]).cast("i")) == [2]
     finally:
         (version_dir / "release").write_text("1")
+
+
+def test_a_deadline_on_a_stream_whose_model_is_slow(start_server, repo: Path) -> None:
+    """A ModelStreamInfer call with a short grpc-timeout, still open, whose request the model holds: it ends
+    DEADLINE_EXCEEDED (grpcio aio). On the raw wire the server says so itself, in time, and the request
+    that waited in the queue behind the first leaves it unrun; once released, the model serves on."""
+    version_dir = write_model(repo, "gated", GATED_CONFIG, {1: GATED_MODEL}) / "1"
+    server = start_server(repo)
+
+    async def with_grpcio_aio() -> grpc.StatusCode:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+            streaming = channel.stream_stream(
+                SERVICE + "ModelStreamInfer",
+                request_serializer=bytes,
+                response_deserializer=pb.ModelStreamInferResponse.parse,
+            )
+            call = streaming(timeout=0.5)
+            await call.write(request(1))  # and the client keeps its side of the stream open
+            await asyncio.to_thread(wait_for_file, version_dir / "ran")  # the model holds request 1
+            with pytest.raises(grpc.aio.AioRpcError) as excinfo:
+                await call.read()
+            return excinfo.value.code()
+
+    try:
+        assert asyncio.run(with_grpcio_aio()) == grpc.StatusCode.DEADLINE_EXCEEDED
+        with H2Wire(("127.0.0.1", server.grpc_port), timeout=10) as h2:
+            h2.open()
+            started = time.monotonic()
+            open_call(
+                h2,
+                1,
+                SERVICE + "ModelStreamInfer",
+                message(request(2)),
+                extra=[("grpc-timeout", "500m")],
+                end=False,
+            )
+            blocks, data = answer(h2, 1)
+            elapsed = time.monotonic() - started
+        assert status_of(blocks) == (Status.DEADLINE_EXCEEDED.value, "Deadline Exceeded")
+        assert data == b"", "no answer to request 2"
+        assert 0.45 < elapsed < 2, f"the call ended {elapsed:.2f} s after it began, its timeout 0.5 s"
+        _queued(server, 0)
+        (version_dir / "release").write_text("1")
+        with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+            streaming = channel.stream_stream(
+                SERVICE + "ModelStreamInfer",
+                request_serializer=bytes,
+                response_deserializer=pb.ModelStreamInferResponse.parse,
+            )
+            [last] = streaming(iter([request(3)]), timeout=10)
+        assert last.error_message == "" and outputs(last.infer_response) == {"OUTPUT0": [3]}
+    finally:
+        (version_dir / "release").write_text("1")
+    assert (version_dir / "ran").read_text().split() == ["1", "3"], "the timed-out queued request ran"

@@ -51,22 +51,49 @@ def test_health_check(channel: grpc.Channel) -> None:
     assert "no_such_model" in excinfo.value.details()
 
 
-def test_health_watch_follows_an_unload_and_a_load(start_server, repo: Path) -> None:
+@pytest.fixture
+def ident_server(start_server, repo: Path) -> ServerProcess:
+    """A server in explicit model control mode on `repo`, with one model, ident, loaded."""
     write_model(repo, "ident", int32_config("ident"), {1: IDENTITY_MODEL})
-    server = start_server(repo, extra_args=("--model-control-mode", "explicit", "--load-model", "ident"))
+    return start_server(repo, extra_args=("--model-control-mode", "explicit", "--load-model", "ident"))
+
+
+def repository_action(server: ServerProcess, model: str, action: str) -> None:
+    """POST /v2/repository/models/<model>/<action> (load, unload); it answers once the action is done."""
+    httpx.post(f"{server.base_url}/v2/repository/models/{model}/{action}", timeout=10).raise_for_status()
+
+
+def test_health_check_follows_an_unload_and_a_load(ident_server: ServerProcess) -> None:
+    """Check on a model's name, as a probe asks it: SERVING while the model is loaded, NOT_SERVING once it
+    is unloaded (a name the server still knows, so not NOT_FOUND), SERVING again after a load. The server
+    itself ("") serves on throughout: an unloaded model does not count for its readiness."""
+    with grpc.insecure_channel(f"127.0.0.1:{ident_server.grpc_port}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+
+        def check(service: str) -> int:
+            return health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+
+        assert (check("ident"), check("")) == (SERVING, SERVING)
+        repository_action(ident_server, "ident", "unload")
+        assert (check("ident"), check("")) == (NOT_SERVING, SERVING)
+        repository_action(ident_server, "ident", "load")
+        assert (check("ident"), check("")) == (SERVING, SERVING)
+
+
+def test_health_watch_follows_an_unload_and_a_load(ident_server: ServerProcess, repo: Path) -> None:
     seen: list[int] = []
-    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+    with grpc.insecure_channel(f"127.0.0.1:{ident_server.grpc_port}") as channel:
         health = health_pb2_grpc.HealthStub(channel)
         watch = health.Watch(health_pb2.HealthCheckRequest(service="ident"), timeout=30)
         unknown = health.Watch(health_pb2.HealthCheckRequest(service="later"), timeout=30)
         assert next(watch).status == SERVING
         assert next(unknown).status == SERVICE_UNKNOWN, "Watch of an unknown name waits for it"
-        httpx.post(f"{server.base_url}/v2/repository/models/ident/unload", timeout=10).raise_for_status()
+        repository_action(ident_server, "ident", "unload")
         assert next(watch).status == NOT_SERVING
-        httpx.post(f"{server.base_url}/v2/repository/models/ident/load", timeout=10).raise_for_status()
+        repository_action(ident_server, "ident", "load")
         assert next(watch).status == SERVING
         write_model(repo, "later", int32_config("later"), {1: IDENTITY_MODEL})
-        httpx.post(f"{server.base_url}/v2/repository/models/later/load", timeout=10).raise_for_status()
+        repository_action(ident_server, "later", "load")
         assert next(unknown).status == SERVING
 
         # At shutdown every watch hears NOT_SERVING, then its call ends UNAVAILABLE.
@@ -79,7 +106,7 @@ def test_health_watch_follows_an_unload_and_a_load(start_server, repo: Path) -> 
 
         follower = threading.Thread(target=follow)
         follower.start()
-        server.stop()
+        ident_server.stop()
         follower.join(timeout=10)
     assert seen == [NOT_SERVING, grpc.StatusCode.UNAVAILABLE]
 

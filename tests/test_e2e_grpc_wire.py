@@ -6,19 +6,26 @@ from __future__ import annotations
 import contextlib
 import gzip
 import zlib
-from urllib.parse import unquote
 
 import pytest
 from e2e_helpers import EXAMPLES, ServerProcess, write_model
-from grpc_helpers import SUMS, simple_request, tensor
+from grpc_helpers import (
+    SUMS,
+    answer,
+    message,
+    messages_of,
+    open_call,
+    simple_request,
+    stalled_stream,
+    status_of,
+    tensor,
+)
 from h2_wire import (
     ACK,
     DATA,
-    END_HEADERS,
     END_STREAM,
     ENHANCE_YOUR_CALM,
     GOAWAY,
-    HEADERS,
     NO_ERROR,
     PING,
     RST_STREAM,
@@ -38,55 +45,6 @@ pytestmark = pytest.mark.ours  # gRPC is served by our transport only
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
 SIMPLE = bytes(simple_request())
-
-
-def message(data: bytes, compressed: bool = False) -> bytes:
-    return (b"\x01" if compressed else b"\x00") + len(data).to_bytes(4, "big") + data
-
-
-def messages_of(data: bytes) -> list[tuple[bool, bytes]]:
-    out = []
-    while data:
-        size = int.from_bytes(data[1:5], "big")
-        out.append((data[0] == 1, data[5 : 5 + size]))
-        data = data[5 + size :]
-    return out
-
-
-def open_call(
-    h2: H2Wire, stream: int, path: str, body: bytes | None = None, extra=(), end: bool = True
-) -> None:
-    """HEADERS of a gRPC call, and its body in one DATA frame (END_STREAM unless `end` is False)."""
-    named = {name for name, _ in extra}
-    fields = [(n, v) for n, v in (("content-type", "application/grpc"), ("te", "trailers")) if n not in named]
-    fields += extra
-    out = frame(HEADERS, END_HEADERS, stream, h2.block("POST", path, fields))
-    if body is not None:
-        out += frame(DATA, END_STREAM if end else 0, stream, body)
-    h2.send(out)
-
-
-def answer(h2: H2Wire, stream: int) -> tuple[list[tuple[int, dict[str, str]]], bytes]:
-    """The header blocks of a call's answer, each with its frame's flags, and its DATA, up to END_STREAM."""
-    blocks, data = [], b""
-    while True:
-        got = h2.read_frame()
-        assert got is not None, "connection closed before the answer ended"
-        assert got.kind != GOAWAY, f"GOAWAY {got.error_code}: {got.payload[8:]!r}"
-        if got.stream != stream:
-            continue
-        assert got.kind != RST_STREAM or got.error_code == NO_ERROR, f"reset with {got.error_code}"
-        if got.kind == HEADERS:
-            blocks.append((got.flags, dict(h2.decoder.decode(got.payload))))
-        elif got.kind == DATA:
-            data += got.payload
-        if got.flags & END_STREAM:
-            return blocks, data
-
-
-def status_of(blocks: list[tuple[int, dict[str, str]]]) -> tuple[int, str]:
-    trailers = blocks[-1][1]
-    return int(trailers["grpc-status"]), unquote(trailers.get("grpc-message", ""))
 
 
 @pytest.fixture(params=["grpc-port", "http-port"])
@@ -145,6 +103,8 @@ def test_unknown_method_content_subtype_encoding_and_timeout(wire: H2Wire) -> No
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])
 def test_compressed_messages_both_ways(wire: H2Wire, encoding: str) -> None:
+    """A compressed request is answered compressed, in its encoding: the answer's grpc-encoding header and
+    its message's compressed flag (what grpcio, which decompresses without a word, cannot show)."""
     packed = gzip.compress(SIMPLE) if encoding == "gzip" else zlib.compress(SIMPLE)
     open_call(wire, 1, INFER, message(packed, True), extra=[("grpc-encoding", encoding)])
     blocks, data = answer(wire, 1)
@@ -293,25 +253,11 @@ def test_a_slow_reader_pauses_the_models_generator(start_server, repo) -> None:
     request = pb.ModelInferRequest(
         model_name="counting", inputs=[tensor("INPUT0", "INT32", [1], int_contents=[1])]
     )
-    with H2Wire(("127.0.0.1", server.grpc_port)) as h2:
-        h2.open()
-        open_call(h2, 1, STREAM_INFER, message(bytes(request)))
-        early = b""
-        with pytest.raises(TimeoutError):
-            while True:
-                got = h2.read_frame(timeout=1.0)
-                if got.kind == DATA:
-                    early += got.payload
-        assert len(early) <= 65535
-        yielded = int((version_dir / "yielded").read_text())
-        assert yielded < 40, f"the generator ran {yielded} steps ahead of a client that reads nothing"
-        h2.send(frame(WINDOW_UPDATE, 0, 0, (64 << 20).to_bytes(4, "big")))
-        h2.send(frame(WINDOW_UPDATE, 0, 1, (64 << 20).to_bytes(4, "big")))
-        blocks, data = answer(h2, 1)
-        assert status_of(blocks) == (0, "")
-        answers = [pb.ModelStreamInferResponse.parse(m) for _, m in messages_of(early + data)]
-        firsts = [memoryview(a.infer_response.raw_output_contents[0]).cast("i")[0] for a in answers]
-        assert firsts == list(range(1000)), "every answer, in order"
+    steps, bodies = stalled_stream(server.grpc_port, STREAM_INFER, bytes(request), version_dir / "yielded")
+    assert steps < 40, f"the generator ran {steps} steps ahead of a client that reads nothing"
+    answers = [pb.ModelStreamInferResponse.parse(body) for body in bodies]
+    firsts = [memoryview(a.infer_response.raw_output_contents[0]).cast("i")[0] for a in answers]
+    assert firsts == list(range(1000)), "every answer, in order"
 
 
 def test_requests_that_wait_stop_crediting_the_client(start_server, repo) -> None:

@@ -18,6 +18,7 @@ import httpx
 import pytest
 from conftest import ServerFactory
 from e2e_helpers import A, B, ServerProcess, write_model
+from grpc_helpers import stalled_stream
 from grpclib.client import Channel
 from grpclib.const import Cardinality
 from grps_helpers import bytes_config, echo_version, ticker_end, write_grps_repository
@@ -26,6 +27,7 @@ import proto.grps.protos.v1 as pb
 import proto.inference as inference
 
 Stub = pb.GrpsServiceStub
+PREDICT_STREAMING = "/grps.protos.v1.GrpsService/PredictStreaming"
 
 
 def call(server: ServerProcess, rpc: Callable[[Stub], Awaitable[Any]]) -> Any:
@@ -232,6 +234,19 @@ def test_a_cancelled_stream_closes_the_model_stream(grps_server: ServerProcess, 
     assert call(grps_server, cancel_after_two) == ["tick 0", "tick 1"]
     assert ticker_end(marker).startswith("closed after"), "the model's stream was not closed"
     assert_ok(call(grps_server, lambda stub: stub.check_liveness(pb.GrpsMessage())))
+
+
+def test_a_slow_reader_pauses_the_models_generator(grps_server: ServerProcess, tmp_path: Path) -> None:
+    """As on ModelStreamInfer (test_e2e_grpc_wire.py): each message is ~4 KB, so a client that gives the
+    default 64 KB of window and reads nothing gets ~16 of them, and the model's generator waits there
+    instead of running on while the server buffers its answers."""
+    progress = tmp_path / "progress"
+    request = bytes(pb.GrpsMessage(model="counting", str_data=str(progress)))
+    steps, bodies = stalled_stream(grps_server.grpc_port, PREDICT_STREAMING, request, progress)
+    assert steps < 40, f"the generator ran {steps} steps ahead of a client that reads nothing"
+    texts = tokens([pb.GrpsMessage.parse(body) for body in bodies])
+    assert [int(text.split()[0]) for text in texts] == list(range(1000)), "every message, in order"
+    assert all(len(text) == 4000 for text in texts)
 
 
 # ------------------------------------------------------------------------------------------ grpcio
