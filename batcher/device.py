@@ -34,8 +34,9 @@ from batcher.arrays import (
     in_config_dtype,
     tensor_to_numpy,
 )
-from codec.datatypes import BY_NUMPY, DataType
+from codec.datatypes import BY_NUMPY, DataType, bf16_bits
 
+Types = dict[str, DataType]  # the config's datatype of each output
 MIN_BUFFER_BYTES = 1 << 16  # a pinned buffer starts at 64 KiB and doubles as batches need
 
 
@@ -71,7 +72,9 @@ class OutputPool:
     def __init__(self, allocate: Callable[[int], _Buffer]) -> None:
         self._allocate = allocate
         self._free: dict[int, list[_Buffer]] = {}
-        self._lock = threading.Lock()
+        # Reentrant: a garbage collection inside the lock may run another lease's finalizer, which
+        # gives its buffer back on the same thread.
+        self._lock = threading.RLock()
         self._closed = False
         self.nbytes = 0  # host memory held, lent or free
 
@@ -123,7 +126,7 @@ class DeviceStaging:
         self.ops = _TorchOps(device) if module == "torch" else _CupyOps(device)
         self._types = config_types(config, "input")
         self._inputs = {n: self.ops.dtype(t) for n, t in self._types.items()}
-        self._outputs = {n: self.ops.dtype(t) for n, t in config_types(config, "output").items()}
+        self._outputs = config_types(config, "output")
         self._lanes: collections.deque[_Lane] = collections.deque()
         self._lock = threading.Lock()
         self.output_pool = OutputPool(lambda size: _Buffer(*self.ops.host_buffer(size)))
@@ -254,7 +257,9 @@ class _TorchOps:
         tensor.record_stream(consumer)
         return tensor
 
-    def to_host(self, outputs: dict[str, Any], dtypes: dict[str, Any], stream: Any, pool: OutputPool) -> dict:
+    def to_host(
+        self, outputs: dict[str, Any], types: dict[str, DataType], stream: Any, pool: OutputPool
+    ) -> dict:
         torch = self.torch
         host = {}
         if self.cuda:
@@ -265,7 +270,8 @@ class _TorchOps:
                 if tensor is None:
                     host[name] = value
                     continue
-                tensor = cast_tensor(tensor.detach(), dtypes.get(name))
+                datatype = types.get(name)
+                tensor = cast_tensor(tensor.detach(), None if datatype is None else self.dtype(datatype))
                 if tensor.device.type == "cpu":
                     host[name] = tensor_to_numpy(torch, tensor)
                     continue
@@ -348,7 +354,9 @@ class _CupyOps:
             consumer.wait_event(buffer.event)
         return array
 
-    def to_host(self, outputs: dict[str, Any], dtypes: dict[str, Any], stream: Any, pool: OutputPool) -> dict:
+    def to_host(
+        self, outputs: dict[str, Any], types: dict[str, DataType], stream: Any, pool: OutputPool
+    ) -> dict:
         cupy = self.cupy
         torch = sys.modules.get("torch")  # a torch output can only come from a model that imported it
         host = {}
@@ -356,19 +364,15 @@ class _CupyOps:
             stream.wait_event(cupy.cuda.get_current_stream().record())  # the outputs are computed there
             with stream:
                 for name, value in outputs.items():
-                    bf16_bits = False
+                    datatype = types.get(name)
                     if torch is not None and isinstance(value, torch.Tensor):
-                        bf16_bits = value.dtype is torch.bfloat16
+                        if datatype is not None:  # cast by torch, which has bfloat16
+                            value = cast_tensor(value.detach(), getattr(torch, datatype.torch))
                         value = torch_for_cupy(torch, value)
                     if isinstance(value, np.ndarray) or not hasattr(value, "__dlpack__"):
                         host[name] = value
                         continue
-                    array = self._array(value)
-                    if bf16_bits:
-                        array = array.view(cupy.uint16)
-                    want = dtypes.get(name)
-                    if want is not None and array.dtype != want:
-                        array = array.astype(want)
+                    array = self._in_config_dtype(self._array(value), datatype)
                     array = cupy.ascontiguousarray(array)
                     out, buffer = pool.lease(array.nbytes)
                     out = out.view(array.dtype).reshape(array.shape)
@@ -377,6 +381,17 @@ class _CupyOps:
                     host[name] = out
             stream.synchronize()
         return host
+
+    def _in_config_dtype(self, array: Any, datatype: DataType | None) -> Any:
+        """A device output in the config's dtype; BF16 as uint16 bits (torch's int16 bits viewed so,
+        floats rounded to them)."""
+        if datatype is None:
+            return array
+        if datatype.v2 != "BF16":
+            return array if array.dtype == datatype.numpy else array.astype(datatype.numpy)
+        if array.dtype.kind == "f":
+            return bf16_bits(array.astype(self.cupy.float32))  # numpy's ufuncs run CuPy's on it
+        return array.view(self.cupy.uint16) if array.dtype.itemsize == 2 else array.astype(self.cupy.uint16)
 
     def _array(self, value: Any) -> Any:
         """A CuPy array on this staging's device, for an output of any device-array kind."""

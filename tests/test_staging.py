@@ -21,6 +21,7 @@ from batcher.staging import (
     make_staging,
     placement,
 )
+from codec.datatypes import bf16_bits
 from codec.errors import InferError
 from server.model_config import normalize_config, parse_pbtxt
 
@@ -412,6 +413,22 @@ def test_torch_outputs_for_cupy_are_detached_and_host_ones_numpy(torch) -> None:
     bits = torch_for_cupy(torch, bf16)
     assert bits.dtype == np.uint16
     np.testing.assert_array_equal(bits, bf16.view(torch.uint16).numpy())
+
+
+def test_floats_round_to_bf16_bits_as_torch_rounds_them(torch) -> None:
+    """What a CuPy model's float output for a BF16 output becomes (numpy's code, run by CuPy there):
+    torch's bfloat16 bits, ties to even, NaN kept, infinities and overflow to infinity included."""
+    values = np.array(
+        [0, -0.0, 1, -2.5, 0.15625, 1 + 2**-8, 1 + 3 * 2**-8, 3.4e38, -np.inf, np.inf, 1e-40, np.nan],
+        dtype=np.float32,
+    )
+    values = np.concatenate([values, np.random.default_rng(0).normal(0, 1e3, 2000).astype(np.float32)])
+    bits = bf16_bits(values)
+    assert bits.dtype == np.uint16
+    expected = torch.from_numpy(values).to(torch.bfloat16).view(torch.uint16).numpy()
+    finite = ~np.isnan(values)
+    np.testing.assert_array_equal(bits[finite], expected[finite])
+    assert torch.from_numpy(bits[~finite].copy()).view(torch.bfloat16).isnan().all()
 
 
 def test_a_device_staged_model_runs_in_as_many_worker_threads_as_instances(torch) -> None:
