@@ -11,7 +11,7 @@ Every test is `gpu`: skipped cleanly without CUDA torch (or CuPy, for py_cupy); 
 the first test that runs, serves them all.
 """
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from time import perf_counter
 
@@ -27,6 +27,7 @@ from e2e_helpers import (
     wait_for_file,
     write_model,
 )
+from gpu_helpers import gpu_test
 from test_staging import cupy_available, needs
 
 from codec.datatypes import BY_NUMPY, BY_V2
@@ -37,17 +38,6 @@ CLIENTS = 16
 # Cycles of the sleepy model's kernel (torch.cuda._sleep): ~0.3 s at an H100's ~2 GHz, longer when slower.
 KERNEL_CYCLES = 600_000_000
 KERNEL_AT_LEAST_NS = 150_000_000  # what each such kernel surely lasts (at most ~4 GHz)
-
-
-def gpu_test(module: str) -> Callable:
-    """Marks a test `gpu`, skipped cleanly where `module` has no CUDA device (test_staging.needs)."""
-
-    def mark(test: Callable) -> Callable:
-        for decorator in needs(module):
-            test = decorator(test)
-        return test
-
-    return mark
 
 
 # --------------------------------------------------------------------------------------------- models
