@@ -14,7 +14,15 @@ from server.endpoints.repository import RepositoryEndpoints
 from server.endpoints.tfserving import TFServingEndpoints
 from server.endpoints.v2 import V2Endpoints, error_response
 from server.http.grpc_call import GrpcServices
-from server.http.listener import HttpSettings, Listener, address_of, bind, raise_fd_limit, tls_context
+from server.http.listener import (
+    HttpSettings,
+    Listener,
+    Offline,
+    address_of,
+    bind,
+    raise_fd_limit,
+    tls_context,
+)
 from server.metrics import metrics_router
 from server.repository import CONTROL_MODES, Repository
 from server.router import Router
@@ -275,6 +283,8 @@ async def serve(args: argparse.Namespace) -> None:
         grpc_services.begin_shutdown()  # open streams end; every port then drains
 
     tls_files = (args.ssl_certfile, args.ssl_keyfile) if args.ssl_certfile else None
+    offline = Offline()  # every port's connections leave at their next idle moment while offline
+    repository.online_watchers.append(lambda online: offline.set(not online))
     await asyncio.gather(
         *(
             serve_port(
@@ -285,6 +295,7 @@ async def serve(args: argparse.Namespace) -> None:
                 tls_files if name == "HTTP" else None,
                 shutdown_trigger,
                 services,
+                offline,
             )
             for name, port_router, sockets, services in ports
         )
@@ -318,6 +329,7 @@ async def serve_port(
     tls_files: tuple[str, str] | None,
     shutdown_trigger,
     grpc_services: GrpcServices | None = None,
+    offline: Offline | None = None,
 ) -> None:
     """Serves one port with the chosen transport until `shutdown_trigger` returns, then drains it. gRPC
     needs ours: on hypercorn, the HTTP port serves REST only."""
@@ -328,7 +340,7 @@ async def serve_port(
         await serve_hypercorn(app, sockets, shutdown_trigger, settings.graceful_timeout, tls_files)
         return
     tls = tls_context(*tls_files) if tls_files else None
-    listener = Listener(router, settings, sockets, tls, grpc_services)
+    listener = Listener(router, settings, sockets, tls, grpc_services, offline)
     await listener.start()
     await shutdown_trigger()
     await listener.shutdown()

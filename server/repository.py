@@ -197,13 +197,24 @@ class Repository:
         self.control_mode = control_mode
         self.strict_readiness = strict_readiness
         self.models: dict[str, Model] = {}
-        # grps Offline clears this: every protocol's readiness probe then says not ready (so load
-        # balancers drain the server) while requests are still served; Online sets it again.
-        self.online = True
+        self._online = True
+        self.online_watchers: list[Callable[[bool], None]] = []  # told of each change (the transport's)
         self._locks: dict[str, asyncio.Lock] = {}  # one per model name: its loads and unloads take turns
         self._failed: dict[str, Signature | None] = {}  # poll mode: a failed reload is not retried as is
         self._overrides: Path | None = None  # the server's folder for file overrides, made on first use
         self._lifecycle: set[asyncio.Task] = set()  # loads and unloads under way for API callers
+
+    @property
+    def online(self) -> bool:
+        """grps Offline clears it: every protocol's readiness probe then says not ready (so load balancers
+        drain the server) while requests are still served; Online sets it again."""
+        return self._online
+
+    @online.setter
+    def online(self, online: bool) -> None:
+        self._online = online
+        for watcher in self.online_watchers:
+            watcher(online)
 
     # ---------------------------------------------------------------------------------------- startup
 

@@ -328,8 +328,8 @@ class H1Connection(BaseConnection):
                 request.method, request.path, request.url, request.headers, request.body, request.params
             )
             response = await self.host.router.call(request.route, http_request)
-            if self.shutting_down and not self.pending:
-                keep_alive = False
+            if (self.shutting_down or self.host.offline.on) and not self.pending:
+                keep_alive = False  # pipelined requests behind it are answered first
             if request.http10 and not isinstance(response.chunks, list):
                 keep_alive = False  # no chunked encoding in HTTP/1.0: the end of the stream is the close
             try:
@@ -481,6 +481,9 @@ class H1Connection(BaseConnection):
             self._early_close(stalled_body(errors, self.settings.body_timeout))
         elif state == IDLE and self.fresh and elapsed > self.settings.head_timeout:
             self._close()  # connected, never sent a byte
+
+    def leave_when_idle(self) -> None:
+        pass  # its next answer says connection: close; closing it idle could race a request
 
     def shutdown(self) -> None:
         self.shutting_down = True

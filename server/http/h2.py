@@ -255,13 +255,18 @@ class H2Connection(FrameReceiver, BaseConnection):
             self.since = self.loop.time()
             if self.goaway_sent:
                 self._close()
-            elif self.shutting_down:
+            elif self.shutting_down or self.host.offline.on:
                 # A moment after the last answer: a client that reads the answer and GOAWAY together
                 # may fail the call it has not yet finished reading (grpclib ends every stream it has).
                 self.loop.call_later(GOAWAY_DELAY, self._goaway_and_close)
 
+    def leave_when_idle(self) -> None:
+        if not self.streams and not self.closing:
+            self.loop.call_later(GOAWAY_DELAY, self._goaway_and_close)
+
     def _goaway_and_close(self) -> None:
-        if not self.streams:
+        # Offline, new streams are served meanwhile: GOAWAY waits for the next idle moment, if any.
+        if not self.streams and (self.shutting_down or self.host.offline.on):
             self._goaway()
             self._close()
 

@@ -55,8 +55,29 @@ class Connection(Protocol):
     def shutdown(self) -> None:
         """Stops taking new requests: closes now if idle, else once what is in flight is answered."""
 
+    def leave_when_idle(self) -> None:
+        """The server went offline: the client is invited to take its next requests elsewhere."""
+
     def abort(self) -> None:
         """Closes at once."""
+
+
+class Offline:
+    """The server out of rotation (grps Offline), for every listener. While it is, connections are ended
+    at their next idle moment, so keep-alive clients move to other replicas before a shutdown: HTTP/1.1
+    answers say `connection: close`; an HTTP/2 connection gets GOAWAY NO_ERROR once no stream is open
+    (a request racing it is one the client knows was not processed). Requests are served meanwhile."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.hosts: list[ConnectionHost] = []
+
+    def set(self, on: bool) -> None:
+        self.on = on
+        if on:
+            for host in self.hosts:
+                for connection in list(host.connections):
+                    connection.leave_when_idle()
 
 
 LARGE_BODY = 1 << 20  # bodies from this size are received into numpy memory
@@ -120,10 +141,18 @@ class ConnectionHost:
     """What every connection of one listener shares: the router, the gRPC services (HTTP/2 requests with
     content-type application/grpc go to them), the limits, the set of connections."""
 
-    def __init__(self, router: Router, settings: HttpSettings, grpc: GrpcServices | None = None) -> None:
+    def __init__(
+        self,
+        router: Router,
+        settings: HttpSettings,
+        grpc: GrpcServices | None = None,
+        offline: Offline | None = None,
+    ) -> None:
         self.router = router
         self.grpc = grpc
         self.settings = settings
+        self.offline = offline if offline is not None else Offline()
+        self.offline.hosts.append(self)
         self.connections: set[Connection] = set()
         self.closing = False
         self.idle = asyncio.Event()  # set whenever no connection is open
@@ -201,8 +230,9 @@ class Listener:
         sockets: list[socket.socket],
         tls: ssl.SSLContext | None = None,
         grpc: GrpcServices | None = None,
+        offline: Offline | None = None,
     ) -> None:
-        self.host = ConnectionHost(router, settings, grpc)
+        self.host = ConnectionHost(router, settings, grpc, offline)
         self.sockets = sockets
         self.tls = tls
         self.servers: list[asyncio.Server] = []
