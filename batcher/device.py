@@ -165,6 +165,8 @@ class DeviceStaging:
     def gather(self, name: str, parts: list[np.ndarray]) -> Any:
         if parts[0].dtype == object:
             return concatenate(parts)  # BYTES stay numpy objects on the host
+        if not all(isinstance(p, np.ndarray) for p in parts):  # from CUDA shared memory: on a device
+            return self.ops.on_device(parts, self._inputs.get(name))
         parts = in_config_dtype(name, parts, self._types.get(name))
         first = parts[0]
         shape = first.shape if len(parts) == 1 else (sum(p.shape[0] for p in parts), *first.shape[1:])
@@ -287,6 +289,17 @@ class _TorchOps:
             stream.synchronize()
         return host
 
+    def on_device(self, parts: list, dtype: Any) -> Any:
+        """One batch tensor from parts of which some are already device arrays (DLPack): concatenated on
+        this staging's device, the host parts copied there."""
+        torch = self.torch
+        tensors = [
+            torch.from_numpy(p).to(self.device) if isinstance(p, np.ndarray) else torch.from_dlpack(p)
+            for p in parts
+        ]
+        tensor = tensors[0] if len(tensors) == 1 else torch.cat([t.to(self.device) for t in tensors])
+        return cast_tensor(tensor.to(self.device), dtype)
+
     def _numpy_dtype(self, dtype: Any) -> np.dtype:
         found = self._numpy_dtypes.get(dtype)
         if found is None:
@@ -381,6 +394,14 @@ class _CupyOps:
                     host[name] = out
             stream.synchronize()
         return host
+
+    def on_device(self, parts: list, dtype: Any) -> Any:
+        """One batch array from parts of which some are already device arrays: on this device."""
+        cupy = self.cupy
+        with cupy.cuda.Device(self.index):
+            arrays = [cupy.asarray(p) if isinstance(p, np.ndarray) else self._array(p) for p in parts]
+            array = arrays[0] if len(arrays) == 1 else cupy.concatenate(arrays)
+            return array if dtype is None or array.dtype == dtype else array.astype(dtype)
 
     def _in_config_dtype(self, array: Any, datatype: DataType | None) -> Any:
         """A device output in the config's dtype; BF16 as uint16 bits (torch's int16 bits viewed so,

@@ -26,6 +26,20 @@ JSON_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
 KIND_NAMES = {"b": "booleans", "i": "integers", "u": "integers", "f": "non-integer numbers", "U": "strings"}
 
 
+# The parameters that put a tensor in a registered shared-memory region (Triton's shared-memory
+# extensions): a tensor that has them carries no data (`data` None) until the server reads the region.
+SHM_REGION, SHM_BYTE_SIZE, SHM_OFFSET = (
+    "shared_memory_region",
+    "shared_memory_byte_size",
+    "shared_memory_offset",
+)
+SHM_PARAMETERS = (SHM_REGION, SHM_BYTE_SIZE, SHM_OFFSET)
+
+
+def in_shared_memory(parameters: dict) -> bool:
+    return bool(parameters) and any(key in parameters for key in SHM_PARAMETERS)
+
+
 @dataclass(slots=True)
 class Tensor:
     """A named tensor. `data` is a numpy array shaped `shape` (BYTES: an object array of bytes).

@@ -46,6 +46,7 @@ from codec.tensor import (
     Tensor,
     array_from_bytes,
     checked_shape,
+    in_shared_memory,
     tensor_bytes,
 )
 
@@ -151,6 +152,9 @@ def _decode_request(data: bytes) -> InferRequest:
     what = f"the inference request for model '{model_name}'"
     if not inputs:
         raise invalid(f"{what} must have a non-empty 'inputs' list")
+    if any(entry.parameters for entry in inputs) and any(in_shared_memory(e.parameters) for e in inputs):
+        return _request_with_shared_memory(data, view, inputs, raw, model_name, model_version, request_id,
+                                           outputs, parameters)  # fmt: skip
     if raw and len(raw) != len(inputs):
         raise invalid(
             f"the number of inputs ({len(inputs)}) does not match the number of raw_input_contents "
@@ -160,6 +164,35 @@ def _decode_request(data: bytes) -> InferRequest:
         _tensor(data, view, entry, raw[i] if raw else None, model_name) for i, entry in enumerate(inputs)
     ]
     return InferRequest(model_name, model_version, request_id or None, tensors, outputs or None, parameters)
+
+
+def _request_with_shared_memory(
+    data: bytes, view: memoryview, inputs: list, raw: list, model: str, version: str, request_id: str,
+    outputs: list, parameters: dict,
+) -> InferRequest:  # fmt: skip
+    """A request with inputs in shared-memory regions: they carry no data (the server reads them), and
+    raw_input_contents, in order, belong to the other inputs."""
+    plain = [entry for entry in inputs if not in_shared_memory(entry.parameters)]
+    if raw and len(raw) != len(plain):
+        raise invalid(
+            f"the number of inputs not in shared memory ({len(plain)}) does not match the number of "
+            f"raw_input_contents ({len(raw)}) for model '{model}'"
+        )
+    contents = iter(raw)
+    tensors = []
+    for entry in inputs:
+        if in_shared_memory(entry.parameters):
+            if entry.dtype is None:
+                _check(entry, f"model '{model}', input '{entry.name}'")
+            if entry.contents is not None:
+                raise invalid(
+                    f"contents field must not be specified when using shared memory for '{entry.name}' "
+                    f"for model '{model}'"
+                )
+            tensors.append(Tensor(entry.name, entry.dtype.v2, entry.shape, None, entry.parameters))
+        else:
+            tensors.append(_tensor(data, view, entry, next(contents) if raw else None, model))
+    return InferRequest(model, version, request_id or None, tensors, outputs or None, parameters)
 
 
 def _decode_input(buf: bytes, pos: int, end: int, key: bytes) -> _Input:
@@ -360,7 +393,7 @@ def encode_response_parts(response: InferResponse) -> list[bytes | memoryview]:
             parts.append(
                 meta if meta is not None else _remember(_METAS, key, len_field(_K5, _output_metadata(tensor)))
             )
-        raws.append(tensor_bytes(tensor))
+        raws.append(b"" if tensor.data is None else tensor_bytes(tensor))  # None: in shared memory
     for chunk in raws:
         parts.append(_K6 + uvarint(len(chunk)))
         parts.append(chunk)

@@ -27,6 +27,7 @@ from codec.tensor import (
     as_dtype,
     checked_shape,
     holds_booleans,
+    in_shared_memory,
     tensor_bytes,
 )
 
@@ -123,6 +124,12 @@ def _decode_input(raw: Any, binary: memoryview, offset: int, model_name: str) ->
     shape, count = checked_shape(raw.get("shape"), what)
     parameters = _parameters(raw.get("parameters"), what)
     size = parameters.pop("binary_data_size", None) if parameters else None
+
+    if in_shared_memory(parameters):  # its data is read from the region by the server
+        if "data" in raw or size is not None:
+            given = "'data'" if "data" in raw else "binary_data_size"
+            raise invalid(f"{what}: has both {given} and shared memory parameters")
+        return Tensor(name, dtype.v2, shape, None, parameters), 0
 
     if size is not None:
         if "data" in raw:
@@ -250,7 +257,9 @@ def encode_response(response: InferResponse, request: InferRequest) -> EncodedRe
         }
         if tensor.parameters:
             entry["parameters"] = dict(tensor.parameters)
-        if wanted.get(tensor.name, default_binary) if wanted else default_binary:
+        if tensor.data is None:  # written into a shared-memory region: no data here
+            pass
+        elif wanted.get(tensor.name, default_binary) if wanted else default_binary:
             raw = tensor_bytes(tensor)
             raw_chunks.append(raw)
             entry.setdefault("parameters", {})["binary_data_size"] = len(raw)

@@ -26,6 +26,7 @@ from server.http.listener import (
 from server.metrics import metrics_router
 from server.repository import CONTROL_MODES, Repository
 from server.router import Router
+from server.shared_memory import SharedMemory
 
 log = logging.getLogger("tensorgate")
 # Where we listen is always said, whatever --log-level: with port 0 it is the only way to learn the port.
@@ -196,6 +197,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve Prometheus metrics on --metrics-port (default true)",
     )
     serve.add_argument(
+        "--allow-client-shm",
+        type=_boolean,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="true|false",
+        help="let clients register system and CUDA shared-memory regions (default false: a client could "
+        "make the server read or write any segment its user may open)",
+    )
+    serve.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default info"
     )
     return parser
@@ -254,13 +265,16 @@ async def serve(args: argparse.Namespace) -> None:
     gc.set_threshold(10_000, 10, 10)
 
     router = Router(fallback_errors=error_response)
-    V2Endpoints(repository).install(router)
+    shared_memory = SharedMemory(args.allow_client_shm)
+    V2Endpoints(repository, shared_memory).install(router)
     GrpsEndpoints(repository, args.grps_default_model).install(router)
     TFServingEndpoints(repository).install(router)
     RepositoryEndpoints(repository).install(router)
     settings = http_settings(args)
 
-    grpc_services = grpc.services(repository, args.grps_default_model, args.grpc_max_message_bytes)
+    grpc_services = grpc.services(
+        repository, args.grps_default_model, args.grpc_max_message_bytes, shared_memory
+    )
 
     raise_fd_limit()
     # (name, router, sockets, gRPC services): gRPC is served on its port and, over HTTP/2, on HTTP's.

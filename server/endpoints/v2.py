@@ -1,12 +1,16 @@
-"""KServe v2 REST endpoints: health, server and model metadata, model config, statistics, infer."""
+"""KServe v2 REST endpoints: health, server and model metadata, model config, statistics, infer, and
+Triton's system and CUDA shared-memory extensions."""
+
+import functools
 
 import orjson
 
 from codec import v2_http
-from codec.errors import InferError, http_status
+from codec.errors import InferError, http_status, invalid
 from server import __version__
 from server.repository import Repository
 from server.router import HttpRequest, HttpResponse, Router, body_response
+from server.shared_memory import CUDA, SYSTEM, SharedMemory, decode_handle
 from server.statistics import model_statistics
 
 EXTENSIONS = [
@@ -15,6 +19,8 @@ EXTENSIONS = [
     "model_repository",
     "model_repository(unload_dependents)",
     "statistics",
+    "system_shared_memory",
+    "cuda_shared_memory",
 ]
 
 
@@ -27,8 +33,9 @@ def error_response(error: InferError) -> HttpResponse:
 
 
 class V2Endpoints:
-    def __init__(self, repository: Repository) -> None:
+    def __init__(self, repository: Repository, shared_memory: SharedMemory) -> None:
         self.repository = repository
+        self.shared_memory = shared_memory
 
     def install(self, router: Router) -> None:
         model = "/v2/models/{model}[/versions/{version}]"
@@ -44,6 +51,14 @@ class V2Endpoints:
             ("POST", model + "/infer", self.infer),
         ):
             router.add(method, template, handler, error_response)
+        for kind in (SYSTEM, CUDA):
+            base = f"/v2/{kind}sharedmemory"
+            for method, template, handler in (
+                ("GET", base + "[/region/{name}]/status", self.shm_status),
+                ("POST", base + "/region/{name}/register", self.shm_register),
+                ("POST", base + "[/region/{name}]/unregister", self.shm_unregister),
+            ):
+                router.add(method, template, functools.partial(handler, kind), error_response)
 
     async def server_metadata(self, request: HttpRequest) -> HttpResponse:
         return json_response({"name": "tensorgate", "version": __version__, "extensions": EXTENSIONS})
@@ -79,6 +94,41 @@ class V2Endpoints:
             request.headers.get(v2_http.HEADER_LENGTH_BYTES), len(request.body)
         )
         infer_request = v2_http.decode_request(request.body, header_length, name, version)
-        response = await model_version.infer(infer_request)
+        response = await self.shared_memory.infer(model_version, infer_request)
         encoded = v2_http.encode_response(response, infer_request)
         return HttpResponse(200, encoded.headers, encoded.chunks)
+
+    # ------------------------------------------------------------------------------- shared memory
+
+    async def shm_status(self, kind: str, request: HttpRequest) -> HttpResponse:
+        return json_response(self.shared_memory.status(kind, request.params["name"]))
+
+    async def shm_register(self, kind: str, request: HttpRequest) -> HttpResponse:
+        body = _json_object(request.body, f"{kind} shared memory register request")
+        name = request.params["name"]
+        if kind == SYSTEM:
+            key = body.get("key")
+            if not isinstance(key, str):
+                raise invalid("system shared memory register request needs a string 'key'")
+            self.shared_memory.register_system(name, key, body.get("offset", 0), body.get("byte_size"))
+        else:
+            handle = decode_handle(body.get("raw_handle"))
+            device_id = body.get("device_id", 0)
+            if type(device_id) is not int or device_id < 0:
+                raise invalid("cuda shared memory register request needs a non-negative integer 'device_id'")
+            self.shared_memory.register_cuda(name, handle, device_id, body.get("byte_size"))
+        return body_response(b"", v2_http.JSON_CONTENT_TYPE)
+
+    async def shm_unregister(self, kind: str, request: HttpRequest) -> HttpResponse:
+        self.shared_memory.unregister(kind, request.params["name"])
+        return body_response(b"", v2_http.JSON_CONTENT_TYPE)
+
+
+def _json_object(body: bytes | memoryview, what: str) -> dict:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise invalid(f"{what}: the body is not valid JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise invalid(f"{what}: the body must be a JSON object")
+    return doc

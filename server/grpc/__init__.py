@@ -9,15 +9,21 @@ from server.grpc.inference import InferenceService
 from server.grpc.reflection import DESCRIPTORS, Descriptors, Reflection, ReflectionV1, ReflectionV1Alpha
 from server.http.grpc_call import GrpcServices
 from server.repository import Repository
+from server.shared_memory import SharedMemory
 
 
-def services(repository: Repository, grps_default_model: str | None, max_message_bytes: int) -> GrpcServices:
+def services(
+    repository: Repository,
+    grps_default_model: str | None,
+    max_message_bytes: int,
+    shared_memory: SharedMemory,
+) -> GrpcServices:
     """The services served on --grpc-port and, over HTTP/2, on --http-port."""
     health = HealthService(repository)
     reflection = Reflection(Descriptors(DESCRIPTORS.read_bytes()))
     served = GrpcServices(
         [
-            InferenceService(repository),
+            InferenceService(repository, shared_memory),
             GrpsService(repository, grps_default_model),
             health,
             ReflectionV1(reflection),

@@ -23,6 +23,7 @@ from server.endpoints.v2 import EXTENSIONS
 from server.grpc.stream_infer import SHUTTING_DOWN, StreamInfer
 from server.http.grpc_call import GrpcCall
 from server.repository import Repository
+from server.shared_memory import CUDA, SYSTEM, SharedMemory
 from server.statistics import model_statistics
 
 log = logging.getLogger("tensorgate.grpc")
@@ -79,8 +80,9 @@ def _unimplemented(what: str) -> GRPCError:
 
 
 class InferenceService(pb.GrpcInferenceServiceBase):
-    def __init__(self, repository: Repository) -> None:
+    def __init__(self, repository: Repository, shared_memory: SharedMemory) -> None:
         self.repository = repository
+        self.shared_memory = shared_memory
         self._streams: set[StreamInfer] = set()  # open ModelStreamInfer calls, stopped on shutdown
         self._closing = False
 
@@ -171,25 +173,54 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         await self.repository.unload_model(message.model_name, bool(dependents))
         return pb.RepositoryModelUnloadResponse()
 
+    # ------------------------------------------------------------------------------- shared memory
+
+    @rpc
+    async def system_shared_memory_status(
+        self, message: pb.SystemSharedMemoryStatusRequest
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        regions = self.shared_memory.status(SYSTEM, message.name)
+        status = pb.SystemSharedMemoryStatusResponseRegionStatus
+        return pb.SystemSharedMemoryStatusResponse(regions={r["name"]: status(**r) for r in regions})
+
+    @rpc
+    async def system_shared_memory_register(
+        self, message: pb.SystemSharedMemoryRegisterRequest
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self.shared_memory.register_system(message.name, message.key, message.offset, message.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @rpc
+    async def system_shared_memory_unregister(
+        self, message: pb.SystemSharedMemoryUnregisterRequest
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        self.shared_memory.unregister(SYSTEM, message.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @rpc
+    async def cuda_shared_memory_status(
+        self, message: pb.CudaSharedMemoryStatusRequest
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        regions = self.shared_memory.status(CUDA, message.name)
+        status = pb.CudaSharedMemoryStatusResponseRegionStatus
+        return pb.CudaSharedMemoryStatusResponse(regions={r["name"]: status(**r) for r in regions})
+
+    @rpc
+    async def cuda_shared_memory_register(
+        self, message: pb.CudaSharedMemoryRegisterRequest
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        shm = self.shared_memory
+        shm.register_cuda(message.name, message.raw_handle, message.device_id, message.byte_size)
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    @rpc
+    async def cuda_shared_memory_unregister(
+        self, message: pb.CudaSharedMemoryUnregisterRequest
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        self.shared_memory.unregister(CUDA, message.name)
+        return pb.CudaSharedMemoryUnregisterResponse()
+
     # ------------------------------------------------------------------- what this server does not do
-
-    async def system_shared_memory_status(self, message: Any) -> Any:
-        raise _unimplemented("system shared memory")
-
-    async def system_shared_memory_register(self, message: Any) -> Any:
-        raise _unimplemented("system shared memory")
-
-    async def system_shared_memory_unregister(self, message: Any) -> Any:
-        raise _unimplemented("system shared memory")
-
-    async def cuda_shared_memory_status(self, message: Any) -> Any:
-        raise _unimplemented("CUDA shared memory")
-
-    async def cuda_shared_memory_register(self, message: Any) -> Any:
-        raise _unimplemented("CUDA shared memory")
-
-    async def cuda_shared_memory_unregister(self, message: Any) -> Any:
-        raise _unimplemented("CUDA shared memory")
 
     async def trace_setting(self, message: Any) -> Any:
         raise _unimplemented("TraceSetting")
@@ -204,7 +235,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         try:
             request = v2_grpc.decode_request(message.data)
             version = self.repository.resolve(request.model_name, request.model_version)
-            parts = v2_grpc.encode_response_parts(await version.infer(request))
+            parts = v2_grpc.encode_response_parts(await self.shared_memory.infer(version, request))
         except Exception as e:  # only the work: the transport answers errors of the stream itself
             raise _grpc_error(e, "ModelInfer") from None
         await call.send_message(RawMessage(parts=parts))
@@ -214,7 +245,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     async def _model_stream_infer(self, call: GrpcCall) -> None:
         if self._closing:
             raise GRPCError(Status.UNAVAILABLE, SHUTTING_DOWN)
-        stream = StreamInfer(self.repository, call, RawMessage)
+        stream = StreamInfer(self.repository, call, RawMessage, self.shared_memory)
         self._streams.add(stream)
         try:
             await stream.run()

@@ -31,6 +31,7 @@ from codec.tensor import InferResponse
 from server.http import eager
 from server.http.grpc_call import GrpcCall
 from server.repository import Repository
+from server.shared_memory import SharedMemory
 
 log = logging.getLogger("tensorgate.grpc")
 
@@ -41,8 +42,11 @@ SHUTTING_DOWN = "the server is shutting down: this stream takes no more requests
 
 
 class StreamInfer:
-    def __init__(self, repository: Repository, call: GrpcCall, raw_message: type) -> None:
+    def __init__(
+        self, repository: Repository, call: GrpcCall, raw_message: type, shared_memory: SharedMemory
+    ) -> None:
         self.repository = repository
+        self.shared_memory = shared_memory
         self.call = call
         self.raw_message = raw_message  # the handler's message type: bytes to send
         self.pending: collections.deque[_Pending] = collections.deque()  # started, not yet answered
@@ -121,7 +125,7 @@ class StreamInfer:
             version = self.repository.resolve(request.model_name, request.model_version)
             if version.streams:
                 return _Pending(request_id, final, iterator=version.infer_stream(request))
-            finished, outcome = eager.step(version.infer(request), self.loop)
+            finished, outcome = eager.step(self.shared_memory.infer(version, request), self.loop)
             if finished:  # a model executed inline: no task, no future
                 return _Pending(request_id, final, response=outcome)
             return _Pending(request_id, final, task=outcome)
