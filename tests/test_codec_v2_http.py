@@ -328,7 +328,7 @@ def test_id_parameters_and_outputs_are_kept():
                 "name": INPUT,
                 "datatype": "UINT8",
                 "shape": [1],
-                "parameters": {"binary_data_size": 1, "shared_memory_region": "none"},
+                "parameters": {"binary_data_size": 1, "note": "kept as given"},
             }
         ],
         "outputs": [
@@ -343,7 +343,7 @@ def test_id_parameters_and_outputs_are_kept():
     assert request.model_version == "2"
     assert request.parameters == {"priority": 2, "trace": {"on": [1, "x"]}}
     assert request.binary_output is True
-    assert request.inputs[0].parameters == {"shared_memory_region": "none"}
+    assert request.inputs[0].parameters == {"note": "kept as given"}
     assert request.outputs == [
         RequestedOutput("a", None, {}),
         RequestedOutput("b", False, {"classification": 3}),

@@ -321,13 +321,7 @@ def test_repository_load_and_unload_in_explicit_mode(start_server, repo: Path) -
     assert states == {"disk": "UNAVAILABLE", "uploaded": "READY"}
 
 
-UNSUPPORTED = [
-    ("system_shared_memory_status", pb.SystemSharedMemoryStatusRequest, "system shared memory"),
-    ("system_shared_memory_register", pb.SystemSharedMemoryRegisterRequest, "system shared memory"),
-    ("system_shared_memory_unregister", pb.SystemSharedMemoryUnregisterRequest, "system shared memory"),
-    ("cuda_shared_memory_status", pb.CudaSharedMemoryStatusRequest, "CUDA shared memory"),
-    ("cuda_shared_memory_register", pb.CudaSharedMemoryRegisterRequest, "CUDA shared memory"),
-    ("cuda_shared_memory_unregister", pb.CudaSharedMemoryUnregisterRequest, "CUDA shared memory"),
+UNSUPPORTED = [  # the shared-memory RPCs are served (tests/test_e2e_shared_memory.py)
     ("trace_setting", pb.TraceSettingRequest, "TraceSetting"),
     ("log_settings", pb.LogSettingsRequest, "LogSettings"),
 ]

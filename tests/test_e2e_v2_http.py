@@ -40,10 +40,12 @@ def test_server_metadata(client: httpx.Client) -> None:
     assert isinstance(doc["version"], str) and doc["version"]
     assert sorted(doc["extensions"]) == [
         "binary_tensor_data",
+        "cuda_shared_memory",
         "model_configuration",
         "model_repository",
         "model_repository(unload_dependents)",
         "statistics",
+        "system_shared_memory",
     ]
 
 
