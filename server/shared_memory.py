@@ -21,6 +21,7 @@ import mmap
 import os
 import stat
 import threading
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,12 +139,16 @@ class SharedMemory:
 
     # ------------------------------------------------------------------------------------------ infer
 
-    async def infer(self, version: Any, request: InferRequest) -> InferResponse:
+    def infer(self, version: Any, request: InferRequest) -> Awaitable[InferResponse]:
         """`version.infer(request)` with the request's shared-memory inputs read from their regions and
-        its shared-memory outputs written into them (answered with their parameters, no data)."""
+        its shared-memory outputs written into them (answered with their parameters, no data). The usual
+        request names no region: its own coroutine, no layer added."""
         outputs = _shm_outputs(request)
         if outputs is None and all(t.data is not None for t in request.inputs):
-            return await version.infer(request)  # the usual request: no shared memory
+            return version.infer(request)
+        return self._infer(version, request, outputs)
+
+    async def _infer(self, version: Any, request: InferRequest, outputs: list | None) -> InferResponse:
         executor = getattr(version, "executor", None)
         on_host = executor is None or executor.staging.device == "cpu"
         for tensor in request.inputs:
