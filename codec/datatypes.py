@@ -1,4 +1,5 @@
-"""The one datatype table: KServe v2 name <-> model config TYPE_* <-> numpy <-> torch <-> TF Serving <-> grps.
+"""The one datatype table: KServe v2 name <-> model config TYPE_* <-> numpy <-> torch <-> TF Serving <-> grps
+<-> ONNX Runtime.
 
 Nothing else in the project spells a dtype mapping. BF16 has no numpy dtype: its elements travel as
 uint16 bit patterns (a torch backend views them as torch.bfloat16). BYTES travel as numpy object arrays
@@ -23,27 +24,28 @@ class DataType:
     tf: str  # TensorFlow DataType name (TF Serving)
     size: int  # bytes per element; 0 for variable-size BYTES
     grps: str  # the grps (NetEase-Media/grps) DataType that carries it
+    onnx: str  # ONNX Runtime's type string of a tensor of it (NodeArg.type)
 
 
-def _t(v2: str, config: str, numpy: str, torch: str, tf: str, size: int, grps: str) -> DataType:
-    return DataType(v2, config, np.dtype(numpy), torch, tf, size, grps)
+def _t(v2: str, config: str, numpy: str, torch: str, tf: str, size: int, grps: str, onnx: str) -> DataType:
+    return DataType(v2, config, np.dtype(numpy), torch, tf, size, grps, f"tensor({onnx})")
 
 
 TABLE: tuple[DataType, ...] = (
-    _t("BOOL", "TYPE_BOOL", "bool", "bool", "DT_BOOL", 1, "DT_UINT8"),
-    _t("UINT8", "TYPE_UINT8", "<u1", "uint8", "DT_UINT8", 1, "DT_UINT8"),
-    _t("UINT16", "TYPE_UINT16", "<u2", "uint16", "DT_UINT16", 2, "DT_INT32"),
-    _t("UINT32", "TYPE_UINT32", "<u4", "uint32", "DT_UINT32", 4, "DT_INT64"),
-    _t("UINT64", "TYPE_UINT64", "<u8", "uint64", "DT_UINT64", 8, "DT_INT64"),
-    _t("INT8", "TYPE_INT8", "<i1", "int8", "DT_INT8", 1, "DT_INT8"),
-    _t("INT16", "TYPE_INT16", "<i2", "int16", "DT_INT16", 2, "DT_INT16"),
-    _t("INT32", "TYPE_INT32", "<i4", "int32", "DT_INT32", 4, "DT_INT32"),
-    _t("INT64", "TYPE_INT64", "<i8", "int64", "DT_INT64", 8, "DT_INT64"),
-    _t("FP16", "TYPE_FP16", "<f2", "float16", "DT_HALF", 2, "DT_FLOAT16"),
-    _t("FP32", "TYPE_FP32", "<f4", "float32", "DT_FLOAT", 4, "DT_FLOAT32"),
-    _t("FP64", "TYPE_FP64", "<f8", "float64", "DT_DOUBLE", 8, "DT_FLOAT64"),
-    _t("BF16", "TYPE_BF16", "<u2", "bfloat16", "DT_BFLOAT16", 2, "DT_FLOAT32"),
-    _t("BYTES", "TYPE_STRING", "O", "uint8", "DT_STRING", 0, "DT_STRING"),
+    _t("BOOL", "TYPE_BOOL", "bool", "bool", "DT_BOOL", 1, "DT_UINT8", "bool"),
+    _t("UINT8", "TYPE_UINT8", "<u1", "uint8", "DT_UINT8", 1, "DT_UINT8", "uint8"),
+    _t("UINT16", "TYPE_UINT16", "<u2", "uint16", "DT_UINT16", 2, "DT_INT32", "uint16"),
+    _t("UINT32", "TYPE_UINT32", "<u4", "uint32", "DT_UINT32", 4, "DT_INT64", "uint32"),
+    _t("UINT64", "TYPE_UINT64", "<u8", "uint64", "DT_UINT64", 8, "DT_INT64", "uint64"),
+    _t("INT8", "TYPE_INT8", "<i1", "int8", "DT_INT8", 1, "DT_INT8", "int8"),
+    _t("INT16", "TYPE_INT16", "<i2", "int16", "DT_INT16", 2, "DT_INT16", "int16"),
+    _t("INT32", "TYPE_INT32", "<i4", "int32", "DT_INT32", 4, "DT_INT32", "int32"),
+    _t("INT64", "TYPE_INT64", "<i8", "int64", "DT_INT64", 8, "DT_INT64", "int64"),
+    _t("FP16", "TYPE_FP16", "<f2", "float16", "DT_HALF", 2, "DT_FLOAT16", "float16"),
+    _t("FP32", "TYPE_FP32", "<f4", "float32", "DT_FLOAT", 4, "DT_FLOAT32", "float"),
+    _t("FP64", "TYPE_FP64", "<f8", "float64", "DT_DOUBLE", 8, "DT_FLOAT64", "double"),
+    _t("BF16", "TYPE_BF16", "<u2", "bfloat16", "DT_BFLOAT16", 2, "DT_FLOAT32", "bfloat16"),
+    _t("BYTES", "TYPE_STRING", "O", "uint8", "DT_STRING", 0, "DT_STRING", "string"),
 )
 
 BY_V2: dict[str, DataType] = {t.v2: t for t in TABLE}
@@ -54,6 +56,7 @@ BY_GRPS: dict[str, DataType] = {
 }
 # numpy -> v2 for arrays a model returns; BF16 is never inferred from uint16.
 BY_NUMPY: dict[np.dtype, DataType] = {t.numpy: t for t in TABLE if t.v2 != "BF16"}
+BY_ONNX: dict[str, DataType] = {t.onnx: t for t in TABLE}
 BY_NUMPY[np.dtype("S")] = BY_V2["BYTES"]
 BY_NUMPY[np.dtype("U")] = BY_V2["BYTES"]
 

@@ -225,10 +225,10 @@ def test_runtime_is_admitted_beside_kserve_runtimes() -> None:
 
 def test_supported_formats_are_ones_the_server_runs() -> None:
     """Each format the runtime claims is one we serve: a Triton repository of our backends, or a backend
-    of ours by name (no onnx, tensorrt or tensorflow: we cannot load those)."""
+    of ours by name (no tensorrt or tensorflow: we cannot load those)."""
     from server.backends import SUPPORTED
 
-    backend_of = {"python": "python", "pytorch": "pytorch"}
+    backend_of = {"python": "python", "pytorch": "pytorch", "onnx": "onnxruntime"}
     for fmt in load(RUNTIME_FILE)["spec"]["supportedModelFormats"]:
         assert fmt["name"] == "triton" or backend_of.get(fmt["name"]) in SUPPORTED, fmt
 

@@ -3,7 +3,7 @@
 from pathlib import Path
 from typing import Any, Protocol
 
-SUPPORTED = ("python", "pytorch")
+SUPPORTED = ("python", "pytorch", "onnxruntime")
 
 
 class Backend(Protocol):
@@ -28,4 +28,8 @@ def load_backend(version_dir: Path, config: dict, version: int) -> Backend:
         from server.backends.pytorch import PyTorchBackend  # imports torch itself, only now
 
         return PyTorchBackend(version_dir, config, version)
+    if name in ("onnxruntime", "onnxruntime_onnx"):
+        from server.backends.onnxruntime import OnnxRuntimeBackend  # imports onnxruntime itself, only now
+
+        return OnnxRuntimeBackend(version_dir, config, version)
     raise ValueError(f"backend {name!r} is not supported (supported: {', '.join(SUPPORTED)})")

@@ -1,0 +1,138 @@
+"""The onnxruntime backend: `<version>/model.onnx` (or `default_model_filename`) through ONNX Runtime.
+
+`platform: "onnxruntime_onnx"` or `backend: "onnxruntime"`, as in Triton. The batcher hands it numpy
+batches (host staging) and runs it in worker threads, one per instance; ONNX Runtime copies to the
+device itself when it runs on CUDA.
+
+- Execution provider: CUDA (device: the instance_group's first `gpus`, else 0) when the model's group is
+  KIND_GPU or KIND_AUTO and onnxruntime-gpu offers it; else the CPU (with a warning when KIND_GPU asked
+  for a GPU).
+- Threads: the config parameters `intra_op_thread_count` and `inter_op_thread_count` (Triton's
+  onnxruntime backend names them so). Unlike Triton, intra-op defaults to 1 thread, not ONNX Runtime's
+  one-per-core: its spinning threads starve the event loop on a small machine, as torch's do (see the
+  pytorch backend); ask for more where cores are to spare.
+- The config is checked against the graph at load: every config input and output must be one of the
+  graph's, of the same datatype, with dims the graph accepts (a symbolic graph dim accepts any); with
+  max_batch_size > 0 the graph's first dim is the batch dim and must not be fixed to another size. A
+  mismatch fails the load with a message naming the tensor.
+"""
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from batcher.staging import HostStaging, gpu_group
+from codec.datatypes import BY_CONFIG, BY_ONNX
+from codec.errors import ErrorKind, InferError
+
+log = logging.getLogger("tensorgate.onnxruntime")
+
+MODEL_FILE = "model.onnx"
+
+
+class OnnxRuntimeBackend:
+    is_async = False
+    in_thread = True  # session.run blocks for the whole graph: the batcher runs it in a worker thread
+
+    def __init__(self, version_dir: Path, config: dict, version: int) -> None:
+        try:
+            import onnxruntime
+        except ImportError:
+            raise ImportError(
+                "the onnxruntime backend needs onnxruntime (pip install 'tensorgate[onnx]')"
+            ) from None
+        self.name: str = config["name"]
+        self.staging = HostStaging()  # numpy in and out; onnxruntime stages onto a GPU itself
+        path = version_dir / (config.get("default_model_filename") or MODEL_FILE)
+        if not path.is_file():
+            raise FileNotFoundError(f"no {path.name} in {version_dir}")
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = _thread_count(config, "intra_op_thread_count", 1)
+        options.inter_op_num_threads = _thread_count(config, "inter_op_thread_count", 0)
+        self.session = onnxruntime.InferenceSession(
+            str(path), options, providers=_providers(config, onnxruntime.get_available_providers())
+        )
+        graph_inputs = {arg.name: arg for arg in self.session.get_inputs()}
+        graph_outputs = {arg.name: arg for arg in self.session.get_outputs()}
+        batched = config.get("max_batch_size", 0) > 0
+        for entry in config["input"]:
+            _check_tensor("input", entry, graph_inputs, batched, path.name)
+        for entry in config["output"]:
+            _check_tensor("output", entry, graph_outputs, batched, path.name)
+        self.output_names = [e["name"] for e in config["output"]]
+
+    def execute(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        feed = {name: np.ascontiguousarray(array) for name, array in inputs.items()}
+        try:
+            results = self.session.run(self.output_names, feed)
+        except Exception as e:  # onnxruntime's own errors: a bad shape or value for this graph
+            raise InferError(ErrorKind.INTERNAL, f"model '{self.name}': onnxruntime: {e}") from None
+        return dict(zip(self.output_names, results, strict=True))
+
+    def close(self) -> None:
+        self.session = None
+
+
+def _providers(config: dict, available: list[str]) -> list:
+    """CUDA first when the instance group puts the model on a GPU and onnxruntime offers CUDA."""
+    group = gpu_group(config.get("instance_group") or [])
+    if group is None:
+        return ["CPUExecutionProvider"]
+    if "CUDAExecutionProvider" in available:
+        device = (group.get("gpus") or [0])[0]
+        return [("CUDAExecutionProvider", {"device_id": device}), "CPUExecutionProvider"]
+    if group.get("kind") == "KIND_GPU":
+        log.warning(
+            "model '%s': instance_group '%s' asks for KIND_GPU but onnxruntime offers no CUDA execution "
+            "provider (install onnxruntime-gpu); running on the CPU",
+            config["name"],
+            group.get("name", ""),
+        )
+    return ["CPUExecutionProvider"]
+
+
+def _check_tensor(kind: str, entry: dict, graph: dict, batched: bool, file: str) -> None:
+    """Raises ValueError naming the tensor when the config's entry is not what the graph has."""
+    name = entry["name"]
+    arg = graph.get(name)
+    if arg is None:
+        raise ValueError(f"{file} has no {kind} '{name}' (its {kind}s: {', '.join(graph) or 'none'})")
+    want = BY_CONFIG[entry["data_type"]]
+    have = BY_ONNX.get(arg.type)
+    if have is not want:
+        raise ValueError(
+            f"{kind} '{name}' is {want.config} in the config but {arg.type} in {file}"
+            + ("" if have is None else f" ({have.config})")
+        )
+    dims = list(entry.get("reshape", {}).get("shape") or entry["dims"])
+    graph_dims = list(arg.shape)
+    if batched:
+        if not graph_dims:
+            raise ValueError(f"{kind} '{name}' has no batch dimension in {file} but max_batch_size > 0")
+        first, graph_dims = graph_dims[0], graph_dims[1:]
+        if isinstance(first, int) and first not in (-1, 1):
+            raise ValueError(
+                f"{kind} '{name}' has a batch dimension fixed to {first} in {file}; max_batch_size > 0 "
+                "needs it dynamic"
+            )
+    fits = len(dims) == len(graph_dims) and all(
+        not isinstance(g, int) or g < 0 or d == -1 or d == g for d, g in zip(dims, graph_dims, strict=True)
+    )
+    if not fits:
+        shape = ["?" if not isinstance(g, int) or g < 0 else g for g in graph_dims]
+        raise ValueError(f"{kind} '{name}' has dims {dims} in the config but {shape} in {file}")
+
+
+def _thread_count(config: dict, key: str, default: int) -> int:
+    raw = config.get("parameters", {}).get(key, {}).get("string_value")
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"parameter {key} must be an integer, got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"parameter {key} must be at least 0 (0: onnxruntime's default), got {value}")
+    return value
