@@ -1,9 +1,11 @@
 """Dynamic batching on and off, side by side: the example MLP at several concurrencies, one server.
 
-    python -m bench.batching [--duration 5] [--warmup 1] [--concurrency 1 8 64] [--out bench/results]
+    python -m bench.batching [--model mlp|onnx_mlp] [--duration 5] [--warmup 1] [--concurrency 1 8 64]
+                             [--out bench/results]
 
-The server serves two copies of examples/model_repository/mlp: `mlp` as bundled (dynamic_batching on,
-max_queue_delay_microseconds 100) and `mlp_nobatch` (the same config without dynamic_batching, so every
+The server serves two copies of the model --model names from examples/model_repository (`mlp`, the
+TorchScript MLP, by default; `onnx_mlp`, the same MLP in ONNX): `<model>` as bundled (dynamic_batching on,
+max_queue_delay_microseconds 100) and `<model>_nobatch` (the same config without dynamic_batching, so every
 request executes alone). Each request is one row (64 FP32, binary tensor data) over HTTP/1.1. For every
 concurrency the two models are loaded in turn; the mean batch size comes from the server's statistics
 (rows inferred / executions). The GPU run is the same command on a machine with CUDA (the config's
@@ -37,8 +39,12 @@ from bench.procs import ServerProcess
 from bench.stats import Recorder, drive
 
 ROOT = Path(__file__).resolve().parents[1]
-MLP = ROOT / "examples" / "model_repository" / "mlp"
-MODELS = {"off": "mlp_nobatch", "on": "mlp"}
+EXAMPLES = ROOT / "examples" / "model_repository"
+TITLES = {"mlp": "example MLP", "onnx_mlp": "example ONNX MLP (onnx_mlp)"}  # the --model choices
+
+
+def model_names(model: str) -> dict[str, str]:
+    return {"off": f"{model}_nobatch", "on": model}
 
 
 @dataclass
@@ -52,11 +58,12 @@ class Row:
     errors: int
 
 
-def make_repository(directory: Path) -> Path:
-    for name in MODELS.values():
-        shutil.copytree(MLP, directory / name)
-        config = (MLP / "config.pbtxt").read_text().replace('name: "mlp"', f'name: "{name}"')
-        if name == MODELS["off"]:
+def make_repository(directory: Path, model: str = "mlp") -> Path:
+    source = EXAMPLES / model
+    for name in model_names(model).values():
+        shutil.copytree(source, directory / name)
+        config = (source / "config.pbtxt").read_text().replace(f'name: "{model}"', f'name: "{name}"')
+        if name == model_names(model)["off"]:
             config = "\n".join(line for line in config.splitlines() if "dynamic_batching" not in line)
         (directory / name / "config.pbtxt").write_text(config + "\n")
     return directory
@@ -158,13 +165,13 @@ async def measure(host: str, port: int, model: str, concurrency: int, opts: argp
     rows, executions = counts(base_url, model)
     rows_before, executions_before = before[0]
     mean_batch = (rows - rows_before) / max(1, executions - executions_before)
-    batching = "on" if model == MODELS["on"] else "off"
+    batching = "on" if model == opts.model else "off"
     return Row(concurrency, batching, summary.rps, summary.p50_ms, summary.p99_ms, mean_batch, summary.errors)
 
 
-def render(rows: list[Row], device: str, extra: list[str]) -> str:
+def render(rows: list[Row], device: str, extra: list[str], model: str = "mlp") -> str:
     lines = [
-        f"# Dynamic batching on/off, example MLP, {time.strftime('%Y-%m-%d')}, {device}",
+        f"# Dynamic batching on/off, {TITLES[model]}, {time.strftime('%Y-%m-%d')}, {device}",
         "",
         "| concurrency | batching | requests/s | p50 ms | p99 ms | mean batch | errors |",
         "|---|---|---|---|---|---|---|",
@@ -198,11 +205,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
-    parser.add_argument("--out", default="", help="folder to write batching-<date>.md/.json into")
+    parser.add_argument("--model", choices=list(TITLES), default="mlp", help="example model (default mlp)")
+    parser.add_argument("--out", default="", help="folder for <date>-batching[-<model> if not mlp].md/.json")
     opts = parser.parse_args(argv)
+    models = model_names(opts.model)
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
-        repository = make_repository(Path(tmp))
+        repository = make_repository(Path(tmp), opts.model)
         argv_server = [sys.executable, "-m", "server", "serve", "--model-repository", str(repository)]
         argv_server += ["--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
         with (
@@ -210,18 +219,19 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.Runner(loop_factory=new_event_loop) as runner,
         ):
             for concurrency in opts.concurrency:
-                for model in MODELS.values():
+                for model in models.values():
                     rows.append(runner.run(measure(server.host, server.port, model, concurrency, opts)))
             base_url = f"http://{server.host}:{server.port}"
-            stats = model_stats(base_url, MODELS["on"])
-            config = httpx.get(f"{base_url}/v2/models/{MODELS['on']}/config").json()
+            stats = model_stats(base_url, models["on"])
+            config = httpx.get(f"{base_url}/v2/models/{models['on']}/config").json()
     delay_ms = config["dynamic_batching"].get("max_queue_delay_microseconds", 0) / 1000
-    report = render(rows, device_name(), gpu_figures(rows, stats, delay_ms))
+    report = render(rows, device_name(), gpu_figures(rows, stats, delay_ms), opts.model)
     print(report)
     if opts.out:
         out = Path(opts.out)
         out.mkdir(parents=True, exist_ok=True)
-        stem = out / f"{time.strftime('%Y-%m-%d')}-batching"
+        suffix = "" if opts.model == "mlp" else f"-{opts.model}"  # mlp keeps the name its old results have
+        stem = out / f"{time.strftime('%Y-%m-%d')}-batching{suffix}"
         stem.with_suffix(".md").write_text(report)
         stem.with_suffix(".json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
     return 0
