@@ -11,6 +11,9 @@ from codec.bytes_tensor import decode_bytes, encode_bytes
 from codec.datatypes import BY_V2, DataType
 from codec.errors import invalid
 
+# Tensors up to this size are answered as a copy of their bytes: one call, where a view costs three
+# (~0.05 against ~0.4 us), and a KiB copied costs less than that difference.
+SMALL_COPY = 1024
 MAX_DIMS = 32  # numpy allows 64; no model has more than a handful
 MAX_DIM = 2**62
 
@@ -127,10 +130,13 @@ def as_dtype(array: Any, dtype: np.dtype) -> np.ndarray:
 
 def tensor_bytes(tensor: Tensor) -> bytes | memoryview:
     """The tensor's elements as the v2 binary / raw_contents layout: BYTES length-prefixed, anything else
-    C-order little-endian (a view when the data already is so)."""
+    C-order little-endian: a view when the data already is so and is over SMALL_COPY bytes."""
     if tensor.datatype == "BYTES":
         return encode_bytes(np.asarray(tensor.data))
-    return memoryview(as_dtype(tensor.data, BY_V2[tensor.datatype].numpy).ravel().view(np.uint8))
+    data = as_dtype(tensor.data, BY_V2[tensor.datatype].numpy)
+    if data.nbytes <= SMALL_COPY:
+        return data.tobytes()
+    return memoryview(data.ravel().view(np.uint8))
 
 
 def holds_booleans(value: Any) -> bool:

@@ -109,15 +109,81 @@ class _Input:
 _CHECKED: dict[bytes, _Input] = {}
 
 
+# Requests that differ only in their raw_input_contents, by the bytes before them: a client sends the
+# same model name and input headers again and again (every proto3 encoder writes fields in number order,
+# raw_input_contents, field 7, last). Only requests with no id, parameters or requested outputs, whose
+# inputs are all raw numeric data, are kept. A request that starts with a known skeleton and holds nothing
+# after it but raw_input_contents skips the field-by-field read: ~5.8 -> ~2.5 us for `simple`.
+_SKELETONS: dict[bytes, "Skeleton"] = {}
+_SKELETON_LENGTHS: list[int] = []  # the lengths of the skeletons kept, a few at most
+_MAX_SKELETON_LENGTHS = 4
+_RAW_TAG = 0x3A  # raw_input_contents: field 7, length-delimited
+
+
 def decode_request(data: bytes | memoryview | bytearray) -> InferRequest:
     """ModelInferRequest bytes -> InferRequest; numeric tensors are views over `data` (a large message the
     transport received into one buffer is read where it lies, not copied)."""
     if type(data) is not bytes:
         data = memoryview(data).cast("B")
+    else:
+        for length in _SKELETON_LENGTHS:
+            if len(data) > length and data[length] == _RAW_TAG:
+                skeleton = _SKELETONS.get(data[:length])
+                if skeleton is not None:
+                    request = _from_skeleton(data, length, skeleton)
+                    if request is not None:
+                        return request
     try:
         return _decode_request(data)
     except Malformed as e:
         raise invalid(f"malformed ModelInferRequest: {e}") from None
+
+
+Skeleton = tuple[str, str, tuple[_Input, ...]]  # model name, version, the checked input headers
+
+
+def _from_skeleton(data: bytes, pos: int, skeleton: Skeleton) -> InferRequest | None:
+    """The request from its skeleton and the raw_input_contents after it; None when anything else follows
+    or a size does not fit (the full read then gives the answer, or the error)."""
+    model_name, model_version, entries = skeleton
+    view = memoryview(data)
+    end = len(data)
+    tensors = []
+    index = 0
+    try:
+        while pos < end:
+            if data[pos] != _RAW_TAG or index == len(entries):
+                return None
+            length = data[pos + 1]
+            if length < 0x80:
+                pos += 2
+            else:
+                length, pos = varint(data, pos + 1)
+            stop = pos + length
+            entry = entries[index]
+            dtype = entry.dtype
+            if stop > end or length != entry.count * dtype.size:
+                return None
+            array = np.frombuffer(view[pos:stop], dtype=dtype.numpy).reshape(entry.shape)
+            tensors.append(Tensor(entry.name, dtype.v2, entry.shape, array, {}))
+            index += 1
+            pos = stop
+    except (IndexError, Malformed):
+        return None
+    if index != len(entries):
+        return None
+    return InferRequest(model_name, model_version, None, tensors, None, {})
+
+
+def _keep_skeleton(data: bytes, length: int, model_name: str, model_version: str, inputs: list) -> None:
+    if len(_SKELETON_LENGTHS) >= _MAX_SKELETON_LENGTHS and length not in _SKELETON_LENGTHS:
+        return
+    for entry in inputs:
+        if entry.dtype is None or entry.dtype.size == 0 or entry.parameters or entry.contents is not None:
+            return
+    if length not in _SKELETON_LENGTHS:
+        _SKELETON_LENGTHS.append(length)
+    _remember(_SKELETONS, data[:length], (model_name, model_version, tuple(inputs)))
 
 
 def _decode_request(data: bytes) -> InferRequest:
@@ -127,12 +193,21 @@ def _decode_request(data: bytes) -> InferRequest:
     inputs: list[_Input] = []
     outputs: list[RequestedOutput] = []
     raw: list[memoryview] = []
+    skeleton_end = 0  # where the fields before the first raw_input_contents end
+    raw_last = True  # nothing but raw_input_contents after the first of them
     for field, wire, start, stop in fields(data, 0, len(data)):
         if wire != LEN:
+            raw_last = raw_last and not raw
+            skeleton_end = stop if not raw else skeleton_end
             continue
         if field == 7:
             raw.append(view[start:stop])
-        elif field == 5:
+            continue
+        if raw:
+            raw_last = False
+        else:
+            skeleton_end = stop
+        if field == 5:
             key = data[start:stop]
             if type(key) is not bytes:
                 key = bytes(key)
@@ -163,6 +238,8 @@ def _decode_request(data: bytes) -> InferRequest:
     tensors = [
         _tensor(data, view, entry, raw[i] if raw else None, model_name) for i, entry in enumerate(inputs)
     ]
+    if raw and raw_last and not (request_id or parameters or outputs) and type(data) is bytes:
+        _keep_skeleton(data, skeleton_end, model_name, model_version, inputs)
     return InferRequest(model_name, model_version, request_id or None, tensors, outputs or None, parameters)
 
 

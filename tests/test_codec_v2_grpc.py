@@ -275,6 +275,38 @@ def test_remembered_input_headers_do_not_leak_between_requests():
     assert invalid(other, "model 'other'", "neither contents nor raw_input_contents")
 
 
+def test_requests_sharing_a_remembered_skeleton_decode_as_each_says():
+    """A request read once is remembered up to its raw_input_contents; the next ones that start the same
+    must still decode exactly as their own bytes say (new data, fields after the raw data, bad sizes)."""
+    headers = [input_tensor("a", "INT32", [2]), input_tensor("b", "FP32", [1])]
+
+    def message(a: list[int], b: float, **extra) -> bytes:
+        raw = [np.array(a, "<i4").tobytes(), np.array([b], "<f4").tobytes()]
+        return bytes(pb.ModelInferRequest(model_name=MODEL, inputs=headers, raw_input_contents=raw, **extra))
+
+    for a, b in (([1, 2], 0.5), ([3, 4], 1.5), ([5, 6], -2.0)):
+        request = decode(message(a, b))
+        assert [t.name for t in request.inputs] == ["a", "b"] and request.id is None
+        assert request.inputs[0].data.tolist() == a and request.inputs[1].data.tolist() == [b]
+        assert request.inputs[1].datatype == "FP32" and request.inputs[1].shape == (1,)
+    # fields written after the raw data (protobuf allows any order): the full read honours them
+    tail = bytes(pb.ModelInferRequest(id="late", model_version="2"))
+    request = decode(message([7, 8], 3.0) + tail)
+    assert (request.id, request.model_version) == ("late", "2")
+    assert request.inputs[0].data.tolist() == [7, 8]
+    # a raw size that does not fit the remembered shape, one raw entry too few or too many
+    short = bytes(pb.ModelInferRequest(model_name=MODEL, inputs=headers, raw_input_contents=[b"\0" * 8]))
+    assert invalid(short, "number of inputs (2)", "raw_input_contents (1)")
+    wrong = bytes(
+        pb.ModelInferRequest(model_name=MODEL, inputs=headers, raw_input_contents=[b"\0" * 4, b"\0" * 4])
+    )
+    assert invalid(wrong, "input 'a'", "4 bytes")
+    extra = message([1, 2], 0.5) + bytes(pb.ModelInferRequest(raw_input_contents=[b"\0" * 4]))
+    assert invalid(extra, "number of inputs (2)", "raw_input_contents (3)")
+    # a message cut inside its raw data is malformed, as without a skeleton
+    assert invalid(message([1, 2], 0.5)[:-2], "malformed ModelInferRequest")
+
+
 # --- 3. errors -----------------------------------------------------------------------------------
 
 
