@@ -99,9 +99,12 @@ class DynamicBatcher:
         """Requests queued, not yet in a batch (Triton's nv_inference_pending_request_count)."""
         return len(self.queues)
 
-    async def run(self, inputs: Arrays, rows: int = 1, priority: int = 0, timeout_us: int = 0) -> Arrays:
+    async def run(
+        self, inputs: Arrays, rows: int = 1, priority: int = 0, timeout_us: int = 0, context: Any = None
+    ) -> Arrays:
         """This request's outputs: its rows of its batch's outputs. `rows` is its batch size (ignored
-        without batching); `priority` and `timeout_us` are the request parameters of those names."""
+        without batching); `priority` and `timeout_us` are the request parameters of those names;
+        `context` (the request) goes to a per-request backend beside its arrays."""
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
@@ -115,6 +118,7 @@ class DynamicBatcher:
             self.clock.now_ns(),
             loop.create_future(),
         )
+        waiter.context = context
         self.queues.push(waiter, priority, timeout_us)
         self._unanswered.enter()
         self._kick()
@@ -221,21 +225,22 @@ class DynamicBatcher:
             self._formed.append(batch)
         self._free -= 1
         parts = {name: [w.inputs[name] for w in waiters] for name in waiters[0].inputs}
+        contexts = [w.context for w in waiters] if self.executor.per_request else None
         if self.executor.inline:  # a plain execute runs here, on the loop, as it would in a task
             try:
-                result = self.executor.run_parts(parts)
+                result = self.executor.run_parts(parts, contexts)
             except InferError as e:
                 self._finish(batch, None, e, from_schedule=True)
             else:
                 self._finish(batch, result, None, from_schedule=True)
             return
-        task = self._loop.create_task(self._execute(batch, parts))
+        task = self._loop.create_task(self._execute(batch, parts, contexts))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _execute(self, batch: _Batch, parts: dict[str, list[Any]]) -> None:
+    async def _execute(self, batch: _Batch, parts: dict[str, list[Any]], contexts: list | None) -> None:
         try:
-            result = await self.executor.run(parts)
+            result = await self.executor.run(parts, contexts)
         except InferError as e:
             self._finish(batch, None, e)
         except asyncio.CancelledError:  # the loop is shutting down: nobody is left waiting for an answer
@@ -263,15 +268,23 @@ class DynamicBatcher:
                     ErrorKind.INTERNAL, f"{self.executor.label} returned outputs that are not arrays: {e}"
                 )
             else:
+                answered = waiters
+                if self.executor.per_request:  # a request the model refused fails alone
+                    outcome = zip(waiters, batch.outcome, strict=True)
+                    failed = [w for w, answer in outcome if isinstance(answer, InferError)]
+                    if failed:
+                        self.stats.record_failure(len(failed), sum(now - w.arrival_ns for w in failed))
+                        answered = [w for w in waiters if w not in failed]
                 self.stats.record_batch(sum(w.size for w in waiters), input_ns, infer_ns, output_ns)
-                self.stats.record_success(
-                    len(waiters),
-                    sum(now - w.arrival_ns for w in waiters),
-                    sum(batch.dispatched_ns - w.arrival_ns for w in waiters),
-                    input_ns,
-                    infer_ns,
-                    output_ns,
-                )
+                if answered:
+                    self.stats.record_success(
+                        len(answered),
+                        sum(now - w.arrival_ns for w in answered),
+                        sum(batch.dispatched_ns - w.arrival_ns for w in answered),
+                        input_ns,
+                        infer_ns,
+                        output_ns,
+                    )
         if error is not None:
             batch.outcome = error
             self.stats.record_failure(len(waiters), sum(now - w.arrival_ns for w in waiters))
@@ -287,6 +300,13 @@ class DynamicBatcher:
     def _split(self, waiters: list[Waiter], outputs: Any) -> list[Arrays]:
         """Each request's rows of the batch outputs, as views."""
         label = self.executor.label
+        if self.executor.per_request:
+            if not isinstance(outputs, list) or len(outputs) != len(waiters):
+                got = len(outputs) if isinstance(outputs, list) else type(outputs).__name__
+                raise InferError(
+                    ErrorKind.INTERNAL, f"{label} answered {got} responses for {len(waiters)} requests"
+                )
+            return outputs
         if not isinstance(outputs, dict):
             raise InferError(
                 ErrorKind.INTERNAL, f"{label} returned {type(outputs).__name__}, not a dict of outputs"
@@ -325,6 +345,10 @@ class DynamicBatcher:
                     waiter.future.set_exception(InferError(outcome.kind, outcome.message))
         else:
             for waiter, answer in zip(batch.waiters, outcome, strict=True):
-                if not waiter.future.done():
+                if waiter.future.done():
+                    continue
+                if isinstance(answer, InferError):
+                    waiter.future.set_exception(answer)
+                else:
                     waiter.future.set_result(answer)
         self._unanswered.leave(len(batch.waiters))

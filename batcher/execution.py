@@ -9,6 +9,10 @@ How `execute` runs:
 - an `async def execute` is awaited on the loop, staging around it (on a GPU, its staging waits there).
 The infer time of a batch staged on a GPU ends when the device has run what execute queued.
 Any exception becomes an INTERNAL InferError naming the model; its traceback goes to the log.
+
+A `per_request` backend (Triton's python API: `execute(requests)`) is given the batch's requests apart,
+`execute(parts, contexts)` with each request's arrays and context, nothing gathered, and answers a list
+with one entry per request: its outputs, or the InferError that answers it alone.
 """
 
 import asyncio
@@ -38,8 +42,10 @@ class Executor:
         in_thread: bool = False,
         instances: int = 1,
         staging: Staging | None = None,
+        per_request: bool = False,
     ) -> None:
         self.execute = execute
+        self.per_request = per_request
         self.label = label  # "model 'm' version 1", for messages
         self.is_async = is_async
         self.staging: Staging = staging if staging is not None else HostStaging()
@@ -49,9 +55,13 @@ class Executor:
         self.host = type(self.staging) is HostStaging  # staging is then the identity for one request
         self._pool: ThreadPoolExecutor | None = None
 
-    def run_parts(self, parts: dict[str, list[Any]]) -> Result:
+    def run_parts(self, parts: dict[str, list[Any]], contexts: list[Any] | None = None) -> Result:
         """Blocking: one batch from per-request arrays (`parts` per input, in batch order)."""
         try:
+            if self.per_request:
+                start = perf_counter_ns()
+                produced = self.execute(parts, contexts)
+                return produced, 0, perf_counter_ns() - start, 0
             batch, start, staged = self._gather(parts)
             produced = self.execute(batch)
             self.staging.finished()
@@ -61,8 +71,12 @@ class Executor:
         except Exception as e:
             raise self.failure(e) from None
 
-    def run_one(self, inputs: Arrays) -> Result:
+    def run_one(self, inputs: Arrays, context: Any = None) -> Result:
         """Blocking: one request executed alone."""
+        if self.per_request:
+            parts = {name: [array] for name, array in inputs.items()}
+            produced, input_ns, infer_ns, output_ns = self.run_parts(parts, [context])
+            return alone(produced), input_ns, infer_ns, output_ns
         if not self.host:
             return self.run_parts({name: [array] for name, array in inputs.items()})
         try:
@@ -74,9 +88,13 @@ class Executor:
         except Exception as e:
             raise self.failure(e) from None
 
-    async def run_async(self, parts: dict[str, list[Any]]) -> Result:
+    async def run_async(self, parts: dict[str, list[Any]], contexts: list[Any] | None = None) -> Result:
         """One batch through an `async def execute`."""
         try:
+            if self.per_request:
+                start = perf_counter_ns()
+                produced = await self.execute(parts, contexts)
+                return produced, 0, perf_counter_ns() - start, 0
             batch, start, staged = self._gather(parts)
             return self._finish(await self.execute(batch), start, staged)
         except InferError:
@@ -84,13 +102,14 @@ class Executor:
         except Exception as e:
             raise self.failure(e) from None
 
-    async def run(self, parts: dict[str, list[Any]]) -> Result:
+    async def run(self, parts: dict[str, list[Any]], contexts: list[Any] | None = None) -> Result:
         """One batch, however this backend executes."""
         if self.is_async:
-            return await self.run_async(parts)
+            return await self.run_async(parts, contexts)
         if self.in_thread:
-            return await asyncio.get_running_loop().run_in_executor(self.pool, self.run_parts, parts)
-        return self.run_parts(parts)
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self.pool, self.run_parts, parts, contexts)
+        return self.run_parts(parts, contexts)
 
     @property
     def pool(self) -> ThreadPoolExecutor:
@@ -126,3 +145,12 @@ class Executor:
             self._pool.shutdown(wait=False)
             self._pool = None
         self.staging.close()
+
+
+def alone(answers: Any) -> Any:
+    """The one answer of a per-request batch of one: its outputs, or its error raised."""
+    if not isinstance(answers, list) or len(answers) != 1:
+        raise InferError(ErrorKind.INTERNAL, f"a per-request backend answered {answers!r} for one request")
+    if isinstance(answers[0], InferError):
+        raise answers[0]
+    return answers[0]

@@ -64,6 +64,7 @@ class Waiter:
         "level",
         "future",
         "where",
+        "context",
     )
 
     def __init__(
@@ -74,6 +75,7 @@ class Waiter:
         self.size = max(1, rows)  # what the request counts for against max_batch_size, as in Triton
         self.signature = signature
         self.arrival_ns = arrival_ns
+        self.context: Any = None  # the request, for a per-request backend
         self.deadline_ns = 0  # 0 = no timeout
         self.level = 0
         self.future = future

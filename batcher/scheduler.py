@@ -9,7 +9,7 @@ import asyncio
 from time import perf_counter_ns
 from typing import Any
 
-from batcher.execution import Arrays, Executor
+from batcher.execution import Arrays, Executor, alone
 from batcher.inflight import InFlight
 from batcher.stats import ModelStats
 from codec.errors import InferError
@@ -32,17 +32,20 @@ class DirectScheduler:
         self._slots = asyncio.Semaphore(executor.instances)
         self._in_flight = InFlight()  # requests executing or waiting for a slot: what drain() waits for
 
-    async def run(self, inputs: Arrays, rows: int = 1, priority: int = 0, timeout_us: int = 0) -> Any:
+    async def run(
+        self, inputs: Arrays, rows: int = 1, priority: int = 0, timeout_us: int = 0, context: Any = None
+    ) -> Any:
         """The model's outputs for one request (`rows`: its batch size, 1 without batching).
-        priority and timeout_us matter only to the dynamic batcher."""
+        priority and timeout_us matter only to the dynamic batcher; `context` (the request) only to a
+        per-request backend."""
         if self.now:
             return self.run_now(inputs, rows)
         executor = self.executor
         if not executor.inline:
-            return await self._run_waiting(inputs, rows)
+            return await self._run_waiting(inputs, rows, context)
         start = perf_counter_ns()
         try:
-            outputs, input_ns, infer_ns, output_ns = executor.run_one(inputs)
+            outputs, input_ns, infer_ns, output_ns = executor.run_one(inputs, context)
         except InferError:
             self.stats.record_failure(1, perf_counter_ns() - start)
             raise
@@ -64,7 +67,7 @@ class DirectScheduler:
         self.stats.record_alone(rows, perf_counter_ns() - start)
         return outputs
 
-    async def _run_waiting(self, inputs: Arrays, rows: int) -> Any:
+    async def _run_waiting(self, inputs: Arrays, rows: int, context: Any) -> Any:
         executor = self.executor
         self._in_flight.enter()
         handed_off = False  # once a worker thread has the request, its completion ends it
@@ -73,7 +76,9 @@ class DirectScheduler:
             await self._slots.acquire()
             queue_ns = perf_counter_ns() - start
             if executor.in_thread:
-                work = asyncio.get_running_loop().run_in_executor(executor.pool, executor.run_one, inputs)
+                work = asyncio.get_running_loop().run_in_executor(
+                    executor.pool, executor.run_one, inputs, context
+                )
                 work.add_done_callback(self._thread_done)
                 handed_off = True
                 # A caller that goes away does not stop the thread: its slot frees when the thread ends.
@@ -81,8 +86,10 @@ class DirectScheduler:
             else:
                 try:
                     outputs, input_ns, infer_ns, output_ns = await executor.run_async(
-                        {name: [array] for name, array in inputs.items()}
+                        {name: [array] for name, array in inputs.items()}, [context]
                     )
+                    if executor.per_request:
+                        outputs = alone(outputs)
                 finally:
                     self._slots.release()
         except InferError:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from server import grpc
+from server.backends import bind_server
 from server.endpoints.grps import GrpsEndpoints
 from server.endpoints.repository import RepositoryEndpoints
 from server.endpoints.tfserving import TFServingEndpoints
@@ -257,6 +258,7 @@ async def serve(args: argparse.Namespace) -> None:
         loop.add_signal_handler(signum, stop.set)
 
     repository = Repository(args.model_repository, args.model_control_mode, args.strict_readiness)
+    bind_server(repository, loop)  # models that call models (BLS, ensembles) reach them through it
     await repository.start(args.load_model)
     # Everything loaded so far lives as long as the process: keep the collector from rescanning it, and
     # let the many short-lived objects of each request die young in fewer gen-0 passes (~7% faster).

@@ -73,6 +73,7 @@ class ModelVersion:
         self.executor: Executor | None = None
         self.queues = False  # whether a request may wait in a queue to execute (the scheduler's `queuing`)
         self.stream_only = False  # the backend has execute_stream and no execute
+        self.per_request = False  # the backend reads each request apart (Triton's python API)
         self.stats = ModelStats()  # Triton's statistics for this version (batcher/stats.py)
         self._open_streams = InFlight()  # infer_stream answers in progress: unload waits for them too
 
@@ -81,6 +82,7 @@ class ModelVersion:
         self.state = ModelState.LOADING
         try:
             self.backend = load_backend(self.version_dir, self.config, self.version)
+            self.per_request = getattr(self.backend, "per_request", False)
             staging = getattr(self.backend, "staging", None)  # the one a backend built for itself
             if staging is None:
                 staging = make_staging(self.config)
@@ -89,8 +91,10 @@ class ModelVersion:
                 label=f"model '{self.name}' version {self.version}",
                 is_async=self.backend.is_async,
                 in_thread=getattr(self.backend, "in_thread", False),
-                instances=instance_count(self.config, staging.device),
+                instances=getattr(self.backend, "instances", 0)
+                or instance_count(self.config, staging.device),
                 staging=staging,
+                per_request=self.per_request,
             )
         except BaseException as e:  # a model's code may raise anything, SystemExit included
             if self.backend is not None:  # loaded, but no staging for it (e.g. a GPU id not present)
@@ -139,9 +143,10 @@ class ModelVersion:
         arrays, rows = self._inputs_and_rows(request)
         wanted = self._wanted_outputs(request)
         scheduler = self.scheduler
-        if request.parameters:
-            priority, timeout = self._scheduling(request.parameters)
-            produced = await scheduler.run(arrays, rows, priority, timeout)
+        if request.parameters or self.per_request:
+            priority, timeout = self._scheduling(request.parameters) if request.parameters else (0, 0)
+            context = request if self.per_request else None
+            produced = await scheduler.run(arrays, rows, priority, timeout, context)
         elif scheduler.now:
             produced = scheduler.run_now(arrays, rows)
         else:
@@ -251,6 +256,8 @@ class ModelVersion:
             raise invalid(f"model '{self.name}' does not stream its answers: use plain infer")
         arrays, _ = self._inputs_and_rows(request)
         wanted = self._wanted_outputs(request)
+        if self.per_request:
+            return self._stream(backend.execute_stream(arrays, request), wanted, request.id)
         return self._stream(backend.execute_stream(arrays), wanted, request.id)
 
     async def _stream(

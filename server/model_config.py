@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from codec.datatypes import BY_CONFIG
+from codec.datatypes import BY_CONFIG, BY_V2
 
 
 class ConfigError(ValueError):
@@ -45,6 +45,8 @@ _PLATFORM_BACKENDS = {
     "python": "python",
     "ensemble": "",  # the server runs ensembles itself; Triton requires their backend to stay empty
 }
+# Backends that can complete a config's inputs and outputs from the model (server/backends/__init__.py).
+AUTO_COMPLETED = ("onnxruntime", "python")
 _MESSAGE_MAPS = ("priority_queue_policy", "inputs", "input")  # maps whose values are messages
 _GROUP_KINDS = ("KIND_AUTO", "KIND_GPU", "KIND_CPU", "KIND_MODEL")
 _TIMEOUT_ACTIONS = ("REJECT", "DELAY")  # ModelQueuePolicy.TimeoutAction, in enum order
@@ -296,6 +298,26 @@ def _tensors(items: Any, kind: str, max_batch_size: int) -> list[dict]:
     return out
 
 
+def _from_metadata(items: Any, kind: str, max_batch_size: int) -> Any:
+    """Tensors in the v2 metadata form (`{"name", "datatype", "shape"}`, as the repository extension's
+    own load example writes them) as model-config entries; with batching, a leading -1 is the batch."""
+    if not isinstance(items, list):
+        return items  # _tensors says what is wrong
+    out = []
+    for i, tensor in enumerate(items):
+        _require(isinstance(tensor, dict), f"{kind} #{i} must be an object")
+        datatype = tensor.get("datatype")
+        _require(datatype in BY_V2, f"{kind} '{tensor.get('name')}' has unknown datatype {datatype!r}")
+        shape = tensor.get("shape", [])
+        if max_batch_size and isinstance(shape, list) and shape[:1] == [-1]:
+            shape = shape[1:]
+        entry = {"name": tensor.get("name"), "data_type": BY_V2[datatype].config, "dims": shape}
+        if "optional" in tensor:
+            entry["optional"] = tensor["optional"]
+        out.append(entry)
+    return out
+
+
 def _version_policy(policy: Any) -> dict:
     if not policy:
         return {"latest": {"num_versions": 1}}
@@ -421,14 +443,23 @@ def _normalize(raw: Any, model: str) -> dict:
     ok = isinstance(parameters, dict) and all(isinstance(v, dict) for v in parameters.values())
     _require(ok, "parameters must map names to { string_value: ... }")
 
+    tensors = {}
+    for kind in ("input", "output"):
+        given = cfg.get(kind)
+        if given is None and f"{kind}s" in cfg:  # the v2 metadata form
+            given = _from_metadata(cfg.pop(f"{kind}s"), kind, max_batch_size)
+        # left out: the backend completes them from the model (ONNX graph, auto_complete_config)
+        tensors[kind] = (
+            [] if not given and backend in AUTO_COMPLETED else _tensors(given, kind, max_batch_size)
+        )
     out = {
         "name": name,
         "platform": platform,
         "backend": backend,
         "version_policy": _version_policy(cfg.get("version_policy")),
         "max_batch_size": max_batch_size,
-        "input": _tensors(cfg.get("input"), "input", max_batch_size),
-        "output": _tensors(cfg.get("output"), "output", max_batch_size),
+        "input": tensors["input"],
+        "output": tensors["output"],
     }
     if platform != "ensemble":  # Triton gives ensembles no instance groups
         out["instance_group"] = _instance_groups(cfg.get("instance_group"), name)
@@ -438,6 +469,13 @@ def _normalize(raw: Any, model: str) -> dict:
     for key, value in cfg.items():  # everything else (schedulers, warmup, unknown fields) as given
         out.setdefault(key, value)
     return out
+
+
+def check_complete(config: dict) -> dict:
+    """A config its backend completed (or could not): it must now have valid inputs and outputs."""
+    batch = config.get("max_batch_size", 0)
+    _require(_is_int(batch) and batch >= 0, f"max_batch_size must be an integer >= 0, got {batch!r}")
+    return {**config, **{kind: _tensors(config.get(kind), kind, batch) for kind in ("input", "output")}}
 
 
 def normalize_config(raw: dict, model_name: str) -> dict:

@@ -18,8 +18,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
 from codec.errors import ErrorKind, InferError, invalid
+from server.backends import complete_config
 from server.model import UNLOADED, ModelVersion
-from server.model_config import ConfigError, load_model_config, normalize_config
+from server.model_config import ConfigError, check_complete, load_model_config, normalize_config
 
 log = logging.getLogger("tensorgate.repository")
 T = TypeVar("T")
@@ -68,6 +69,12 @@ class Model:
             return
         if not numbers:
             self.reason = f"failed to load '{self.name}': no version folder matches its version_policy"
+            self.loading = False
+            return
+        try:  # from the newest version's model, as Triton completes a config
+            self.config = check_complete(complete_config(self.directory / str(max(numbers)), self.config))
+        except Exception as e:  # a model's auto_complete_config may raise anything
+            self.reason = f"failed to load '{self.name}': {type(e).__name__}: {e}"
             self.loading = False
             return
         self.versions = {n: ModelVersion(self.directory, self.config, n) for n in numbers}
@@ -236,7 +243,26 @@ class Repository:
             if name not in on_disk:
                 log.error("failed to load '%s': no model folder '%s' in the model repository", name, name)
         wanted = on_disk if names is None else {n: on_disk[n] for n in names if n in on_disk}
-        await asyncio.gather(*(self._load_locked(n, d) for n, d in wanted.items()))
+        await self._load_in_order(wanted, on_disk)
+
+    async def _load_in_order(self, wanted: dict[str, Path], on_disk: dict[str, Path]) -> None:
+        """Loads `wanted` concurrently, ensembles after the models their steps call (which load with
+        them when they are on disk and not loaded yet)."""
+        steps = await asyncio.to_thread(_composing_all, wanted, on_disk)
+        for name in [n for calls in steps.values() for n in calls]:
+            if name not in wanted and name in on_disk and not self._serving(name):
+                wanted[name] = on_disk[name]
+                steps.setdefault(name, [])
+        remaining = dict(wanted)
+        while remaining:
+            ready = {n: d for n, d in remaining.items() if not any(c in remaining for c in steps.get(n, ()))}
+            ready = ready or remaining  # a cycle: each load then fails naming what it lacks
+            await asyncio.gather(*(self._load_locked(n, d) for n, d in ready.items()))
+            remaining = {n: d for n, d in remaining.items() if n not in ready}
+
+    def _serving(self, name: str) -> bool:
+        model = self.models.get(name)
+        return model is not None and model.ready
 
     async def unload_all(self) -> None:
         if self._lifecycle:
@@ -300,16 +326,32 @@ class Repository:
             directory = owned = await asyncio.to_thread(_write_override, self._overrides, name, files)
         elif not directory.is_dir():
             raise invalid(f"failed to load '{name}', failed to poll from model repository: no such model")
+        calls = (
+            parsed_steps(parsed)
+            if parsed is not None
+            else await asyncio.to_thread(composing_models, directory)
+        )
+        if calls:  # an ensemble: the models its steps call load first, as Triton loads them
+            on_disk = self._listed()
+            wanted = {n: on_disk[n] for n in calls if n in on_disk and not self._serving(n)}
+            if wanted:
+                await self._owned(self._load_in_order(wanted, on_disk))
         reason = await self._owned(self._load_locked(name, directory, parsed, owned))
         if reason:
             raise invalid(reason)
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
-        """Unloads a model (explicit mode); requests in flight are answered first. `unload_dependents` is
-        accepted as Triton's API has it: without ensembles no model depends on another."""
+        """Unloads a model (explicit mode); requests in flight are answered first. With
+        `unload_dependents`, an ensemble's composing models (those its steps call, and theirs) are
+        unloaded after it, as Triton does."""
         self._check_control("unload")
         check_model_name(name)
+        model = self.models.get(name)
+        calls = parsed_steps(model.config) if unload_dependents and model and model.config else []
         await self._owned(self._unload_locked(name))
+        for composing in calls:
+            if composing != name and composing in self.models:
+                await self.unload_model(composing, unload_dependents=True)
 
     async def _unload_locked(self, name: str) -> None:
         async with self._lock(name):
@@ -352,7 +394,8 @@ class Repository:
         ]
         removed = [name for name in self.models if name not in scanned]
         await asyncio.gather(
-            *(self._load_locked(n, self.path / n) for n in changed), *(self._remove(n) for n in removed)
+            self._load_in_order({n: self.path / n for n in changed}, {n: self.path / n for n in scanned}),
+            *(self._remove(n) for n in removed),
         )
 
     async def _remove(self, name: str) -> None:
@@ -442,6 +485,37 @@ class Repository:
         if new.reason:
             log.warning("model '%s': %s", name, new.reason)
         return "" if complete else new.reason
+
+
+def parsed_steps(config: dict) -> list[str]:
+    """The models an ensemble's steps call, in step order (none for any other model)."""
+    if config.get("platform") != "ensemble":
+        return []
+    steps = (config.get("ensemble_scheduling") or {}).get("step") or []
+    return list(dict.fromkeys(s["model_name"] for s in steps if isinstance(s, dict) and s.get("model_name")))
+
+
+def composing_models(directory: Path) -> list[str]:
+    """Blocking: the models the ensemble in `directory` calls; none when it is no ensemble, or when its
+    config cannot be read (its load then says why)."""
+    try:
+        return parsed_steps(load_model_config(directory))
+    except (ConfigError, OSError):
+        return []
+
+
+def _composing_all(wanted: dict[str, Path], on_disk: dict[str, Path]) -> dict[str, list[str]]:
+    """Blocking: what each wanted model's steps call, followed through the ensembles among them."""
+    steps: dict[str, list[str]] = {}
+    todo = list(wanted)
+    while todo:
+        name = todo.pop()
+        if name in steps:
+            continue
+        directory = wanted.get(name) or on_disk.get(name)
+        steps[name] = composing_models(directory) if directory is not None else []
+        todo.extend(n for n in steps[name] if n in on_disk)
+    return steps
 
 
 def _write_override(root: Path, name: str, files: dict[str, bytes]) -> Path:

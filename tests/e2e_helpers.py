@@ -202,7 +202,7 @@ def write_model(
     repository: Path,
     name: str,
     config: str | dict,
-    versions: dict[int, str],
+    versions: dict[int, str | None],
     *,
     config_file: str | None = None,
 ) -> Path:
@@ -215,7 +215,8 @@ def write_model(
         (directory / (config_file or "config.pbtxt")).write_text(config)
     for number, code in versions.items():
         (directory / str(number)).mkdir()
-        (directory / str(number) / "model.py").write_text(code)
+        if code is not None:  # None: an empty version folder (an ensemble's)
+            (directory / str(number) / "model.py").write_text(code)
     return directory
 
 

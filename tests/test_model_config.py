@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from server.model_config import ConfigError, load_model_config, normalize_config, parse_pbtxt
+from server.model_config import ConfigError, check_complete, load_model_config, normalize_config, parse_pbtxt
 
 # Triton's own docs/examples/model_repository/simple/config.pbtxt.
 SIMPLE_PBTXT = """
@@ -282,6 +282,38 @@ def _base(**changes) -> dict:
     return {k: v for k, v in config.items() if v is not None}
 
 
+def test_backends_that_complete_configs_may_leave_out_inputs_and_outputs():
+    """onnxruntime and python configs may leave them to the model (the graph, auto_complete_config);
+    once the backend has had its turn they must be there (check_complete)."""
+    for backend in ("python", "onnxruntime"):
+        config = normalize_config(_base(backend=backend, input=None, output=None), "m")
+        assert config["input"] == [] and config["output"] == []
+        with pytest.raises(ConfigError, match="must specify at least one input"):
+            check_complete(config)
+    completed = check_complete({**config, "input": [_tensor("IN")], "output": [_tensor("OUT")]})
+    assert completed["input"][0]["optional"] is False
+
+
+def test_inputs_and_outputs_in_the_v2_metadata_form_are_read_as_model_config():
+    """The repository extension's load example gives `inputs`/`outputs` with datatype and shape."""
+    config = normalize_config(
+        {
+            "backend": "onnxruntime",
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1]}],
+            "outputs": [{"name": "OUTPUT0", "datatype": "BYTES", "shape": [2, -1]}],
+        },
+        "m",
+    )
+    assert config["input"] == [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [1], "optional": False}]
+    assert config["output"] == [{"name": "OUTPUT0", "data_type": "TYPE_STRING", "dims": [2, -1]}]
+    assert "inputs" not in config and "outputs" not in config
+    x, y = ({"name": name, "datatype": "INT8", "shape": [-1, 3]} for name in "XY")
+    batched = normalize_config(_base(input=None, output=None, max_batch_size=8, inputs=[x], outputs=[y]), "m")
+    assert batched["input"][0]["dims"] == [3] and batched["output"][0]["dims"] == [3]
+    with pytest.raises(ConfigError, match="input 'X' has unknown datatype 'FLOAT'"):
+        normalize_config(_base(input=None, inputs=[{"name": "X", "datatype": "FLOAT", "shape": [1]}]), "m")
+
+
 def test_defaults_filled():
     config = normalize_config(_base(), "m")
     assert config["name"] == "m"
@@ -451,8 +483,8 @@ def test_input_is_not_modified():
         ),
         ({"max_batch_size": -1}, "max_batch_size must be an integer >= 0, got -1"),
         ({"max_batch_size": "eight"}, "max_batch_size must be an integer >= 0, got 'eight'"),
-        ({"input": None}, "must specify at least one input"),
-        ({"output": []}, "must specify at least one output"),
+        ({"input": None, "backend": "pytorch"}, "must specify at least one input"),
+        ({"output": [], "backend": "pytorch"}, "must specify at least one output"),
         ({"input": [{"data_type": "TYPE_FP32", "dims": [1]}]}, "input #0 must specify 'name'"),
         ({"input": [_tensor("INPUT0", "TYPE_FOO")]}, "input 'INPUT0' has unknown data_type 'TYPE_FOO'"),
         ({"output": [{"name": "OUT", "dims": [1]}]}, "output 'OUT' must specify 'data_type'"),

@@ -233,3 +233,69 @@ def test_missing_onnxruntime_is_a_clear_load_failure(monkeypatch: pytest.MonkeyP
     config = normalize_config(parse_pbtxt(add_sub_config("m")), "m")
     with pytest.raises(ImportError, match=r"needs onnxruntime \(pip install 'tensorgate\[onnx\]'\)"):
         load_backend(tmp_path, config, 1)
+
+
+def test_a_config_without_inputs_and_outputs_is_completed_from_the_graph(start_server, repo: Path) -> None:
+    """As Triton completes it: names, datatypes and dims from the graph; a dynamic first dim on every
+    tensor is the batch dim (max_batch_size 4, dynamic batching); a fixed one is a plain dim."""
+    add_sub_model(repo, "batched", 'name: "batched"\nbackend: "onnxruntime"\n')
+    add_sub_model(repo, "fixed", 'name: "fixed"\nplatform: "onnxruntime_onnx"\n', batch=3)
+    server = start_server(repo)
+    with httpx.Client(base_url=server.base_url, timeout=10) as client:
+        config = client.get("/v2/models/batched/config").json()
+        assert config["max_batch_size"] == 4 and "dynamic_batching" in config
+        assert [(e["name"], e["data_type"], e["dims"]) for e in config["input"]] == [
+            ("INPUT0", "TYPE_INT32", [16]),
+            ("INPUT1", "TYPE_INT32", [16]),
+        ]
+        assert client.get("/v2/models/batched").json()["outputs"][1] == {
+            "name": "OUTPUT1",
+            "datatype": "INT32",
+            "shape": [-1, 16],
+        }
+        a, b = np.arange(32, dtype=np.int32).reshape(2, 16), np.ones((2, 16), np.int32)
+        out = rest_infer(client, "batched", a, b)
+        assert (out["OUTPUT0"] == a + b).all() and (out["OUTPUT1"] == a - b).all()
+        fixed = client.get("/v2/models/fixed/config").json()
+        assert fixed["max_batch_size"] == 0 and fixed["input"][0]["dims"] == [3, 16]
+        a, b = np.arange(48, dtype=np.int32).reshape(3, 16), np.full((3, 16), 2, np.int32)
+        assert (rest_infer(client, "fixed", a, b)["OUTPUT0"] == a + b).all()
+
+
+def test_the_repository_extension_example_loads_as_written(start_server, repo: Path, tmp_path: Path) -> None:
+    """Triton's extension_model_repository.md: a `config` in the v2 metadata form (inputs/outputs with
+    datatype and shape) on the onnxruntime backend, and the model file as `file:1/model.onnx`."""
+    import base64
+    import json
+
+    FP32 = TensorProto.FLOAT
+    graph_file(
+        tmp_path / "model.onnx",
+        [helper.make_node("Add", ["INPUT0", "INPUT0"], ["OUTPUT0"])],
+        [("INPUT0", FP32, [1])],
+        [("OUTPUT0", FP32, [1])],
+    )
+    config = {
+        "name": "mymodel",
+        "backend": "onnxruntime",
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1]}],
+        "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "shape": [1]}],
+    }
+    parameters = {
+        "config": json.dumps(config),
+        "file:1/model.onnx": base64.b64encode((tmp_path / "model.onnx").read_bytes()).decode(),
+    }
+    server = start_server(repo, extra_args=("--model-control-mode", "explicit"))
+    with httpx.Client(base_url=server.base_url, timeout=20) as client:
+        load = client.post("/v2/repository/models/mymodel/load", json={"parameters": parameters})
+        assert load.status_code == 200, load.text
+        body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [1.25]}]}
+        response = client.post("/v2/models/mymodel/infer", json=body)
+        assert response.json()["outputs"][0]["data"] == [2.5]
+        metadata = client.get("/v2/models/mymodel").json()
+        assert metadata["inputs"] == [{"name": "INPUT0", "datatype": "FP32", "shape": [1]}]
+        # the same form with a wrong datatype is refused at load, naming the tensor
+        config["inputs"][0]["datatype"] = "INT8"
+        parameters["config"] = json.dumps(config)
+        load = client.post("/v2/repository/models/mymodel/load", json={"parameters": parameters})
+        assert load.status_code == 400 and "input 'INPUT0' is TYPE_INT8 in the config" in load.json()["error"]

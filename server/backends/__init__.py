@@ -1,9 +1,19 @@
 """Backends: each loads one model version and executes one batch; they know nothing of protocols."""
 
+import asyncio
 from pathlib import Path
 from typing import Any, Protocol
 
-SUPPORTED = ("python", "pytorch", "onnxruntime")
+SUPPORTED = ("python", "pytorch", "onnxruntime", "ensemble")
+
+# The server this process runs, for models that call other models (BLS, ensembles): its repository and
+# event loop, set once at startup by bind_server.
+SERVER: dict[str, Any] = {}
+
+
+def bind_server(repository: Any, loop: asyncio.AbstractEventLoop) -> None:
+    SERVER["repository"] = repository
+    SERVER["loop"] = loop
 
 
 class Backend(Protocol):
@@ -17,13 +27,30 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+def complete_config(version_dir: Path, config: dict) -> dict:
+    """The config as its backend completes it from the model in `version_dir`: an ONNX graph's inputs
+    and outputs where the config leaves them out, a Triton python model's `auto_complete_config`."""
+    backend = config.get("backend")
+    if backend == "onnxruntime" and not (config["input"] and config["output"]):
+        from server.backends.onnxruntime import complete
+
+        return complete(version_dir, config)
+    if backend == "python":
+        model = version_dir / "model.py"
+        if model.is_file() and b"auto_complete_config" in model.read_bytes():
+            from server.backends.triton_python import complete
+
+            return complete(version_dir, config)
+    return config
+
+
 def load_backend(version_dir: Path, config: dict, version: int) -> Backend:
     """The backend named by the config, loaded for one version folder. Raises with the reason on failure."""
     name = config.get("backend") or config.get("platform")
     if name == "python":
-        from server.backends.python import PythonBackend
+        from server.backends.python import load_python
 
-        return PythonBackend(version_dir, config, version)
+        return load_python(version_dir, config, version)
     if name in ("pytorch", "pytorch_libtorch"):
         from server.backends.pytorch import PyTorchBackend  # imports torch itself, only now
 
@@ -32,4 +59,8 @@ def load_backend(version_dir: Path, config: dict, version: int) -> Backend:
         from server.backends.onnxruntime import OnnxRuntimeBackend  # imports onnxruntime itself, only now
 
         return OnnxRuntimeBackend(version_dir, config, version)
+    if name == "ensemble":
+        from server.backends.ensemble import EnsembleBackend
+
+        return EnsembleBackend(config)
     raise ValueError(f"backend {name!r} is not supported (supported: {', '.join(SUPPORTED)})")

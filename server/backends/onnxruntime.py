@@ -15,6 +15,7 @@ device itself when it runs on CUDA.
   graph's, of the same datatype, with dims the graph accepts (a symbolic graph dim accepts any); with
   max_batch_size > 0 the graph's first dim is the batch dim and must not be fixed to another size. A
   mismatch fails the load with a message naming the tensor.
+- A config that leaves out its inputs and outputs has them completed from the graph (`complete`).
 """
 
 import logging
@@ -91,6 +92,48 @@ def _providers(config: dict, available: list[str]) -> list:
             group.get("name", ""),
         )
     return ["CPUExecutionProvider"]
+
+
+DEFAULT_MAX_BATCH_SIZE = 4  # Triton's --backend-config=default-max-batch-size, 4 unless set
+
+
+def complete(version_dir: Path, config: dict) -> dict:
+    """The config with its inputs and outputs, left out, read from the graph, as Triton completes an
+    ONNX model's config without strict checking: names, datatypes and dims; when every graph tensor's
+    first dim is dynamic and the config sets no max_batch_size, that dim is the batch dim, with
+    max_batch_size 4 and dynamic batching (Triton's defaults)."""
+    import onnxruntime
+
+    path = version_dir / (config.get("default_model_filename") or MODEL_FILE)
+    if not path.is_file():
+        raise FileNotFoundError(f"no {path.name} in {version_dir}: nothing to complete the config from")
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    graph = {"input": session.get_inputs(), "output": session.get_outputs()}
+    config = dict(config)
+    if config.get("max_batch_size", 0) == 0 and not config["input"] and not config["output"]:
+        args = [*graph["input"], *graph["output"]]
+        if args and all(
+            arg.shape and not isinstance(arg.shape[0], int) or arg.shape[:1] == [-1] for arg in args
+        ):
+            config["max_batch_size"] = DEFAULT_MAX_BATCH_SIZE
+            config.setdefault("dynamic_batching", {})
+    batched = config.get("max_batch_size", 0) > 0
+    for kind, args in graph.items():
+        if config[kind]:
+            continue
+        entries = []
+        for arg in args:
+            dtype = BY_ONNX.get(arg.type)
+            if dtype is None:
+                raise ValueError(
+                    f"{kind} '{arg.name}' of {path.name} is {arg.type}, which no datatype carries"
+                )
+            dims = [d if isinstance(d, int) and d > 0 else -1 for d in arg.shape]
+            entries.append(
+                {"name": arg.name, "data_type": dtype.config, "dims": dims[1:] if batched else dims}
+            )
+        config[kind] = entries
+    return config
 
 
 def _check_tensor(kind: str, entry: dict, graph: dict, batched: bool, file: str) -> None:

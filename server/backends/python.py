@@ -15,6 +15,10 @@ staged on a GPU runs in the batcher's worker threads, one per instance, all call
 Input arrays may be read-only views of the request: a model copies before writing in place. `execute`
 may be `async def`.
 
+A model.py that imports `triton_python_backend_utils` is a model written for Triton's python backend and
+gets Triton's API instead (`execute(requests)`, server/backends/triton_python.py): a repository moved
+from Triton runs unchanged, and our own API stays for models that want whole batches as arrays.
+
 A streaming model defines the async generator `execute_stream`: streaming clients (grps streaming, v2
 ModelStreamInfer) receive each yield as it comes; a client that goes away closes the generator. Such a
 model may omit `execute`; plain infer then answers 400.
@@ -30,28 +34,63 @@ from typing import Any
 from codec.errors import ErrorKind, InferError
 
 CLASS_NAMES = ("TritonPythonModel", "Model")
+TRITON_UTILS = "triton_python_backend_utils"
 
 
-class PythonBackend:
+def load_python(version_dir: Path, config: dict, version: int) -> Any:
+    """The model.py of a version folder: Triton's API when it imports `triton_python_backend_utils`
+    (server/backends/triton_python.py), else ours."""
+    module = ModelModule(version_dir, config, version)
+    try:
+        if module.uses_triton_api:
+            from server.backends.triton_python import TritonPythonBackend
+
+            return TritonPythonBackend(module, config, version)
+        return PythonBackend(module, config)
+    except BaseException:
+        module.close()
+        raise
+
+
+class ModelModule:
+    """A model.py run as a module of its own (`tensorgate_models.<model>.v<version>`), and its class."""
+
     def __init__(self, version_dir: Path, config: dict, version: int) -> None:
         path = version_dir / "model.py"
         if not path.is_file():
             raise FileNotFoundError(f"no model.py in {version_dir}")
-        module_name = f"tensorgate_models.{config['name']}.v{version}"
-        module = types.ModuleType(module_name)
+        from server.backends import pb_utils  # what `import triton_python_backend_utils` finds
+
+        sys.modules.setdefault(TRITON_UTILS, pb_utils)
+        self.name = f"tensorgate_models.{config['name']}.v{version}"
+        self.path = path
+        module = types.ModuleType(self.name)
         module.__file__ = str(path)
-        previous = sys.modules.get(module_name)  # a version being reloaded keeps serving meanwhile
-        sys.modules[module_name] = module  # lets dataclasses/pickle inside model.py resolve the module
+        previous = sys.modules.get(self.name)  # a version being reloaded keeps serving meanwhile
+        sys.modules[self.name] = module  # lets dataclasses/pickle inside model.py resolve the module
         try:
             # Compiled from the source every time: no __pycache__ written into the repository, and no
             # stale bytecode when model.py changes within the same second at the same size.
             exec(compile(path.read_bytes(), str(path), "exec"), module.__dict__)
         except BaseException:
-            _restore_module(module_name, module, previous)
+            _restore_module(self.name, module, previous)
             raise
-        self._module_name = module_name
+        self.module = module
+        self.uses_triton_api = any(  # `import ... as pb_utils`, or `from ... import InferenceResponse`
+            value is pb_utils or getattr(value, "__module__", None) == pb_utils.__name__
+            for value in vars(module).values()
+        )
+        self.model_class = _model_class(module, path)
+
+    def close(self) -> None:
+        _restore_module(self.name, self.module, None)
+
+
+class PythonBackend:
+    def __init__(self, module: ModelModule, config: dict) -> None:
         self._module = module
-        self.model = _model_class(module, path)()
+        path = module.path
+        self.model = module.model_class()
         if hasattr(self.model, "initialize"):
             self.model.initialize(config)
         execute = getattr(self.model, "execute", None)
@@ -70,7 +109,7 @@ class PythonBackend:
             if hasattr(self.model, "finalize"):
                 self.model.finalize()
         finally:
-            _restore_module(self._module_name, self._module, None)
+            self._module.close()
 
 
 def _model_class(module: Any, path: Path) -> type:
