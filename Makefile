@@ -36,11 +36,12 @@ format: $(STAMP)
 
 # Starts servers on ephemeral ports, drives them, and prints the side-by-side tables (see bench/README.md):
 # the transport bench (wrk, h2load, curl: apt-get install wrk nghttp2-client curl), the gRPC bench
-# (h2load), then the harness.
+# (h2load), the ensemble bench (wrk), then the harness.
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
 	$(BIN)/python -m bench.transport $(ARGS)
 	$(BIN)/python -m bench.grpc_bench $(ARGS)
+	$(BIN)/python -m bench.ensemble $(ARGS)
 	$(BIN)/python -m bench $(ARGS)
 
 # Regenerates the betterproto2 modules in proto/ from proto/*.proto (commit the result; a test checks it).
