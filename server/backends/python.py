@@ -85,6 +85,14 @@ class ModelModule:
     def close(self) -> None:
         _restore_module(self.name, self.module, None)
 
+    def unload(self, model: Any) -> None:
+        """The model's `finalize`, if it has one, then the module is forgotten."""
+        try:
+            if hasattr(model, "finalize"):
+                model.finalize()
+        finally:
+            self.close()
+
 
 class PythonBackend:
     def __init__(self, module: ModelModule, config: dict) -> None:
@@ -105,11 +113,7 @@ class PythonBackend:
         self.execute_stream: Callable[[dict[str, Any]], AsyncIterator[Any]] | None = stream
 
     def close(self) -> None:
-        try:
-            if hasattr(self.model, "finalize"):
-                self.model.finalize()
-        finally:
-            self._module.close()
+        self._module.unload(self.model)
 
 
 def _model_class(module: Any, path: Path) -> type:

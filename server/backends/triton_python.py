@@ -150,11 +150,7 @@ class TritonPythonBackend:
             sender._cancelled = True  # the client went away, or the answers are over
 
     def close(self) -> None:
-        try:
-            if hasattr(self.model, "finalize"):
-                self.model.finalize()
-        finally:
-            self._module.close()
+        self._module.unload(self.model)
 
 
 def complete(version_dir: Path, config: dict) -> dict:
