@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 REPO ?= examples/model_repository
 ARGS ?=
 
-.PHONY: serve test lint format bench proto clean
+.PHONY: serve test browser lint format bench proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,9 +22,18 @@ serve: $(STAMP)
 # own limits and are not run there.
 HTTP_E2E = $(filter-out %grpc.py %grpc_stream.py,$(wildcard tests/test_e2e_*.py))
 
-test: lint
+test: lint browser
 	$(BIN)/python -m pytest -q $(ARGS)
 	TENSORGATE_TEST_HTTP_SERVER=hypercorn $(BIN)/python -m pytest -q -m "not ours" $(HTTP_E2E) $(ARGS)
+
+# The monitor page's browser test drives Debian's chromium through chromium-driver. Installed here where
+# apt-get can (root, a Debian machine); otherwise that one test is skipped, and this says why.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { echo "installing chromium and chromium-driver (apt-get) for the monitor page's browser test"; \
+	    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+	      chromium chromium-driver >/dev/null; } || \
+	    echo "could not install chromium: tests/test_e2e_monitor.py's browser test will be skipped"; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

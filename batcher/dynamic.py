@@ -277,13 +277,15 @@ class DynamicBatcher:
                         answered = [w for w in waiters if w not in failed]
                 self.stats.record_batch(sum(w.size for w in waiters), input_ns, infer_ns, output_ns)
                 if answered:
+                    each = [now - w.arrival_ns for w in answered]
                     self.stats.record_success(
                         len(answered),
-                        sum(now - w.arrival_ns for w in answered),
+                        sum(each),
                         sum(batch.dispatched_ns - w.arrival_ns for w in answered),
                         input_ns,
                         infer_ns,
                         output_ns,
+                        each,
                     )
         if error is not None:
             batch.outcome = error

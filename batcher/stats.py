@@ -6,6 +6,8 @@
 - queue, compute_input, compute_infer, compute_output: per successful request, the time it waited for
   its batch and the phases of that batch (input staging, execute, output staging and split).
 - batch_stats: per batch size, batches executed and the time of each phase.
+Each answered request's whole time is also kept, until the monitor takes it once a second for the
+latency CDF (server/monitor.py); at most LATENCIES_KEPT between two takes.
 """
 
 import time
@@ -44,8 +46,12 @@ class BatchStats:
         }
 
 
+LATENCIES_KEPT = 100_000
+
+
 class ModelStats:
     def __init__(self) -> None:
+        self.latencies: list[int] = []  # ns of each request answered since the monitor last took them
         self.inference_count = 0
         self.execution_count = 0
         self.last_inference = 0
@@ -65,9 +71,22 @@ class ModelStats:
         stats.compute_output.add(output_ns)
 
     def record_success(
-        self, requests: int, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int
+        self,
+        requests: int,
+        total_ns: int,
+        queue_ns: int,
+        input_ns: int,
+        infer_ns: int,
+        output_ns: int,
+        each_ns: list[int] | None = None,
     ) -> None:
-        """`requests` answered from one batch; total_ns and queue_ns are their sums."""
+        """`requests` answered from one batch; total_ns and queue_ns are their sums, `each_ns` the time of
+        each (one request: total_ns)."""
+        if len(self.latencies) < LATENCIES_KEPT:
+            if each_ns is not None:
+                self.latencies.extend(each_ns)
+            else:
+                self.latencies.append(total_ns // requests)
         self.success.add(total_ns, requests)
         self.queue.add(queue_ns, requests)
         self.compute_input.add(input_ns * requests, requests)
@@ -78,6 +97,8 @@ class ModelStats:
         """One request executed alone with no queue and no staging: record_batch + record_success with
         all of its time in compute_infer, in one call (the hot path of small models)."""
         stats = self._execution(rows)
+        if len(self.latencies) < LATENCIES_KEPT:
+            self.latencies.append(ns)
         stats.compute_input.count += 1
         stats.compute_infer.add(ns)
         stats.compute_output.count += 1
@@ -97,6 +118,11 @@ class ModelStats:
         if stats is None:
             stats = self.batch_stats[rows] = BatchStats(rows)
         return stats
+
+    def take_latencies(self) -> list[int]:
+        """The requests' times recorded since the last take."""
+        latencies, self.latencies = self.latencies, []
+        return latencies
 
     def record_failure(self, requests: int, total_ns: int) -> None:
         self.fail.add(total_ns, requests)

@@ -10,7 +10,9 @@ from pathlib import Path
 
 from server import grpc
 from server.backends import bind_server
+from server.endpoints.customized import CTRL_MODES, PATH_FORMAT, StreamingControl
 from server.endpoints.grps import GrpsEndpoints
+from server.endpoints.monitor import MonitorEndpoints
 from server.endpoints.repository import RepositoryEndpoints
 from server.endpoints.tfserving import TFServingEndpoints
 from server.endpoints.v2 import V2Endpoints, error_response
@@ -25,6 +27,7 @@ from server.http.listener import (
     tls_context,
 )
 from server.metrics import metrics_router
+from server.monitor import Monitor
 from server.repository import CONTROL_MODES, Repository
 from server.router import Router
 from server.shared_memory import SharedMemory
@@ -58,6 +61,35 @@ def build_parser() -> argparse.ArgumentParser:
         "--grps-default-model",
         default=None,
         help="grps: the model a request without `model` goes to (default: the only model, if one)",
+    )
+    serve.add_argument(
+        "--grps-customized-predict-http",
+        default=None,
+        metavar="PATH",
+        help="grps: serve customized HTTP on PATH, answered by a python model's handle_http (default: off)",
+    )
+    serve.add_argument(
+        "--grps-streaming-ctrl-mode",
+        choices=CTRL_MODES,
+        default="query_param",
+        help="grps: how a request asks for a streamed answer (default query_param: ?streaming=true)",
+    )
+    serve.add_argument(
+        "--grps-streaming-ctrl-key",
+        default="streaming",
+        help="grps: the query parameter, header or JSON body key that asks for streaming (default streaming)",
+    )
+    serve.add_argument(
+        "--grps-streaming-res-content-type",
+        default="application/octet-stream",
+        help="grps: the content type of streamed answers (default application/octet-stream)",
+    )
+    serve.add_argument(
+        "--monitor-log",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="grps: rewrite PATH every second with every monitor metric, as grps_monitor.log (default: off)",
     )
     serve.add_argument(
         "--max-request-bytes",
@@ -231,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--model-control-mode poll needs --repository-poll-secs > 0")
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
         parser.error("--ssl-certfile and --ssl-keyfile go together")
+    path = args.grps_customized_predict_http
+    if path is not None and not PATH_FORMAT.match(path):
+        parser.error(f"--grps-customized-predict-http {path!r} must match {PATH_FORMAT.pattern}")
     # Nothing the server imports writes bytecode: a model's helper modules would otherwise leave a
     # __pycache__ in the model repository (model.py itself is compiled from source, see backends/python).
     sys.dont_write_bytecode = True
@@ -269,9 +304,23 @@ async def serve(args: argparse.Namespace) -> None:
     router = Router(fallback_errors=error_response)
     shared_memory = SharedMemory(args.allow_client_shm)
     V2Endpoints(repository, shared_memory).install(router)
-    GrpsEndpoints(repository, args.grps_default_model).install(router)
+    streaming = StreamingControl(
+        args.grps_streaming_ctrl_mode, args.grps_streaming_ctrl_key, args.grps_streaming_res_content_type
+    )
+    grps_endpoints = GrpsEndpoints(
+        repository, args.grps_default_model, streaming, args.grps_customized_predict_http
+    )
+    grps_endpoints.install(router)
+    monitor = Monitor(repository, args.monitor_log)
+    MonitorEndpoints(monitor).install(router)
     TFServingEndpoints(repository).install(router)
     RepositoryEndpoints(repository).install(router)
+    try:
+        grps_endpoints.install_customized(router)  # last: it must not take a built-in route's place
+    except ValueError as e:
+        log.error("%s", e)
+        await repository.unload_all()
+        raise SystemExit(2) from None
     settings = http_settings(args)
 
     grpc_services = grpc.services(
@@ -282,12 +331,15 @@ async def serve(args: argparse.Namespace) -> None:
     # (name, router, sockets, gRPC services): gRPC is served on its port and, over HTTP/2, on HTTP's.
     ports = [("gRPC", Router(fallback_errors=error_response), bind(args.host, args.grpc_port), grpc_services)]
     if args.allow_metrics:  # logged before HTTP's line, which tells a waiting reader "up"
-        ports.append(("Metrics", metrics_router(repository), bind(args.host, args.metrics_port), None))
+        ports.append(
+            ("Metrics", metrics_router(repository, monitor), bind(args.host, args.metrics_port), None)
+        )
     ports.append(("HTTP", router, bind(args.host, args.http_port), grpc_services))
     for name, _, sockets, _ in ports:
         for sock in sockets:
             listen_log.info("%s listening on %s", name, address_of(sock))
 
+    monitor.start()
     poller = None
     if args.model_control_mode == "poll":
         poller = asyncio.create_task(repository.poll_forever(args.repository_poll_secs, stop))
@@ -316,6 +368,7 @@ async def serve(args: argparse.Namespace) -> None:
             for name, port_router, sockets, services in ports
         )
     )
+    monitor.stop()
     await repository.unload_all()
     log.info("shut down")
 

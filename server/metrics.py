@@ -18,6 +18,7 @@ from prometheus_client.utils import floatToGoString
 
 from batcher.stats import ModelStats
 from codec.errors import ErrorKind, InferError, http_status
+from server.monitor import Monitor
 from server.repository import Repository
 from server.router import HttpRequest, HttpResponse, Router, body_response
 from server.statistics import ready_versions
@@ -26,6 +27,7 @@ CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 PLAIN = b"text/plain; charset=utf-8"  # the 404 and 405 answers
 METRICS_PATH = "/metrics"
 
+APP_METRIC = "tensorgate_app_metric"
 PENDING = "nv_inference_pending_request_count"  # a gauge: requests in the model's queue now
 # Triton's per model version counters (core src/metrics.cc): name, HELP text, what it counts.
 COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], int]], ...] = (
@@ -121,10 +123,32 @@ def _escape(text: str, quote: bool = True) -> str:
     return text.replace('"', r"\"") if quote else text
 
 
-def metrics_router(repository: Repository) -> Router:
+class AppMetrics:
+    """A prometheus_client collector: the metrics models record through app_monitor (server/monitor.py),
+    their last second's value as a gauge labelled with the metric's grps name and aggregation (a cdf
+    as one sample per point, labelled `quantile`)."""
+
+    def __init__(self, monitor: Monitor) -> None:
+        self.monitor = monitor
+
+    def collect(self) -> Iterator[Metric]:
+        family = Metric(APP_METRIC, "A metric a model records (grps app_monitor), its last second", "gauge")
+        for name, aggregation in sorted(self.monitor.kinds.items()):
+            labels = {"name": name, "aggregation": aggregation}
+            if aggregation == "cdf":
+                for percent, value in self.monitor.cdfs.get(name, ()):
+                    family.add_sample(APP_METRIC, {**labels, "quantile": f"{percent / 100:g}"}, value)
+            elif self.monitor.series.get(name):
+                family.add_sample(APP_METRIC, labels, self.monitor.series[name][-1][1])
+        yield family
+
+
+def metrics_router(repository: Repository, monitor: Monitor | None = None) -> Router:
     """`GET /metrics` (and HEAD) answers the registry's text; anything else 404 or 405, in plain text."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ModelMetrics(repository))
+    if monitor is not None:
+        registry.register(AppMetrics(monitor))
 
     async def metrics(request: HttpRequest) -> HttpResponse:
         return body_response(exposition(registry), CONTENT_TYPE)

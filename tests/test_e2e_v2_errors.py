@@ -221,7 +221,9 @@ def test_wrong_method_is_405_with_allow(
         assert_connection_reused(client, response)
 
 
-@pytest.mark.parametrize("path", ["/", "/v3", "/v2/models", "/v2/models/simple/infer/extra", "/v2/health"])
+@pytest.mark.parametrize(  # ("/" is the monitor page)
+    "path", ["/v3", "/v2/models", "/v2/models/simple/infer/extra", "/v2/health", "/index.html"]
+)
 def test_unknown_path_is_404(client: httpx.Client, path: str) -> None:
     response = client.get(path)
     assert_error(response, 404)

@@ -21,7 +21,8 @@ from Triton runs unchanged, and our own API stays for models that want whole bat
 
 A streaming model defines the async generator `execute_stream`: streaming clients (grps streaming, v2
 ModelStreamInfer) receive each yield as it comes; a client that goes away closes the generator. Such a
-model may omit `execute`; plain infer then answers 400.
+model may omit `execute`; plain infer then answers 400. A model may define `handle_http(http)` to
+answer grps customized HTTP (server/endpoints/customized.py).
 """
 
 import inspect
@@ -35,6 +36,7 @@ from codec.errors import ErrorKind, InferError
 
 CLASS_NAMES = ("TritonPythonModel", "Model")
 TRITON_UTILS = "triton_python_backend_utils"
+GRPS_MONITOR = "grps_framework.monitor.monitor"
 
 
 def load_python(version_dir: Path, config: dict, version: int) -> Any:
@@ -59,9 +61,9 @@ class ModelModule:
         path = version_dir / "model.py"
         if not path.is_file():
             raise FileNotFoundError(f"no model.py in {version_dir}")
-        from server.backends import pb_utils  # what `import triton_python_backend_utils` finds
+        from server.backends import pb_utils
 
-        sys.modules.setdefault(TRITON_UTILS, pb_utils)
+        _install_aliases()
         self.name = f"tensorgate_models.{config['name']}.v{version}"
         self.path = path
         module = types.ModuleType(self.name)
@@ -111,9 +113,30 @@ class PythonBackend:
         if stream is not None and not inspect.isasyncgenfunction(stream):
             raise TypeError(f"{path}: execute_stream must be an async generator (async def with yield)")
         self.execute_stream: Callable[[dict[str, Any]], AsyncIterator[Any]] | None = stream
+        # grps customized HTTP (server/endpoints/customized.py): handle_http(http), plain or async
+        self.handle_http: Callable[[Any], Any] | None = getattr(self.model, "handle_http", None)
 
     def close(self) -> None:
         self._module.unload(self.model)
+
+
+def _install_aliases() -> None:
+    """What model.py files written for other servers import, found here: Triton's
+    `triton_python_backend_utils` (ours, server/backends/pb_utils.py) and grps's
+    `grps_framework.monitor.monitor.app_monitor` (server/monitor.py)."""
+    from server import monitor
+    from server.backends import pb_utils
+
+    sys.modules.setdefault(TRITON_UTILS, pb_utils)
+    if GRPS_MONITOR not in sys.modules:
+        parts = GRPS_MONITOR.split(".")
+        for depth in range(1, len(parts)):
+            package = ".".join(parts[:depth])
+            if package not in sys.modules:
+                stub = types.ModuleType(package)
+                stub.__path__ = []  # a package: its submodules import
+                sys.modules[package] = stub
+        sys.modules[GRPS_MONITOR] = monitor
 
 
 def _model_class(module: Any, path: Path) -> type:

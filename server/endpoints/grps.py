@@ -13,6 +13,7 @@ from urllib.parse import parse_qs
 from codec import grps as wire
 from codec import grps_answers as answers
 from codec.errors import ErrorKind, InferError, invalid
+from server.endpoints.customized import CustomizedHttp, StreamingControl
 from server.grps import Grps
 from server.repository import Repository
 from server.router import HttpRequest, HttpResponse, Router, body_response
@@ -35,8 +36,16 @@ def error_response(error: InferError) -> HttpResponse:
 
 
 class GrpsEndpoints:
-    def __init__(self, repository: Repository, default_model: str | None = None) -> None:
+    def __init__(
+        self,
+        repository: Repository,
+        default_model: str | None = None,
+        streaming: StreamingControl | None = None,
+        customized_path: str | None = None,
+    ) -> None:
         self.grps = Grps(repository, default_model)
+        self.streaming = streaming or StreamingControl()
+        self.customized_path = customized_path
 
     def install(self, router: Router) -> None:
         both, post = ("GET", "POST"), ("POST",)
@@ -51,6 +60,11 @@ class GrpsEndpoints:
         ):
             for method in methods:
                 router.add(method, ROOT + path, handler, error_response)
+
+    def install_customized(self, router: Router) -> None:
+        """The customized predict path, once every other route is in (it may not take one's place)."""
+        if self.customized_path:
+            CustomizedHttp(self.grps, self.streaming).install(router, self.customized_path, error_response)
 
     async def online(self, request: HttpRequest) -> HttpResponse:
         self.grps.set_online(True)
@@ -87,9 +101,10 @@ class GrpsEndpoints:
             payload = wire.payload_from_json(request.body)
         payload.model = payload.model or query.get("model", "")  # the body's model wins
         return_ndarray = _flag(query, "return-ndarray")
-        if _flag(query, "streaming"):
+        if self.streaming.wants(request):
             stream = await self.grps.predict_stream(payload, return_ndarray)
-            return HttpResponse(answers.OK, [(b"content-type", OCTET_STREAM)], _chunks(stream))
+            content_type = self.streaming.content_type.encode()
+            return HttpResponse(answers.OK, [(b"content-type", content_type)], _chunks(stream))
         answer = await self.grps.predict(payload, return_ndarray)
         if answer.kind == wire.BIN_DATA:
             return body_response(answer.data, OCTET_STREAM, answers.OK)
