@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 REPO ?= examples/model_repository
 ARGS ?=
 
-.PHONY: serve test browser lint format bench proto clean
+.PHONY: serve test browser lint format bench fuzz proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,12 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.grpc_bench $(ARGS)
 	$(BIN)/python -m bench.ensemble $(ARGS)
 	$(BIN)/python -m bench $(ARGS)
+
+# Every parser's fuzz target under atheris, FUZZ_SECONDS each (see fuzz/__main__.py; findings land in
+# fuzz/crashes/). `make test` runs each for a few seconds.
+FUZZ_SECONDS ?= 60
+fuzz: $(STAMP)
+	$(BIN)/python -m fuzz --seconds $(FUZZ_SECONDS) $(ARGS)
 
 # Regenerates the betterproto2 modules in proto/ from proto/*.proto (commit the result; a test checks it).
 proto: $(STAMP)

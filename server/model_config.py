@@ -439,6 +439,13 @@ def _normalize(raw: Any, model: str) -> dict:
     max_batch_size = cfg.get("max_batch_size", 0)
     ok = _is_int(max_batch_size) and max_batch_size >= 0
     _require(ok, f"max_batch_size must be an integer >= 0, got {max_batch_size!r}")
+    filename = cfg.get("default_model_filename")
+    ok = filename is None or (
+        isinstance(filename, str)
+        and filename not in ("", ".", "..")
+        and not {"/", "\\", "\0"} & set(filename)
+    )  # a file of the version folder: a config override must not name a file elsewhere on the disk
+    _require(ok, f"default_model_filename must be a file name in the version folder, got {filename!r}")
     parameters = cfg.get("parameters", {})
     ok = isinstance(parameters, dict) and all(isinstance(v, dict) for v in parameters.values())
     _require(ok, "parameters must map names to { string_value: ... }")

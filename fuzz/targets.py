@@ -1,0 +1,212 @@
+"""One fuzz target per parser that reads bytes from strangers: `TARGETS[name](data)`.
+
+A target feeds `data` to the real parser, as the server would, and lets only the errors that parser is
+meant to answer with through to `run_one`, which swallows them: our InferError (every protocol's bad
+input), ConfigError (model configs), GRPCError (gRPC framing), HpackError / HeaderListTooLarge (HPACK,
+a COMPRESSION_ERROR). Anything else escaping is a finding. `fuzz/__main__.py` drives them with atheris
+(coverage-guided); tests/test_fuzz.py runs each over its seed corpus and for a few seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable
+
+import orjson
+from grpclib import GRPCError
+
+from codec import grps as grps_wire
+from codec import tfserving, v2_grpc, v2_http
+from codec.errors import InferError, invalid
+from codec.tensor import Tensor
+from server.endpoints import repository as repository_api
+from server.http.grpc_wire import MessageReader
+from server.http.hpack_decode import Decoder, HeaderListTooLarge, HpackError
+from server.model_config import ConfigError, normalize_config, parse_pbtxt
+from server.repository import override_path
+from server.router import HttpRequest
+from server.shared_memory import SharedMemory
+
+EXPECTED = (InferError, ConfigError, GRPCError, HpackError, HeaderListTooLarge)
+MAX_MESSAGE = 1 << 20  # the gRPC target's --grpc-max-message-bytes
+
+
+def v2_json(data: bytes) -> None:
+    """A v2 REST infer body, all JSON."""
+    v2_http.decode_request(data, None, "m")
+
+
+def v2_binary(data: bytes) -> None:
+    """A v2 REST infer body split at Inference-Header-Content-Length: the first two bytes say where."""
+    if len(data) < 2:
+        return
+    header_length = v2_http.parse_header_length(str(int.from_bytes(data[:2], "little")), len(data) - 2)
+    v2_http.decode_request(data[2:], header_length, "m")
+
+
+def model_infer(data: bytes) -> None:
+    """gRPC ModelInferRequest bytes, through the hand-written decoder (twice: the second read may come
+    from the skeleton the first one left)."""
+    v2_grpc.decode_request(data)
+    v2_grpc.decode_request(data)
+
+
+def grpc_framing(data: bytes) -> None:
+    """gRPC length-prefixed messages, fed in pieces whose sizes the data's first byte chooses."""
+    if not data:
+        return
+    step = data[0] % 7 + 1
+    reader = MessageReader(MAX_MESSAGE)
+    messages: list = []
+    body = memoryview(data[1:])
+    for start in range(0, len(body), step):
+        reader.feed(body[start : start + step], messages)
+
+
+def hpack(data: bytes) -> None:
+    """HPACK header blocks (a 0x00 byte separates blocks of one connection: the table carries over)."""
+    decoder = Decoder(max_header_list_size=16384)
+    for block in data.split(b"\x00\x00\x00"):
+        decoder.decode(block)
+
+
+TF_INPUTS = [
+    tfserving.TensorInfo("x", "FP32", (-1, 1), (-1, 1)),
+    tfserving.TensorInfo("s", "BYTES", (-1,), (-1,), optional=True),
+]
+
+
+def tfserving_predict(data: bytes) -> None:
+    """A TF Serving predict body (NaN tokens, b64, nesting, row and columnar forms)."""
+    from codec.tfserving_json import loads
+
+    doc = loads(data, "the predict request")
+    if not isinstance(doc, dict):
+        raise invalid("the predict request must be a JSON object")  # as the endpoint answers
+    tfserving.decode_predict(doc, TF_INPUTS, "m", "1")
+
+
+def grps_json(data: bytes) -> None:
+    grps_wire.payload_from_json(data)
+
+
+def grps_protobuf(data: bytes) -> None:
+    """A GrpsMessage as the gRPC door receives it: betterproto2's parse, then our payload reading."""
+    import proto.grps.protos.v1 as pb
+
+    try:
+        message = pb.GrpsMessage.parse(data)
+    except Exception:  # betterproto2's own parse error: the gRPC layer answers INVALID_ARGUMENT
+        return
+    grps_wire.payload_from_message(message)
+
+
+def config_pbtxt(data: bytes) -> None:
+    normalize_config(parse_pbtxt(data.decode("utf-8", "replace")), "m")
+
+
+def config_json(data: bytes) -> None:
+    try:
+        raw = json.loads(data)
+    except ValueError:
+        return  # the loader's JSON error
+    if isinstance(raw, dict):
+        normalize_config(raw, "m")
+
+
+def repository_load(data: bytes) -> None:
+    """A repository load body: its parameters, file overrides (paths checked) and config override."""
+    request = HttpRequest("POST", "/v2/repository/models/m/load", b"", {}, data)
+    parameters = repository_api._parameters(repository_api._body(request))
+    for key in repository_api._files(parameters):
+        override_path(key)
+    config = parameters.get("config")
+    if isinstance(config, str):
+        from server.repository import _parse_config
+
+        _parse_config("m", config)
+
+
+class _Regions:
+    """A real POSIX shared-memory segment the shared-memory target registers parts of."""
+
+    def __init__(self) -> None:
+        self.key = f"tensorgate-fuzz-{os.getpid()}"
+        self.path = f"/dev/shm/{self.key}"
+        with open(self.path, "wb") as f:
+            f.write(b"\0" * 4096)
+        self.memory = SharedMemory(allowed=True)
+
+
+_regions: _Regions | None = None
+
+
+def shared_memory(data: bytes) -> None:
+    """A register body and then a request's shared-memory parameters against what it registered."""
+    global _regions
+    if _regions is None:
+        _regions = _Regions()
+        import atexit
+
+        atexit.register(os.unlink, _regions.path)
+    memory = _regions.memory
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return
+    if not isinstance(doc, dict):
+        return
+    register, parameters = doc.get("register", {}), doc.get("parameters", {})
+    if not isinstance(register, dict) or not isinstance(parameters, dict):
+        return
+    name = "r"
+    try:
+        memory.register_system(name, _regions.key, register.get("offset", 0), register.get("byte_size"))
+        count = doc.get("count")
+        tensor = Tensor(
+            "x", "FP32", (count if type(count) is int and 0 <= count < 1 << 20 else 1,), None, parameters
+        )
+        memory._input(tensor, True)
+        memory._target("y", parameters)
+    finally:
+        memory.regions.pop(name, None)
+
+
+TARGETS: dict[str, Callable[[bytes], None]] = {
+    "v2_json": v2_json,
+    "v2_binary": v2_binary,
+    "model_infer": model_infer,
+    "grpc_framing": grpc_framing,
+    "hpack": hpack,
+    "tfserving_predict": tfserving_predict,
+    "grps_json": grps_json,
+    "grps_protobuf": grps_protobuf,
+    "config_pbtxt": config_pbtxt,
+    "config_json": config_json,
+    "repository_load": repository_load,
+    "shared_memory": shared_memory,
+}
+
+# targets whose input is a JSON document (fuzz/one.py mutates those structurally too)
+JSON_TARGETS = frozenset(
+    {"v2_json", "tfserving_predict", "grps_json", "config_json", "repository_load", "shared_memory"}
+)
+
+
+def run_one(name: str, data: bytes) -> None:
+    """One input through one target: the errors the parser is meant to answer with are fine."""
+    with contextlib.suppress(EXPECTED):
+        TARGETS[name](data)
+
+
+def corpus_dir(name: str) -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus", name)
+
+
+def seeds(name: str) -> list[bytes]:
+    directory = corpus_dir(name)
+    if not os.path.isdir(directory):
+        return []
+    return [open(os.path.join(directory, f), "rb").read() for f in sorted(os.listdir(directory))]
