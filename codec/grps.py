@@ -111,7 +111,12 @@ def payload_from_bytes(body: bytes | bytearray | memoryview) -> Payload:
 
 
 def payload_from_message(message: pb.GrpsMessage) -> Payload:
-    kind, value = betterproto2.which_one_of(message, "data_oneof")
+    try:
+        kind, value = betterproto2.which_one_of(message, "data_oneof")
+    except RuntimeError:  # the wire held two members of the oneof: betterproto2 keeps both
+        raise invalid(
+            "the message sets more than one of data_oneof (bin_data, str_data, gtensors, gmap)"
+        ) from None
     if not kind:
         raise invalid("the request carries no data: set one of bin_data, str_data, gtensors, gmap")
     if kind in (BIN_DATA, STR_DATA):

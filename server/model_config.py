@@ -104,12 +104,14 @@ def _unescape(body: str, line: int) -> bytes:
     for m in _ESCAPE_RE.finditer(body):
         out += body[pos : m.start()].encode()
         esc, pos = m.group(1), m.end()
-        if esc[0] == "x":
-            out.append(int(esc[1:], 16))
+        if esc[0] in "xuU":
+            try:  # no digits, or past the last code point: an invalid escape, not a crash
+                value = int(esc[1:], 16)
+                out += bytes([value]) if esc[0] == "x" else chr(value).encode(errors="surrogatepass")
+            except (ValueError, OverflowError):
+                _require(False, f"line {line}: invalid escape '\\{esc}'")
         elif esc[0].isdigit():
             out.append(int(esc, 8))
-        elif esc[0] in "uU":
-            out += chr(int(esc[1:], 16)).encode(errors="surrogatepass")  # a lone surrogate fails decode()
         else:
             _require(esc in _ESCAPES, f"line {line}: invalid escape '\\{esc}'")
             out += _ESCAPES[esc].encode()
@@ -275,6 +277,7 @@ def _tensors(items: Any, kind: str, max_batch_size: int) -> list[dict]:
     out, seen = [], set()
     for i, tensor in enumerate(items):
         _require(isinstance(tensor, dict) and tensor.get("name"), f"{kind} #{i} must specify 'name'")
+        _require(isinstance(tensor["name"], str), f"{kind} #{i}: 'name' must be a string")
         what = f"{kind} '{tensor['name']}'"
         _require(tensor["name"] not in seen, f"{what} is specified more than once")
         seen.add(tensor["name"])

@@ -10,7 +10,11 @@ import sys
 
 import pytest
 
+import proto.grps.protos.v1 as pb
+from codec.errors import InferError
+from codec.grps import payload_from_message
 from fuzz.targets import TARGETS, run_one, seeds
+from server.model_config import ConfigError, normalize_config, parse_pbtxt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECONDS = 3
@@ -36,3 +40,33 @@ def test_a_short_fuzz_run_finds_nothing(name: str) -> None:
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "nothing found" in done.stdout
+
+
+# --- what the fuzzers found (each failed with another exception than the parser's own error) ------------
+
+
+def test_found_a_config_tensor_name_that_is_not_a_string() -> None:
+    """config_json and repository_load, 2026-11-26: `"name": [[[]]]` raised TypeError (unhashable)."""
+    doc = {
+        "name": "m",
+        "backend": "onnxruntime",
+        "inputs": [{"name": "I", "datatype": "FP32", "shape": [1]}],
+        "outputs": [{"name": [[[]]], "datatype": "FP32", "shape": [[1]]}],
+    }
+    with pytest.raises(ConfigError, match="output #0: 'name' must be a string"):
+        normalize_config(doc, "m")
+
+
+@pytest.mark.parametrize("escape", ["\\u", "\\x", "\\U", "\\uZZZZ", "\\UFFFFFFFF"])
+def test_found_a_pbtxt_escape_without_its_digits(escape: str) -> None:
+    """config_pbtxt, 2026-11-26: `"\\u<"` raised ValueError from int(''); an escape past the last code
+    point would have raised it from chr()."""
+    with pytest.raises(ConfigError, match="invalid escape"):
+        parse_pbtxt(f'name: "a{escape}<"')
+
+
+def test_found_a_grps_message_with_two_members_of_its_oneof() -> None:
+    """grps_protobuf, 2026-11-26: str_data then gtensors on the wire (protobuf allows it) made
+    betterproto2 raise RuntimeError; the gRPC door answered an internal error."""
+    with pytest.raises(InferError, match="more than one of data_oneof"):
+        payload_from_message(pb.GrpsMessage.parse(b'"\x02hi*\x14'))
