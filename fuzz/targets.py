@@ -21,6 +21,7 @@ from codec import grps as grps_wire
 from codec import tfserving, v2_grpc, v2_http
 from codec.errors import InferError, invalid
 from codec.tensor import Tensor
+from fuzz import transport
 from server.endpoints import repository as repository_api
 from server.http.grpc_wire import MessageReader
 from server.http.hpack_decode import Decoder, HeaderListTooLarge, HpackError
@@ -175,6 +176,8 @@ def shared_memory(data: bytes) -> None:
 
 
 TARGETS: dict[str, Callable[[bytes], None]] = {
+    "http1": transport.http1,
+    "http2": transport.http2,
     "v2_json": v2_json,
     "v2_binary": v2_binary,
     "model_infer": model_infer,

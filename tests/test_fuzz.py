@@ -13,6 +13,7 @@ import pytest
 import proto.grps.protos.v1 as pb
 from codec.errors import InferError
 from codec.grps import payload_from_message
+from fuzz import transport
 from fuzz.targets import TARGETS, run_one, seeds
 from server.model_config import ConfigError, normalize_config, parse_pbtxt
 
@@ -70,3 +71,45 @@ def test_found_a_grps_message_with_two_members_of_its_oneof() -> None:
     betterproto2 raise RuntimeError; the gRPC door answered an internal error."""
     with pytest.raises(InferError, match="more than one of data_oneof"):
         payload_from_message(pb.GrpsMessage.parse(b'"\x02hi*\x14'))
+
+
+def test_found_a_streamed_answer_cancelled_before_its_task_first_ran() -> None:
+    """http1, 2026-11-26: a malformed request pipelined behind one being answered in a stream closes the
+    connection, which cancels the answer's task before that task's first step. The task ended at once,
+    but the answer's coroutine (started eagerly, server/http/eager.py) never learned: it stayed suspended
+    until the garbage collector closed it, and its stream's generator failed to close ("aclose():
+    asynchronous generator is already running"). A model's stream would have stayed open the same way."""
+    transport.http1(
+        b"\x07POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\nhello"
+        b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n"
+        b"PO\xad\xab /refuseHTTP/1.1\r\nhost: x\r\ntransfer-e5coding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+    )
+
+
+def test_a_task_cancelled_before_its_first_step_cancels_the_eager_coroutine() -> None:
+    """The fix of the finding above, at its root: the coroutine eager.start began receives the
+    cancellation, and its finally blocks run, even when its task never ran."""
+    import asyncio
+
+    from server.http import eager
+
+    async def main() -> list[str]:
+        seen: list[str] = []
+        never = asyncio.get_running_loop().create_future()
+
+        async def answer() -> None:
+            try:
+                await never
+            except asyncio.CancelledError:
+                seen.append("cancelled")
+                raise
+            finally:
+                seen.append("finally")
+
+        task = eager.start(answer(), asyncio.get_running_loop())
+        task.cancel()  # before the task's first step
+        await asyncio.gather(task, return_exceptions=True)
+        assert task.cancelled()
+        return seen
+
+    assert asyncio.run(main()) == ["cancelled", "finally"]

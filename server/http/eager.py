@@ -9,6 +9,7 @@ server CPU at full load (wrk -c16, the 2-core VM).
 """
 
 import asyncio
+import collections.abc
 import logging
 from collections.abc import Coroutine, Generator
 from typing import Any
@@ -26,7 +27,7 @@ def start(coro: Coroutine[Any, Any, None], loop: asyncio.AbstractEventLoop) -> a
     except Exception:
         log.exception("unexpected error answering a request")
         return None
-    return loop.create_task(_resume(coro, waiting_on))
+    return loop.create_task(_Resumed(coro, waiting_on))
 
 
 def step(coro: Coroutine[Any, Any, Any], loop: asyncio.AbstractEventLoop) -> tuple[bool, Any]:
@@ -36,35 +37,41 @@ def step(coro: Coroutine[Any, Any, Any], loop: asyncio.AbstractEventLoop) -> tup
         waiting_on = coro.send(None)
     except StopIteration as finished:
         return True, finished.value
-    return False, loop.create_task(_resume(coro, waiting_on))
+    return False, loop.create_task(_Resumed(coro, waiting_on))
 
 
-async def _resume(coro: Coroutine[Any, Any, Any], waiting_on: Any) -> Any:
-    return await _Resumed(coro, waiting_on)
+_STARTED = object()
 
 
-class _Resumed:
-    """An awaitable that goes on with a coroutine already started: it first hands the task the future
-    the coroutine is waiting on, then relays each result (or exception, cancellation included) back."""
+class _Resumed(collections.abc.Coroutine):
+    """A coroutine already started, as a task's coroutine: its first step hands the task the future the
+    coroutine waits on; every later send, throw and close goes straight to the coroutine. A task
+    cancelled before its first step throws into it too, so the coroutine always learns it was cancelled
+    (a plain `async def` wrapper would end without starting and leave it suspended: its finally blocks,
+    a model's stream among them, then ran only when the garbage collector closed it; the fuzzer found
+    that)."""
 
     __slots__ = ("coro", "waiting_on")
 
-    def __init__(self, coro: Coroutine[Any, Any, None], waiting_on: Any) -> None:
+    def __init__(self, coro: Coroutine[Any, Any, Any], waiting_on: Any) -> None:
         self.coro = coro
         self.waiting_on = waiting_on
 
+    def send(self, value: Any) -> Any:
+        waiting_on = self.waiting_on
+        if waiting_on is not _STARTED:
+            self.waiting_on = _STARTED
+            return waiting_on
+        return self.coro.send(value)
+
+    def throw(self, error: Any, value: Any = None, traceback: Any = None) -> Any:
+        self.waiting_on = _STARTED
+        if value is None and traceback is None:
+            return self.coro.throw(error)
+        return self.coro.throw(error, value, traceback)
+
+    def close(self) -> None:
+        self.coro.close()
+
     def __await__(self) -> Generator[Any, Any, Any]:
-        coro, waiting_on = self.coro, self.waiting_on
-        while True:
-            try:
-                value = yield waiting_on
-            except BaseException as error:  # noqa: B036 - relayed to the coroutine, which decides
-                try:
-                    waiting_on = coro.throw(error)
-                except StopIteration as finished:
-                    return finished.value
-            else:
-                try:
-                    waiting_on = coro.send(value)
-                except StopIteration as finished:
-                    return finished.value
+        raise TypeError("_Resumed is a task's coroutine; it is not awaited")
