@@ -124,6 +124,9 @@ def payload_from_message(message: pb.GrpsMessage) -> Payload:
     elif kind == GTENSORS:
         if not value.tensors:
             raise invalid("gtensors holds no tensors")
+        for i, t in enumerate(value.tensors):
+            if t.dtype is None:  # a number the DataType enum does not have
+                raise invalid(f"gtensor {i} ('{t.name}'): unknown dtype")
         tensors = [
             _gtensor(t.name, int(t.dtype), t.shape, {f: getattr(t, f) for f in FLAT_FIELDS}, f"gtensor {i}")
             for i, t in enumerate(value.tensors)

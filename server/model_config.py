@@ -110,7 +110,7 @@ def _unescape(body: str, line: int) -> bytes:
                 out += bytes([value]) if esc[0] == "x" else chr(value).encode(errors="surrogatepass")
             except (ValueError, OverflowError):
                 _require(False, f"line {line}: invalid escape '\\{esc}'")
-        elif esc[0].isdigit():
+        elif esc[0] in "01234567":
             out.append(int(esc, 8))
         else:
             _require(esc in _ESCAPES, f"line {line}: invalid escape '\\{esc}'")
@@ -310,7 +310,8 @@ def _from_metadata(items: Any, kind: str, max_batch_size: int) -> Any:
     for i, tensor in enumerate(items):
         _require(isinstance(tensor, dict), f"{kind} #{i} must be an object")
         datatype = tensor.get("datatype")
-        _require(datatype in BY_V2, f"{kind} '{tensor.get('name')}' has unknown datatype {datatype!r}")
+        ok = isinstance(datatype, str) and datatype in BY_V2
+        _require(ok, f"{kind} '{tensor.get('name')}' has unknown datatype {datatype!r}")
         shape = tensor.get("shape", [])
         if max_batch_size and isinstance(shape, list) and shape[:1] == [-1]:
             shape = shape[1:]

@@ -66,6 +66,30 @@ def test_found_a_pbtxt_escape_without_its_digits(escape: str) -> None:
         parse_pbtxt(f'name: "a{escape}<"')
 
 
+def test_found_a_v2_metadata_datatype_that_is_not_a_string() -> None:
+    """config_json, 2026-11-26 (second run): `"datatype": [...]` in the metadata form raised TypeError."""
+    doc = {
+        "name": "m",
+        "backend": "onnxruntime",
+        "inputs": [{"name": "I", "datatype": ["FP32"], "shape": [1]}],
+    }
+    with pytest.raises(ConfigError, match="input 'I' has unknown datatype"):
+        normalize_config(doc, "m")
+
+
+def test_found_a_pbtxt_escape_of_a_digit_that_is_not_octal() -> None:
+    """config_pbtxt, 2026-11-26 (second run): `\\9` raised ValueError from int('9', 8)."""
+    with pytest.raises(ConfigError, match="invalid escape"):
+        parse_pbtxt('name: "a\\9"')
+
+
+def test_found_a_gtensor_dtype_the_enum_does_not_have() -> None:
+    """grps_protobuf, 2026-11-26 (second run): dtype 0xfffffff7 parsed as None; int(None) raised."""
+    message = pb.GrpsMessage.parse(b"*\x14\n\x12\n\x01a\x10\x07\xff\xff\xff\xfe*\x14\n\x80?\x00\x00\x00@")
+    with pytest.raises(InferError, match="unknown dtype"):
+        payload_from_message(message)
+
+
 def test_found_a_grps_message_with_two_members_of_its_oneof() -> None:
     """grps_protobuf, 2026-11-26: str_data then gtensors on the wire (protobuf allows it) made
     betterproto2 raise RuntimeError; the gRPC door answered an internal error."""
