@@ -111,6 +111,16 @@ def payload_from_bytes(body: bytes | bytearray | memoryview) -> Payload:
 
 
 def payload_from_message(message: pb.GrpsMessage) -> Payload:
+    """The payload of a GrpsMessage from the gRPC door. betterproto2 parses leniently: a field whose wire
+    type is not its own can come out as another type (an int in a list of messages), so a value of the
+    wrong type is the message's fault, answered as malformed."""
+    try:
+        return _payload_from_message(message)
+    except (TypeError, AttributeError, ValueError) as e:
+        raise invalid(f"malformed GrpsMessage: {type(e).__name__}: {e}") from None
+
+
+def _payload_from_message(message: pb.GrpsMessage) -> Payload:
     try:
         kind, value = betterproto2.which_one_of(message, "data_oneof")
     except RuntimeError:  # the wire held two members of the oneof: betterproto2 keeps both

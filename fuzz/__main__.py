@@ -1,12 +1,14 @@
 """python -m fuzz: every fuzz target under atheris for a while, one after the other.
 
-    python -m fuzz [--seconds 60] [--only model_infer hpack ...] [--keep-corpus]
+    python -m fuzz [--seconds 60] [--only model_infer hpack ...] [--keep-corpus] [--runs N]
 
 Each target starts from its seeds (fuzz/corpus/<target>/, committed and minimised) and a fresh working
 corpus of what it finds; libFuzzer stops a run at a per-input time limit (5 s), at 2 GiB of RSS, or at
 the first finding, whose input it writes to fuzz/crashes/ (a finding becomes a named regression test
 in tests/test_fuzz.py before it is fixed). The table at the end gives, per target, the inputs run, the
-coverage reached and what was found.
+coverage reached and what was found. `--runs N` runs N inputs from a fixed seed instead of for a time:
+the same inputs on every machine, what `make test` runs so that CI does not fail at random on what a
+longer search would find (that is `make fuzz`'s work).
 """
 
 import argparse
@@ -25,12 +27,13 @@ _DONE = re.compile(r"#(\d+)\s+DONE\s+cov: (\d+)")
 _RUNS = re.compile(r"Done (\d+) runs in (\d+) second")
 
 
-def run(name: str, seconds: int, keep: bool) -> dict:
+def run(name: str, seconds: int, keep: bool, runs: int = 0) -> dict:
     os.makedirs(CRASHES, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f"fuzz-{name}-") as work:
         argv = [
             sys.executable, "-m", "fuzz.one", name,
-            f"-max_total_time={seconds}", "-timeout=5", "-rss_limit_mb=2048", "-max_len=65536",
+            *([f"-runs={runs}", "-seed=1"] if runs else [f"-max_total_time={seconds}"]),
+            "-timeout=5", "-rss_limit_mb=2048", "-max_len=65536",
             f"-artifact_prefix={CRASHES}/{name}-", "-print_final_stats=1",
             work, corpus_dir(name),
         ]  # fmt: skip
@@ -57,10 +60,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=int, default=60, help="per target (default 60)")
     parser.add_argument("--only", nargs="+", choices=list(TARGETS), default=list(TARGETS))
     parser.add_argument("--keep-corpus", action="store_true", help="add what the runs found to the seeds")
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=0,
+        help="this many inputs from a fixed seed instead (repeatable: make test)",
+    )
     args = parser.parse_args(argv)
     results = []
     for name in args.only:
-        result = run(name, args.seconds, args.keep_corpus)
+        result = run(name, args.seconds, args.keep_corpus, args.runs)
         results.append(result)
         status = "FOUND SOMETHING" if result["found"] else "nothing found"
         print(
