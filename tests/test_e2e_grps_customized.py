@@ -64,6 +64,13 @@ def test_a_streamed_answer_comes_chunk_by_chunk(client: httpx.Client) -> None:
     assert lines == [{"c": 1.5}, {"c": 2.5}, {"c": 3.5}]
 
 
+def test_a_streamed_request_the_model_answers_whole_gets_that_answer(client: httpx.Client) -> None:
+    """The model refuses before sending a chunk (set_response, no send): its own answer, not a stream."""
+    refused = client.post(PATH, params={"streaming": "true"}, json={"a": [1, 2], "b": [1]})
+    assert refused.status_code == 400 and refused.headers["content-type"] == "application/json"
+    assert refused.json() == {"error": "a and b differ in shape"}
+
+
 def test_errors_are_grps_failures(client: httpx.Client, server: ServerProcess) -> None:
     not_json = client.post(PATH, content=b"{oops")
     assert not_json.status_code == 400

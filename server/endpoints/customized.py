@@ -131,34 +131,32 @@ class CustomizedHttp:
             raise invalid(f"model '{version.name}' has no handle_http: it cannot answer customized HTTP")
         http = HttpContext(request, self.control.wants(request))
         start = perf_counter_ns()
-        if not http.streaming:
-            try:
-                await _call(handler, http)
-            except InferError:
+        loop = asyncio.get_running_loop()
+        if http.streaming:
+            http.chunks = asyncio.Queue(maxsize=16)  # a slow reader slows the model's sends
+            http.started = loop.create_future()
+        running = asyncio.ensure_future(_call(handler, http))
+        waiting = (running,) if http.started is None else (running, http.started)
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        if http.started is None or not http.started.done():  # answered without a chunk sent: a plain answer
+            await asyncio.wait((running,))
+            error = running.exception()
+            if error is not None:
                 version.stats.record_failure(1, perf_counter_ns() - start)
-                raise
-            except Exception as e:
-                version.stats.record_failure(1, perf_counter_ns() - start)
-                raise version.executor.failure(e) from None
+                raise error if isinstance(error, InferError) else version.executor.failure(error)
             version.stats.record_alone(1, perf_counter_ns() - start)
-            headers = [(k.lower().encode(), v.encode()) for k, v in http.response_headers.items()]
-            if not any(name == b"content-type" for name, _ in headers):
-                headers.append((b"content-type", b"application/octet-stream"))
+            headers = _headers(http, b"application/octet-stream")
             headers.append((b"content-length", str(len(http.response_body)).encode()))
             return HttpResponse(http.status, headers, [http.response_body])
-        loop = asyncio.get_running_loop()
-        http.chunks = asyncio.Queue(maxsize=16)  # a slow reader slows the model's sends
-        http.started = loop.create_future()
-        running = asyncio.ensure_future(_call(handler, http))
-        await asyncio.wait((running, http.started), return_when=asyncio.FIRST_COMPLETED)
-        if running.done() and running.exception() is not None and not http.started.done():
-            version.stats.record_failure(1, perf_counter_ns() - start)
-            error = running.exception()
-            raise error if isinstance(error, InferError) else version.executor.failure(error)
-        headers = [(k.lower().encode(), v.encode()) for k, v in http.response_headers.items()]
-        if not any(name == b"content-type" for name, _ in headers):
-            headers.append((b"content-type", self.control.content_type.encode()))
+        headers = _headers(http, self.control.content_type.encode())
         return HttpResponse(http.status, headers, _stream(http, running, version, start))
+
+
+def _headers(http: HttpContext, default_type: bytes) -> list[tuple[bytes, bytes]]:
+    headers = [(k.lower().encode(), v.encode()) for k, v in http.response_headers.items()]
+    if not any(name == b"content-type" for name, _ in headers):
+        headers.append((b"content-type", default_type))
+    return headers
 
 
 async def _call(handler: Any, http: HttpContext) -> None:
