@@ -4,6 +4,7 @@ iteration, and the writing of tags and length-delimited fields.
 """
 
 import struct
+from typing import Any
 
 import numpy as np
 
@@ -145,3 +146,14 @@ def len_field(tag: bytes, payload: bytes) -> bytes:
 
 def str_field(tag: bytes, text: str) -> bytes:
     return len_field(tag, text.encode())
+
+
+CACHE_MAX = 4096  # entries of a codec's cache of encoded or checked pieces; cleared when full
+
+
+def remember(cache: dict, key: Any, value: Any) -> Any:
+    """`cache[key] = value` in a cache bounded by CACHE_MAX; the value."""
+    if len(cache) >= CACHE_MAX:
+        cache.clear()
+    cache[key] = value
+    return value

@@ -18,7 +18,7 @@ import orjson
 from grpclib import GRPCError
 
 from codec import grps as grps_wire
-from codec import tfserving, v2_grpc, v2_http
+from codec import tfserving, v2_grpc_request, v2_http
 from codec.errors import InferError, invalid
 from codec.tensor import Tensor
 from fuzz import transport
@@ -50,8 +50,8 @@ def v2_binary(data: bytes) -> None:
 def model_infer(data: bytes) -> None:
     """gRPC ModelInferRequest bytes, through the hand-written decoder (twice: the second read may come
     from the skeleton the first one left)."""
-    v2_grpc.decode_request(data)
-    v2_grpc.decode_request(data)
+    v2_grpc_request.decode_request(data)
+    v2_grpc_request.decode_request(data)
 
 
 def grpc_framing(data: bytes) -> None:

@@ -26,7 +26,7 @@ from v2_client import (
 
 import proto.inference as pb
 from batcher.stats import ModelStats
-from codec import v2_grpc
+from codec import v2_grpc, v2_grpc_request
 from codec.errors import ErrorKind, InferError
 from codec.tensor import InferResponse, Tensor
 
@@ -73,7 +73,7 @@ def request_bytes(*inputs, raw=(), **fields) -> bytes:
 
 
 def decode(data: bytes):
-    return v2_grpc.decode_request(data)
+    return v2_grpc_request.decode_request(data)
 
 
 def invalid(data: bytes, *fragments: str) -> str:

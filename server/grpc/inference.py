@@ -16,7 +16,7 @@ from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
 
 import proto.inference as pb
-from codec import v2_grpc
+from codec import v2_grpc, v2_grpc_request
 from codec.errors import ErrorKind, InferError
 from server import __version__
 from server.endpoints.v2 import EXTENSIONS
@@ -233,7 +233,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     async def _model_infer(self, call: GrpcCall) -> None:
         message = await call.recv_message()
         try:
-            request = v2_grpc.decode_request(message.data)
+            request = v2_grpc_request.decode_request(message.data)
             version = self.repository.resolve(request.model_name, request.model_version)
             parts = v2_grpc.encode_response_parts(await self.shared_memory.infer(version, request))
         except Exception as e:  # only the work: the transport answers errors of the stream itself

@@ -25,7 +25,7 @@ from typing import Any
 from grpclib import GRPCError
 from grpclib.const import Status
 
-from codec import v2_grpc
+from codec import v2_grpc, v2_grpc_request
 from codec.errors import InferError
 from codec.tensor import InferResponse
 from server.http import eager
@@ -119,7 +119,7 @@ class StreamInfer:
         or the error that answers it."""
         request_id = None
         try:
-            request = v2_grpc.decode_request(data)
+            request = v2_grpc_request.decode_request(data)
             request_id = request.id
             final = request.parameters.pop(ENABLE_FINAL, False) is True
             version = self.repository.resolve(request.model_name, request.model_version)
