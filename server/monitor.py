@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from server.statistics import ready_versions
+
 log = logging.getLogger("tensorgate.monitor")
 
 WINDOW = 300  # seconds of points kept per metric
@@ -174,39 +176,25 @@ class Monitor:
         self._wall = wall
         success = fail = success_ns = 0
         latencies: list[int] = []
-        seen = set()
-        for version in self._ready_versions():
+        versions = ready_versions(self.repository)
+        for version in versions:
             stats = version.stats
-            seen.add(id(stats))
             counts = _Counts(stats)
             # a version loaded later counts from its first sample (a reload's counters carry the old
             # version's); at the first sample every version counts from zero: what was served since start
             before = self._last.get(id(stats)) or (counts if self._sampled else _ZERO)
             self._last[id(stats)] = counts
-            done = counts.success - before.success
-            success += done
+            success += counts.success - before.success
             fail += counts.fail - before.fail
             success_ns += counts.success_ns - before.success_ns
             latencies.extend(stats.take_latencies())
             series = self.models.setdefault((version.name, version.version_str), _model_series())
-            answered = done + counts.fail - before.fail
-            series["requests"].append((now, answered))
-            series["qps"].append((now, answered / elapsed))
-            series["queue_us"].append(
-                (now, (counts.queue_ns - before.queue_ns) / done / 1e3 if done else 0.0)
-            )
-            series["compute_us"].append(
-                (now, (counts.infer_ns - before.infer_ns) / done / 1e3 if done else 0.0)
-            )
-            series["batches"].append(
-                (now, {size: n - before.batches.get(size, 0) for size, n in counts.batches.items()})
-            )
+            _add_model_point(series, now, elapsed, counts, before)
         self._sampled = True
-        for key in [k for k in self._last if k not in seen]:
-            del self._last[key]
-        live = {(v.name, v.version_str) for v in self._ready_versions()}
-        for key in [k for k in self.models if k not in live]:
-            del self.models[key]
+        live = {id(v.stats) for v in versions}
+        self._last = {key: counts for key, counts in self._last.items() if key in live}
+        names = {(v.name, v.version_str) for v in versions}
+        self.models = {key: series for key, series in self.models.items() if key in names}
         total = success + fail
         self._add(now, QPS, total / elapsed)
         self._add(now, FAIL_RATE, 100.0 * fail / total if total else 0.0)
@@ -239,11 +227,6 @@ class Monitor:
             series = self.series[name] = deque(maxlen=WINDOW)
         series.append((now, round(value, 4)))
 
-    def _ready_versions(self) -> list:
-        return [
-            v for _, model in sorted(self.repository.models.items()) for v in model.newest_first if v.ready
-        ]
-
     @staticmethod
     def _cpu_seconds() -> float:
         times = os.times()
@@ -267,7 +250,6 @@ class Monitor:
         }
         for name, points in self.cdfs.items():
             metrics[name] = {"label": "cdf", "data": points}
-        custom = {name: kind for name, kind in self.kinds.items()}
         models = []
         for entry in self.repository.index():
             key = (entry["name"], entry.get("version", ""))
@@ -288,7 +270,7 @@ class Monitor:
             "now": time.time(),
             "window_s": WINDOW,
             "metrics": metrics,
-            "custom": custom,
+            "custom": dict(self.kinds),
             "models": models,
         }
 
@@ -299,6 +281,21 @@ class Monitor:
             self.log_path.write_text(lines)
         except OSError as e:
             log.error("cannot write the monitor log %s: %s", self.log_path, e)
+
+
+def _add_model_point(
+    series: dict[str, deque], now: float, elapsed: float, counts: _Counts, before: _Counts
+) -> None:
+    """One second of one model version: requests, requests/s, queue and compute time per request, and
+    the batches executed by size."""
+    done = counts.success - before.success
+    answered = done + counts.fail - before.fail
+    series["requests"].append((now, answered))
+    series["qps"].append((now, answered / elapsed))
+    series["queue_us"].append((now, (counts.queue_ns - before.queue_ns) / done / 1e3 if done else 0.0))
+    series["compute_us"].append((now, (counts.infer_ns - before.infer_ns) / done / 1e3 if done else 0.0))
+    batches = {size: n - before.batches.get(size, 0) for size, n in counts.batches.items()}
+    series["batches"].append((now, batches))
 
 
 def _model_series() -> dict[str, deque]:
