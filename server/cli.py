@@ -160,7 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=limits.h2_max_control_frames_per_second,
         help="HTTP/2 SETTINGS, PING, PRIORITY, WINDOW_UPDATE and empty DATA frames a client may send per "
-        f"second before GOAWAY ENHANCE_YOUR_CALM (default {limits.h2_max_control_frames_per_second})",
+        "second, beyond ten for each write of answer frames it was sent that second (a client reading "
+        "answers sends some), before GOAWAY ENHANCE_YOUR_CALM "
+        f"(default {limits.h2_max_control_frames_per_second})",
     )
     serve.add_argument(
         "--grpc-http2-min-recv-ping-interval-without-data",

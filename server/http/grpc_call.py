@@ -253,8 +253,7 @@ class GrpcCall:
             raise StreamReset
         if not self.headers_sent:
             connection = self.connection
-            self.headers_sent = self.stream.sending = True
-            connection.sending += 1
+            self.headers_sent = True
             connection._write(connection._block_frames(self.stream.id, _HEAD_BLOCKS[self.encoding], 0))
         return prefix(self.encoding is not None, size), parts, size
 
@@ -332,9 +331,6 @@ class GrpcCall:
             status, message = Status.INTERNAL, f"internal error serving {self.stream.path}"
         finally:
             self.consumer = None
-            if self.stream.sending:
-                self.connection.sending -= 1
-                self.stream.sending = False
         self._finish(status, message)
 
     def _finish(self, status: Status, message: str | None) -> None:

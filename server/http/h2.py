@@ -102,7 +102,6 @@ class H2Connection(FrameReceiver, BaseConnection):
         self.peer_max_frame = DEFAULT_FRAME
         self.send_window = DEFAULT_WINDOW  # the connection's
         self.window_waiters: set[Stream] = set()
-        self.sending = 0  # streams whose answers are going out
         self.recv_window = OUR_CONNECTION_WINDOW
         self.goaway_sent = False
         self.shutting_down = False
@@ -111,6 +110,7 @@ class H2Connection(FrameReceiver, BaseConnection):
         self.budget_second = 0.0
         self.resets = 0
         self.control_frames = 0
+        self.answer_writes = 0  # this second's writes of answer frames (HEADERS, DATA, trailers)
         self.last_ping = float("-inf")
         self.ping_strikes = 0
 
@@ -276,6 +276,7 @@ class H2Connection(FrameReceiver, BaseConnection):
         LINGER_SECONDS later is reset with NO_ERROR (RFC 9113 8.1). Resetting at once is what the RFC
         allows, but clients such as httpx then fail the request they are still sending."""
         stream.answered = self.loop.time()
+        self._answered(1)
         self.out.append(self._head_frames(stream.id, response, stream.method, last=False))
         body = b"" if stream.method == "HEAD" else b"".join(response.chunks)
         self.out.append(frame(DATA, END_STREAM, stream.id, body))  # error bodies fit any window
@@ -290,12 +291,7 @@ class H2Connection(FrameReceiver, BaseConnection):
         )
         try:
             response = await self.router.call(stream.route, request)
-            stream.sending = True
-            self.sending += 1
-            try:
-                await self._respond(stream, response)
-            finally:
-                self.sending -= 1
+            await self._respond(stream, response)
         except StreamReset:
             return
         except Exception:  # a streamed answer that failed midway: the stream ends in an error
@@ -429,6 +425,7 @@ class H2Connection(FrameReceiver, BaseConnection):
                 )
             self._flush()
             self.transport.writelines(pieces)
+            self._answered(len(pieces) // 2)
             data = data[batch:]
             if not data:
                 return
@@ -449,12 +446,18 @@ class H2Connection(FrameReceiver, BaseConnection):
             waiter.set_result(None)
 
     def _write(self, data: bytes) -> None:
-        """Queues frames of an answer (see BaseConnection._send). An answer going out forgives PINGs."""
+        """Queues frames of an answer (see BaseConnection._send)."""
         if self.transport is None:
             raise StreamReset
+        self._answered(1)
+        self._send(data)
+
+    def _answered(self, writes: int) -> None:
+        """Frames of answers went out: they forgive PINGs (as grpc-core servers do) and allow the control
+        frames a client sends as it reads them (h2_receive.py, _calm)."""
+        self.answer_writes += writes
         self.ping_strikes = 0
         self.last_ping = float("-inf")
-        self._send(data)
 
     # ------------------------------------------------------------------------------ lifecycle
 

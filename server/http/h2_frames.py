@@ -163,7 +163,6 @@ class Stream:
         "window_open",
         "task",
         "answered",
-        "sending",
         "since",
         "reset",
         "grpc",
@@ -186,7 +185,6 @@ class Stream:
         self.window_open: asyncio.Future | None = None  # a writer waiting for window
         self.task: asyncio.Task | None = None
         self.answered = 0.0  # when an early answer went out: what the client still sends is dropped
-        self.sending = False  # its answer's body is going out
         self.since = 0.0  # when its body last made progress
         self.reset = False
         self.grpc: Any = None  # the GrpcCall this stream carries (grpc_call.py)

@@ -49,6 +49,8 @@ from server.http.hpack_decode import HeaderListTooLarge, HpackError
 from server.http.listener import body_buffer
 from server.router import BodyTooLarge, HttpResponse
 
+CONTROL_FRAMES_PER_ANSWER_WRITE = 10
+
 
 class FrameReceiver:
     def _frame(self, kind: int, flags: int, stream_id: int, payload: memoryview) -> None:
@@ -337,9 +339,8 @@ class FrameReceiver:
         if len(payload) != 4:
             raise ConnectionError_(FRAME_SIZE_ERROR, "WINDOW_UPDATE of a length other than 4")
         increment = int.from_bytes(payload, "big") & 0x7FFFFFFF
+        self._calm()
         stream = self.streams.get(stream_id)
-        if not (self.sending if stream_id == 0 else stream is not None and stream.sending):
-            self._calm()  # an update while an answer is going out is the client reading it: not counted
         if stream_id == 0:
             if increment == 0:
                 raise ConnectionError_(PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
@@ -388,10 +389,10 @@ class FrameReceiver:
             self._refuse(stream_id, PROTOCOL_ERROR)
 
     def _new_second(self) -> None:
-        """Starts the counts of resets and control frames anew once a second has passed."""
+        """Starts the counts of resets, control frames and answer writes anew once a second has passed."""
         now = self.loop.time()
         if now - self.budget_second >= 1.0:
-            self.budget_second, self.resets, self.control_frames = now, 0, 0
+            self.budget_second, self.resets, self.control_frames, self.answer_writes = now, 0, 0, 0
 
     def _ping_strike(self) -> None:
         """A keepalive PING sooner than the minimum interval after the last one, with no answer sent in
@@ -405,10 +406,20 @@ class FrameReceiver:
         self.last_ping = now
 
     def _calm(self) -> None:
-        """Counts a frame that costs us work without carrying a request; past the limit, GOAWAY."""
+        """Counts a frame that costs us work without carrying a request (SETTINGS, PING, PRIORITY,
+        WINDOW_UPDATE, empty DATA). A client reading answers sends some in proportion to them: gRPC's
+        C core a connection WINDOW_UPDATE and a stream one for each answer it reads, and BDP PINGs with
+        them (bench/results/2026-11-27-real-clients.md). So a second allows the limit plus
+        CONTROL_FRAMES_PER_ANSWER_WRITE for each write of an answer's frames this second (Envoy's
+        max_inbound_window_update_frames_per_data_frame_sent is the same idea); past that, GOAWAY."""
         self._new_second()
         self.control_frames += 1
-        if self.control_frames > self.settings.h2_max_control_frames_per_second:
+        if (
+            self.control_frames > self.settings.h2_max_control_frames_per_second
+            and self.control_frames
+            > self.settings.h2_max_control_frames_per_second
+            + CONTROL_FRAMES_PER_ANSWER_WRITE * self.answer_writes
+        ):
             raise ConnectionError_(
                 ENHANCE_YOUR_CALM,
                 "too many control frames (raise it with --http2-max-control-frames-per-second)",

@@ -40,7 +40,8 @@ class HttpSettings:
     max_connections: int = 10_000
     h2_max_concurrent_streams: int = 256
     h2_max_resets_per_second: int = 200  # client RST_STREAMs (rapid reset, CVE-2023-44487)
-    h2_max_control_frames_per_second: int = 1000  # SETTINGS, PING, PRIORITY, empty DATA, WINDOW_UPDATE
+    # SETTINGS, PING, PRIORITY, empty DATA, WINDOW_UPDATE a second, beyond 10 per write of answer frames
+    h2_max_control_frames_per_second: int = 1000
     # Keepalive PINGs, as grpc-core servers take them: one sooner than this after the last, with no answer
     # sent between, is a strike; past the strikes, GOAWAY ENHANCE_YOUR_CALM "too_many_pings".
     h2_min_ping_interval: float = 300.0

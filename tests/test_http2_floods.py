@@ -1,0 +1,105 @@
+"""HTTP/2 control-frame defences measured against what clients do (issue 24): a client reading answers sends
+WINDOW_UPDATEs and PINGs in proportion to them (gRPC's C core: a stream and a connection WINDOW_UPDATE per
+answer, and BDP PINGs), and is never cut off at any rate; a connection that only sends control frames, or
+sends far more of them than its answers explain, still gets GOAWAY ENHANCE_YOUR_CALM. The flood table of
+test_http2_transport.py covers each kind of frame on an idle connection."""
+
+from __future__ import annotations
+
+import pytest
+from e2e_helpers import EXAMPLES
+from h2_wire import (
+    ACK,
+    DATA,
+    END_STREAM,
+    ENHANCE_YOUR_CALM,
+    GOAWAY,
+    HEADERS,
+    PING,
+    PRIORITY,
+    SETTINGS,
+    WINDOW_UPDATE,
+    H2Wire,
+    frame,
+)
+
+pytestmark = pytest.mark.ours
+
+ANSWERS = 3000
+IN_FLIGHT = 16
+
+
+def _update(stream: int, size: int) -> bytes:
+    return frame(WINDOW_UPDATE, 0, stream, size.to_bytes(4, "big"))
+
+
+def test_a_client_that_reads_answers_as_grpc_core_does_is_never_cut_off(start_server) -> None:
+    """3,000 answers, each read with a stream and a connection WINDOW_UPDATE, and a BDP PING with an answer
+    whenever none is awaiting its ACK (as grpc-core's estimator pings), as fast as the server answers:
+    over 6,000 control frames on a server that allows 10 a second beyond the answers."""
+    server = start_server(EXAMPLES, extra_args=("--http2-max-control-frames-per-second", "10"))
+    with H2Wire(server.address, timeout=10) as h2:
+        h2.open()
+        sent = answered = pings = 0
+        pinging = False
+        next_stream = 1
+        while answered < ANSWERS:
+            burst = b""
+            while sent - answered < IN_FLIGHT and sent < ANSWERS:
+                burst += frame(HEADERS, 0x4 | END_STREAM, next_stream, h2.block())
+                next_stream += 2
+                sent += 1
+            h2.send(burst)
+            got = h2.read_frame()
+            assert got is not None, "connection closed"
+            assert got.kind != GOAWAY, f"GOAWAY {got.error_code}: {got.payload[8:]!r}"
+            if got.kind == PING and got.flags & ACK:
+                pinging = False
+            if got.kind == DATA and got.flags & END_STREAM:
+                answered += 1
+                updates = _update(got.stream, len(got.payload)) + _update(0, len(got.payload))
+                if not pinging:
+                    pinging, pings = True, pings + 1
+                    updates += frame(PING, 0, 0, answered.to_bytes(8, "big"))
+                h2.send(updates)
+        while pinging:  # the last BDP PING's ACK
+            got = h2.read_frame()
+            assert got is not None and got.kind != GOAWAY, got
+            pinging = not (got.kind == PING and got.flags & ACK)
+        h2.expect_alive()
+    assert pings > 100
+
+
+def test_a_ping_flood_without_requests_is_goaway(start_server) -> None:
+    """20,000 PINGs in a second and no request: gRPC's keepalive policy ends it (too_many_pings)."""
+    server = start_server(EXAMPLES)
+    with H2Wire(server.address) as h2:
+        h2.open()
+        h2.send(frame(PING, 0, 0, b"12345678") * 20_000)
+        h2.expect_connection_error(ENHANCE_YOUR_CALM)
+
+
+@pytest.mark.parametrize(
+    "one",
+    [
+        _update(0, 1),
+        frame(SETTINGS, 0, 0, b""),
+        frame(PRIORITY, 0, 9, b"\x00\x00\x00\x00\x10"),
+        frame(PING, ACK, 0, b"12345678"),  # an ACK of nothing: costs a read, serves nothing; not counted
+    ],
+    ids=["window-update", "settings", "priority", "ping-ack"],
+)
+def test_control_frames_far_beyond_the_answers_are_goaway(start_server, one: bytes) -> None:
+    """One request answered, then 20,000 control frames: the answer explains ten, the limit a thousand a
+    second (the default); the rest is a flood. PING ACKs are the exception: they cost a read and no
+    write, like any frame the server ignores, so they are left to TCP."""
+    server = start_server(EXAMPLES)
+    with H2Wire(server.address) as h2:
+        h2.open()
+        h2.request(1)
+        h2.expect_response(1)
+        h2.send(one * 20_000)
+        if one[3] == PING:
+            h2.expect_alive()
+        else:
+            h2.expect_connection_error(ENHANCE_YOUR_CALM)
