@@ -19,6 +19,8 @@ class InferError(Exception):
     fixed_http_status: int | None = None  # an HTTP-level error's own status, whatever the protocol
 
     def __init__(self, kind: ErrorKind, message: str) -> None:
+        # Never empty: Triton's C++ clients take an error with an empty message for a success.
+        message = message or f"{kind.value} error (no message given)"
         super().__init__(message)
         self.kind = kind
         self.message = message

@@ -1,20 +1,17 @@
 """JSON values <-> numpy arrays as TF Serving's REST API writes them (its "JSON conformance").
 
-- NaN, Infinity and -Infinity are bare tokens both ways. orjson refuses them, so a body is parsed with
-  orjson and, only when that fails and the body holds one of them, again with the json module; answers
-  are written with orjson, and the non-finite values of a float tensor are spliced in as raw tokens.
+- NaN, Infinity and -Infinity are bare tokens both ways (codec/json_text.py, shared with the v2 codec).
 - `{"b64": "..."}` stands for binary strings in requests, and in answers for outputs named `*_bytes`.
 - Numeric JSON becomes a numpy array in one or two vectorised conversions that also enforce the type:
   integers fill float tensors; booleans, strings, objects and nulls never mix with numbers.
 """
 
 import base64
-import json
 from typing import Any
 
 import numpy as np
-import orjson
 
+from codec import json_text
 from codec.bytes_tensor import b64decode
 from codec.datatypes import BY_V2, DataType, bf16_bits
 from codec.errors import describe, invalid
@@ -22,33 +19,18 @@ from codec.tensor import JSON_KINDS, JSON_TYPES, MAX_DIMS, holds_booleans, narro
 
 B64 = "b64"
 
-_DUMPS_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 _TF_TYPE_NAMES = {"b": "booleans", "i": "integers", "u": "non-negative integers", "f": "numbers"}
 _NARROW_LIMITS = {np.dtype(t): float(np.finfo(t).max) for t in ("<f2", "<f4")}
 
 
 def loads(body: bytes | bytearray | memoryview, what: str) -> Any:
     try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError as e:
-        error = str(e)
-    raw = bytes(body)
-    if b"NaN" in raw or b"Infinity" in raw:
-        try:
-            doc = json.loads(raw.decode("utf-8"))
-            orjson.dumps(doc)  # the json module lets lone surrogates ("\ud800") through; orjson does not
-            return doc
-        except RecursionError:
-            error = "nested too deeply"
-        except TypeError as e:  # orjson: a lone surrogate is not UTF-8; nesting past its 255 levels
-            error = str(e)
-        except ValueError:  # JSONDecodeError, UnicodeDecodeError, too many digits: orjson's message says more
-            pass
-    raise invalid(f"JSON Parse error in {what}: {error}")
+        return json_text.loads(body)
+    except ValueError as e:
+        raise invalid(f"JSON Parse error in {what}: {e}") from None
 
 
-def dumps(doc: Any) -> bytes:
-    return orjson.dumps(doc, option=_DUMPS_OPTIONS)
+dumps = json_text.dumps
 
 
 def is_b64(value: Any) -> bool:
@@ -176,8 +158,8 @@ def json_value(array: np.ndarray, as_b64: bool = False) -> Any:
     """What orjson writes as the tensor's nested lists (or bare value for a scalar)."""
     if array.dtype.kind == "O":
         return _strings(array, as_b64)
-    if array.dtype.kind == "f" and not np.isfinite(array).all():
-        return orjson.Fragment(_with_tokens(array))
+    if json_text.non_finite(array):
+        return json_text.with_tokens(array)
     if array.ndim == 0:
         return array[()]  # orjson writes numpy scalars, not 0-d arrays
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)
@@ -187,7 +169,7 @@ def json_rows(array: np.ndarray, as_b64: bool = False) -> list:
     """The tensor's rows along dimension 0, each as json_value would write it."""
     if array.dtype.kind == "O":
         return _strings(array, as_b64)
-    if array.dtype.kind == "f" and not np.isfinite(array).all():
+    if json_text.non_finite(array):
         return [json_value(row) for row in array]
     return list(array if array.flags.c_contiguous else np.ascontiguousarray(array))
 
@@ -206,20 +188,3 @@ def _strings(array: np.ndarray, as_b64: bool) -> Any:
     out = np.empty(len(texts), dtype=object)
     out[:] = texts
     return out.reshape(array.shape).tolist()
-
-
-_TOKENS = {"nan": b"NaN", "inf": b"Infinity", "-inf": b"-Infinity"}
-
-
-def _with_tokens(array: np.ndarray) -> bytes:
-    """The JSON of a float array holding non-finite values: orjson writes them as null (and a numeric
-    array's JSON holds no other null), so each null is replaced, in order, by its token."""
-    array = np.asarray(array)  # a numpy scalar (a row of a vector) stays 0-d
-    array = np.ascontiguousarray(array) if array.ndim else array
-    text = orjson.dumps(array if array.ndim else array[()], option=_DUMPS_OPTIONS)
-    bad = array[~np.isfinite(array)]  # row-major, the order orjson writes them in
-    pieces = text.split(b"null")
-    out: list[bytes] = [b""] * (2 * len(bad) + 1)
-    out[0::2] = pieces
-    out[1::2] = [_TOKENS[str(v)] for v in bad.astype(np.float64).tolist()]
-    return b"".join(out)

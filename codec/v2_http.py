@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import orjson
 
+from codec import json_text
 from codec.datatypes import BY_V2, TABLE, DataType
 from codec.errors import invalid
 from codec.tensor import (
@@ -55,8 +55,8 @@ def parse_header_length(value: str | bytes | None, body_length: int) -> int | No
 
 def loads(buffer: Any, what: str) -> Any:
     try:
-        return orjson.loads(buffer)
-    except orjson.JSONDecodeError as e:
+        return json_text.loads(buffer)
+    except ValueError as e:
         raise invalid(f"malformed JSON in {what}: {e}") from None
 
 
@@ -255,15 +255,13 @@ def encode_response(response: InferResponse, request: InferRequest) -> EncodedRe
             "datatype": tensor.datatype,
             "shape": tensor.shape,  # orjson writes tuples as arrays
         }
-        if tensor.parameters:
-            entry["parameters"] = dict(tensor.parameters)
         if tensor.data is None:  # written into a shared-memory region: no data here
             pass
         elif wanted.get(tensor.name, default_binary) if wanted else default_binary:
             raw = tensor_bytes(tensor)
             raw_chunks.append(raw)
-            entry.setdefault("parameters", {})["binary_data_size"] = len(raw)
-        else:
+            entry["parameters"] = {**tensor.parameters, "binary_data_size": len(raw)}
+        else:  # no parameters, as Triton: its C++ client reads binary_data_size from any output that has them
             entry["data"] = _to_json(tensor, response.model_name)
         outputs_json.append(entry)
 
@@ -273,7 +271,13 @@ def encode_response(response: InferResponse, request: InferRequest) -> EncodedRe
     if response.parameters:
         doc["parameters"] = response.parameters
     doc["outputs"] = outputs_json
-    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    header = json_text.dumps(doc)
+    if b"null" in header:  # perhaps non-finite floats: written as Triton writes them, NaN / Infinity
+        for entry in outputs_json:
+            data = entry.get("data")
+            if isinstance(data, np.ndarray) and json_text.non_finite(data):
+                entry["data"] = json_text.with_tokens(data)
+        header = json_text.dumps(doc)
     if not raw_chunks:
         return EncodedResponse(
             [(b"content-length", str(len(header)).encode()), (b"content-type", JSON_CONTENT_TYPE)], [header]

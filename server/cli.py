@@ -303,7 +303,7 @@ async def serve(args: argparse.Namespace) -> None:
     gc.freeze()
     gc.set_threshold(10_000, 10, 10)
 
-    router = Router(fallback_errors=error_response)
+    router = Router(fallback_errors=error_response, max_body_bytes=args.max_request_bytes)
     shared_memory = SharedMemory(args.allow_client_shm)
     V2Endpoints(repository, shared_memory).install(router)
     streaming = StreamingControl(
@@ -331,7 +331,14 @@ async def serve(args: argparse.Namespace) -> None:
 
     raise_fd_limit()
     # (name, router, sockets, gRPC services): gRPC is served on its port and, over HTTP/2, on HTTP's.
-    ports = [("gRPC", Router(fallback_errors=error_response), bind(args.host, args.grpc_port), grpc_services)]
+    ports = [
+        (
+            "gRPC",
+            Router(error_response, args.max_request_bytes),
+            bind(args.host, args.grpc_port),
+            grpc_services,
+        )
+    ]
     if args.allow_metrics:  # logged before HTTP's line, which tells a waiting reader "up"
         ports.append(
             ("Metrics", metrics_router(repository, monitor), bind(args.host, args.metrics_port), None)

@@ -5,6 +5,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from enum import Enum
 from pathlib import Path
+from time import perf_counter_ns
 from typing import Any
 
 from batcher.dynamic import DynamicBatcher
@@ -254,29 +255,38 @@ class ModelVersion:
             )
         if not self.streams:
             raise invalid(f"model '{self.name}' does not stream its answers: use plain infer")
-        arrays, _ = self._inputs_and_rows(request)
+        arrays, rows = self._inputs_and_rows(request)
         wanted = self._wanted_outputs(request)
         if self.per_request:
-            return self._stream(backend.execute_stream(arrays, request), wanted, request.id)
-        return self._stream(backend.execute_stream(arrays), wanted, request.id)
+            return self._stream(backend.execute_stream(arrays, request), wanted, request.id, rows)
+        return self._stream(backend.execute_stream(arrays), wanted, request.id, rows)
 
     async def _stream(
-        self, produced_stream: AsyncIterator[Any], wanted: list[str], request_id: str | None
+        self, produced_stream: AsyncIterator[Any], wanted: list[str], request_id: str | None, rows: int
     ) -> AsyncIterator[InferResponse]:
+        """The answers of one streamed request, counted in the statistics as one request executed alone
+        from its start to its last answer (perf_analyzer reads them); a failed or abandoned one fails."""
         if not self.ready:  # created before an unload began, started after: the model may be gone
             await produced_stream.aclose()
             raise InferError(
                 ErrorKind.UNAVAILABLE, f"model '{self.name}' version {self.version} is not ready"
             )
         self._open_streams.enter()
+        start = perf_counter_ns()
+        finished = False
         try:
             async with aclosing(produced_stream):
                 async for produced in produced_stream:
                     outputs = [self._response_tensor(name, produced) for name in wanted]
                     yield InferResponse(self.name, self.version_str, outputs, request_id)
+            finished = True
         except InferError:
             raise
         except Exception as e:  # the model's execute_stream failed: as a failed execute, for every protocol
             raise self.executor.failure(e) from None
         finally:
             self._open_streams.leave()
+            if finished:
+                self.stats.record_alone(rows, perf_counter_ns() - start)
+            else:
+                self.stats.record_failure(1, perf_counter_ns() - start)

@@ -3,10 +3,16 @@
 Both transports (ours in server/http/, and the ASGI adapter for hypercorn) call it the same way: `find`
 when the request head is in (so a wrong path, method or size is answered before the body is read), then
 `call` with the whole request. HEAD is served by the GET routes; the transport sends no body.
+
+A body with `Content-Encoding: gzip` or `deflate` (as Triton's clients send a compressed request) is
+inflated before its handler sees it, to at most --max-request-bytes; any other coding but identity is
+refused with Triton's text. Answers are not compressed (Accept-Encoding is a preference; Triton's
+clients read plain answers).
 """
 
 import logging
 import re
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -67,7 +73,8 @@ def compile_path(template: str) -> re.Pattern:
 
 
 class Router:
-    def __init__(self, fallback_errors: ErrorResponder) -> None:
+    def __init__(self, fallback_errors: ErrorResponder, max_body_bytes: int = 1 << 30) -> None:
+        self.max_body_bytes = max_body_bytes  # what a compressed body may inflate to
         self.routes: dict[str, list[Route]] = {}  # by method: a request tries only its method's routes
         self.fallback_errors = fallback_errors
         # (method, path) -> its match: a server sees the same few paths again and again. Handlers
@@ -89,10 +96,12 @@ class Router:
         except InferError as e:
             return self.fallback_errors(e)
 
-    @staticmethod
-    async def call(route: Route, request: HttpRequest) -> HttpResponse:
+    async def call(self, route: Route, request: HttpRequest) -> HttpResponse:
         """The handler's answer, or its error in the route's protocol's shape (never a traceback)."""
         try:
+            coding = request.headers.get(b"content-encoding")
+            if coding is not None and coding != b"identity":
+                request.body = inflate(coding, request.body, self.max_body_bytes)
             return await route.handler(request)
         except InferError as e:
             return route.errors(e)
@@ -126,6 +135,31 @@ class Router:
                 methods.add("HEAD")
             raise MethodNotAllowed(allowed[0].errors, sorted(methods))
         raise InferError(ErrorKind.NOT_FOUND, f"no endpoint {method} {path}")
+
+
+INFLATE_WBITS = {b"gzip": 31, b"deflate": 15}  # zlib's window bits for each Content-Encoding
+
+
+def inflate(coding: bytes, body: bytes | memoryview, limit: int) -> bytes:
+    """A compressed request body inflated, BodyTooLarge past `limit` (a small body must not unpack into
+    gigabytes)."""
+    wbits = INFLATE_WBITS.get(coding.strip().lower())
+    if wbits is None:
+        raise InferError(ErrorKind.INVALID_ARGUMENT, "Unsupported compression type")
+    unpacker = zlib.decompressobj(wbits)
+    try:
+        data = unpacker.decompress(body, limit + 1)
+    except zlib.error as e:
+        raise InferError(
+            ErrorKind.INVALID_ARGUMENT, f"the body does not inflate as {coding.decode('latin-1')}: {e}"
+        ) from None
+    if len(data) > limit:
+        raise BodyTooLarge(limit)
+    if not unpacker.eof:
+        raise InferError(
+            ErrorKind.INVALID_ARGUMENT, f"the body is a truncated {coding.decode('latin-1')} stream"
+        )
+    return data
 
 
 class BodyTooLarge(InferError):

@@ -6,7 +6,7 @@ parameters of an infer's inputs and outputs instead of sending their bytes.
 - CUDA regions are a cudaIpcMemHandle of the client's device memory, opened with CuPy (else torch)
   on the named device.
 - An input naming a region is read as a numpy view over the mapping (no copy); an output naming one is
-  written into it and answered with its parameters and no data.
+  written into it and answered as Triton answers it: name, datatype and shape, no data, no parameters.
 - Unregistering removes the name at once; a mapping that requests still view stays mapped until the
   last view is gone (CPython refuses to close an mmap with live buffer exports, and frees it then), so
   a request in flight never reads unmapped memory.
@@ -141,7 +141,7 @@ class SharedMemory:
 
     def infer(self, version: Any, request: InferRequest) -> Awaitable[InferResponse]:
         """`version.infer(request)` with the request's shared-memory inputs read from their regions and
-        its shared-memory outputs written into them (answered with their parameters, no data). The usual
+        its shared-memory outputs written into them (answered with no data and no parameters). The usual
         request names no region: its own coroutine, no layer added."""
         outputs = _shm_outputs(request)
         if outputs is None and all(t.data is not None for t in request.inputs):
@@ -220,10 +220,9 @@ class SharedMemory:
             _copy_to_device(region.memory, offset, data)
         else:
             region.memory[offset : offset + len(data)] = data
-        parameters = {REGION: region.name, BYTE_SIZE: len(data)}
-        if offset:
-            parameters[OFFSET] = offset
-        return Tensor(tensor.name, tensor.datatype, tensor.shape, None, parameters)
+        # Answered as Triton does: name, datatype and shape, no parameters. Triton's C++ HTTP client reads
+        # `binary_data_size` from any output that has parameters.
+        return Tensor(tensor.name, tensor.datatype, tensor.shape, None, {})
 
 
 def _shm_outputs(request: InferRequest) -> list | None:

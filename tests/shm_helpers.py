@@ -101,9 +101,10 @@ def infer(server: ServerProcess, doc: dict, model: str = "simple") -> httpx.Resp
     return rest(server, "POST", f"/v2/models/{model}/infer", json=doc)
 
 
-def in_region(name: str, region: str, size: int, offset: int = 0, shape=(1, 16), datatype="INT32") -> dict:
-    """An answer's entry for an output written into a region: its parameters, no data."""
-    return {"name": name, "datatype": datatype, "shape": list(shape), "parameters": shm(region, size, offset)}
+def in_region(name: str, shape=(1, 16), datatype="INT32") -> dict:
+    """An answer's entry for an output written into a region, as Triton writes it: no data and no
+    parameters (Triton's C++ HTTP client requires `binary_data_size` in any output's parameters)."""
+    return {"name": name, "datatype": datatype, "shape": list(shape)}
 
 
 # ------------------------------------------------------------------------------------------ gRPC
@@ -160,10 +161,3 @@ def grpclib_infer(server: ServerProcess, request: pb.ModelInferRequest) -> pb.Mo
 def register_cuda(server: ServerProcess, name: str, handle: bytes, byte_size: int = 64) -> httpx.Response:
     body = {"raw_handle": {"b64": base64.b64encode(handle).decode()}, "device_id": 0, "byte_size": byte_size}
     return rest(server, "POST", f"/v2/cudasharedmemory/region/{name}/register", json=body)
-
-
-def answered(output: pb.ModelInferResponseInferOutputTensor) -> dict:
-    """An output's parameters as plain values."""
-    return {
-        k: v.int64_param if v.string_param is None else v.string_param for k, v in output.parameters.items()
-    }

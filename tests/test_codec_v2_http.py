@@ -367,15 +367,13 @@ def test_empty_id_is_kept_and_echoed():
     assert client_response(encode_response(response, request)).doc["id"] == ""
 
 
-def test_response_without_id_has_no_id_and_keeps_parameters():
+def test_response_without_id_has_no_id_and_keeps_its_parameters():
     tensor = Tensor("o", "INT8", (2,), np.array([-1, 1], np.int8), {"note": "x"})
     response = InferResponse(MODEL, "4", [tensor], parameters={"sequence_end": True})
     reply = client_response(encode_response(response, InferRequest(MODEL)))
     assert "id" not in reply.doc
     assert reply.doc["parameters"] == {"sequence_end": True}
-    assert reply.doc["outputs"] == [
-        {"name": "o", "datatype": "INT8", "shape": [2], "parameters": {"note": "x"}, "data": [-1, 1]}
-    ]
+    assert reply.doc["outputs"] == [{"name": "o", "datatype": "INT8", "shape": [2], "data": [-1, 1]}]
 
 
 def test_encode_leaves_tensor_parameters_alone():
@@ -385,8 +383,22 @@ def test_encode_leaves_tensor_parameters_alone():
     assert first.doc["outputs"][0]["parameters"] == {"note": "x", "binary_data_size": 2}
     assert tensor.parameters == {"note": "x"}
     second = client_response(encode_response(response, InferRequest(MODEL, binary_output=False)))
-    assert second.doc["outputs"][0]["parameters"] == {"note": "x"}
+    assert "parameters" not in second.doc["outputs"][0]  # Triton's C++ client wants binary_data_size there
     assert second.arrays["o"].tolist() == [-1, 1]
+
+
+def test_non_finite_floats_are_the_tokens_triton_reads_and_writes():
+    """Triton (rapidjson with NaN and Infinity allowed) and its C++ client write NaN, Infinity and
+    -Infinity as bare tokens; orjson alone would refuse them in requests and write null in answers."""
+    body = b'{"inputs":[{"name":"%s","datatype":"FP32","shape":[4],"data":[NaN,Infinity,-Infinity,1.5]}]}' % (
+        INPUT.encode()
+    )
+    data = decode_request(body, None, MODEL).inputs[0].data
+    assert np.isnan(data[0]) and data[1:].tolist() == [np.inf, -np.inf, 1.5]
+    tensor = Tensor("o", "FP32", (4,), data)
+    header = encode_response(InferResponse(MODEL, "1", [tensor]), InferRequest(MODEL)).chunks[0]
+    assert b'"data":[NaN,Infinity,-Infinity,1.5]' in bytes(header)
+    assert json.loads(header)["outputs"][0]["shape"] == [4]  # the json module reads the tokens too
 
 
 def test_json_response_headers():

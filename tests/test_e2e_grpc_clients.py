@@ -210,4 +210,6 @@ def test_grpcio_with_gzip_both_ways(v2_server: ServerProcess, port: str) -> None
             response_deserializer=pb.ModelStreamInferResponse.parse,
         )
         answers = list(streaming(iter([simple_request()] * 3), timeout=10))
+        for a in answers:  # a stream's answers say they are final; the rest is the unary answer
+            assert a.infer_response.parameters.pop("triton_final_response").bool_param
         assert [bytes(a.infer_response) for a in answers] == [bytes(plain[1][0])] * 3

@@ -6,9 +6,12 @@ import contextlib
 import json
 import shutil
 import signal
+import struct
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
 from e2e_helpers import (
@@ -24,11 +27,14 @@ from e2e_helpers import (
     binary_body,
     chunked,
     http_request,
+    int32_config,
     make_client,
     simple_inputs,
     stop_all,
     write_model,
 )
+
+import proto.inference as pb
 
 # ------------------------------------------------------------------------------------------ errors
 
@@ -424,3 +430,84 @@ def test_chunked_body_over_limit_is_413(limited_server: ServerProcess) -> None:
     assert response.request.headers["transfer-encoding"] == "chunked"
     assert_error(response, 413, str(LIMIT))
     _assert_limited_server_serves(limited_server)
+
+
+SILENT_FAILURE = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(error=pb_utils.TritonError("")) for _ in requests]
+"""
+
+
+def test_a_model_error_without_a_message_is_still_an_error_message(start_server, repo: Path) -> None:
+    """Triton's C++ clients take an error with an empty message for a success (Error::IsOk): a model's
+    TritonError("") is answered with a message on REST and gRPC."""
+    write_model(repo, "silent", int32_config("silent"), {1: SILENT_FAILURE})
+    server = start_server(repo)
+    doc = {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1], "data": [1]}]}
+    response = httpx.post(f"{server.base_url}/v2/models/silent/infer", json=doc, timeout=10)
+    assert response.status_code == 500
+    assert response.json()["error"] == "internal error (no message given)"
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        request = pb.ModelInferRequest(
+            model_name="silent",
+            inputs=[pb.ModelInferRequestInferInputTensor(name="INPUT0", datatype="INT32", shape=[1])],
+            raw_input_contents=[b"\x01\x00\x00\x00"],
+        )
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer", response_deserializer=bytes)
+        with pytest.raises(grpc.RpcError) as failed:
+            call(bytes(request), timeout=10)
+    assert failed.value.code() == grpc.StatusCode.INTERNAL
+    assert failed.value.details() == "internal error (no message given)"
+
+
+# ------------------------------------------------------------------------------ compressed requests
+
+
+def _compressed(body: bytes, coding: str) -> bytes:
+    packer = zlib.compressobj(6, zlib.DEFLATED, {"gzip": 31, "deflate": 15}[coding])
+    return packer.compress(body) + packer.flush()
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate"])
+def test_a_compressed_request_is_inflated(limited_client: httpx.Client, coding: str) -> None:
+    """As Triton's clients compress a request (Content-Encoding, with Inference-Header-Content-Length the
+    uncompressed JSON's length); the limit holds for what it inflates to."""
+    header = json.dumps(
+        {
+            "inputs": [
+                {"name": "INPUT0", "datatype": "FP32", "shape": [3], "parameters": {"binary_data_size": 12}}
+            ]
+        }
+    ).encode()
+    body = header + struct.pack("<3f", 1, 2, 3)
+    headers = {"content-encoding": coding, "inference-header-content-length": str(len(header))}
+    response = limited_client.post(
+        "/v2/models/identity_fp32/infer", content=_compressed(body, coding), headers=headers
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["outputs"][0]["data"] == [1.0, 2.0, 3.0]
+
+    bomb = _compressed(_padded_request(LIMIT + 1), coding)
+    assert len(bomb) < LIMIT
+    response = limited_client.post(
+        "/v2/models/identity_fp32/infer", content=bomb, headers={"content-encoding": coding}
+    )
+    assert_error(response, 413, str(LIMIT), "--max-request-bytes")
+
+
+@pytest.mark.parametrize(
+    ("coding", "content", "fragment"),
+    [("br", b"x", "Unsupported compression type"), ("gzip", b"not gzip", "does not inflate as gzip")],
+)
+def test_a_body_that_does_not_inflate_is_400(
+    limited_client: httpx.Client, coding: str, content: bytes, fragment: str
+) -> None:
+    response = limited_client.post(
+        "/v2/models/identity_fp32/infer", content=content, headers={"content-encoding": coding}
+    )
+    assert_error(response, 400, fragment)
+    assert_connection_reused(limited_client, response)

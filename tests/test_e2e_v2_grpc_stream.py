@@ -21,6 +21,7 @@ from grpc_helpers import (
     call,
     open_stream,
     outputs,
+    rest,
     simple_request,
     stream,
     tensor,
@@ -73,6 +74,32 @@ def test_empty_final_response_when_asked(v2_server: ServerProcess) -> None:
     assert flags == [False, False, True, True]
     assert answers[2].infer_response.outputs == [] and answers[2].infer_response.id == "w"
     assert outputs(answers[3].infer_response) == {"OUTPUT0": SUMS, "OUTPUT1": DIFFS}
+
+
+def test_every_answer_says_whether_it_is_final(v2_server: ServerProcess) -> None:
+    """As Triton: `triton_final_response` on every answer, asked for or not (Triton's C++ client takes an
+    answer without it as the last of its request)."""
+    answers = stream(v2_server, [text_request("one two", id="w"), simple_request(id="s")])
+    flags = [
+        (m.infer_response.id, m.infer_response.parameters["triton_final_response"].bool_param)
+        for m in answers
+    ]
+    assert flags == [("w", False), ("w", False), ("s", True)]
+
+
+def stream_counts(server: ServerProcess, model: str) -> tuple[int, int, int]:
+    """(success, fail, execution) counts of `model` from the statistics extension."""
+    stats = rest(server, "GET", f"/v2/models/{model}/stats").json()["model_stats"][0]
+    inference = stats["inference_stats"]
+    return inference["success"]["count"], inference["fail"]["count"], stats["execution_count"]
+
+
+def test_streamed_requests_are_counted_in_the_statistics(v2_server: ServerProcess) -> None:
+    """perf_analyzer --streaming reads the statistics: a streamed request counts once, when it ends."""
+    before = stream_counts(v2_server, "token_stream")
+    answers = stream(v2_server, [text_request("one two", id="a"), text_request("three", id="b")])
+    assert [m.error_message for m in answers] == [""] * 3
+    assert stream_counts(v2_server, "token_stream") == (before[0] + 2, before[1], before[2] + 2)
 
 
 STREAM_CONFIG = """
@@ -134,6 +161,7 @@ def test_streaming_model_failing_or_left_mid_stream(start_server, repo: Path) ->
         ("f", ""), ("f", ""), ("f", failed), ("p", ""),
     ]  # fmt: skip
     assert [outputs(m.infer_response).get("OUTPUT0") for m in answers] == [[1], [2], None, [7]]
+    assert stream_counts(server, "failing") == (0, 1, 0)
 
     async def leave_early(stub: Stub) -> list[int]:
         async with open_stream(stub) as s:
@@ -149,6 +177,10 @@ def test_streaming_model_failing_or_left_mid_stream(start_server, repo: Path) ->
         assert time.monotonic() < deadline, "the model's generator was not closed when its client left"
         time.sleep(0.02)
     assert 12 <= int(closed.read_text()) < 250, "the generator ran on after its client left"
+    deadline = time.monotonic() + 5
+    while stream_counts(server, "endless")[1] != 1:  # left early: a failed request, once it is closed
+        assert time.monotonic() < deadline, stream_counts(server, "endless")
+        time.sleep(0.02)
     assert call(server, lambda s: s.server_live()).live
 
 

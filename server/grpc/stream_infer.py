@@ -8,11 +8,12 @@ an answering task: on the 2-core VM a streamed `simple` request went from ~22 to
 ~4 us a message slower. Up to STREAM_WINDOW requests run ahead of their answers; past that the call
 holds the rest unread, and the client's flow-control window stops it.
 
-An error answers its request with `error_message` and the stream goes on. With the request parameter
-`triton_enable_empty_final_response: true`, as Triton has it for decoupled models, each answer carries
-the parameter `triton_final_response`, true on the last one (after a streaming model's yields, an answer
-with no outputs). At shutdown a stream takes no more requests, answers those it has, and ends
-UNAVAILABLE.
+An error answers its request with `error_message` and the stream goes on. As in Triton, every answer
+carries the parameter `triton_final_response`: true on a request's one answer, false on each yield of a
+streaming model, and, with the request parameter `triton_enable_empty_final_response: true` (as
+Triton's clients send it for decoupled models), true on an answer with no outputs after the last yield.
+Triton's C++ client takes an answer without it as final. At shutdown a stream takes no more requests,
+answers those it has, and ends UNAVAILABLE.
 """
 
 import asyncio
@@ -152,8 +153,7 @@ async def _streamed_answers(item: "_Pending") -> AsyncIterator[bytes]:
     try:
         async with aclosing(item.iterator) as responses:
             async for response in responses:
-                if item.final:
-                    response.parameters[FINAL_FLAG] = False
+                response.parameters[FINAL_FLAG] = False
                 yield v2_grpc.encode_stream_response(v2_grpc.encode_response(response))
         if item.final:
             empty = InferResponse("", "", [], item.request_id, {FINAL_FLAG: True})
@@ -205,8 +205,7 @@ class _Pending:
             if error is not None:
                 return v2_grpc.encode_stream_error(_message_of(error), self.request_id)
             response = self.task.result()
-        if self.final:
-            response.parameters[FINAL_FLAG] = True
+        response.parameters[FINAL_FLAG] = True
         return v2_grpc.encode_stream_response(v2_grpc.encode_response(response))
 
     async def discard(self) -> None:

@@ -117,6 +117,14 @@ class _Request:
         self.filled = 0  # bytes of a buffered body received so far
 
 
+# A JSON error body, as Triton's C++ client reads any answer that is not 200.
+_LIMIT_TEXT = b'{"error":"too many connections (raise it with --http-max-connections)"}'
+TOO_MANY_CONNECTIONS = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+    b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(_LIMIT_TEXT), _LIMIT_TEXT)
+)
+
+
 class H1Connection(BaseConnection):
     def __init__(self, host: ConnectionHost) -> None:
         super().__init__(host)
@@ -136,9 +144,7 @@ class H1Connection(BaseConnection):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         if not self.host.opened(self):
-            transport.write(  # type: ignore[attr-defined]
-                b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-            )
+            transport.write(TOO_MANY_CONNECTIONS)  # type: ignore[attr-defined]
             transport.close()
             self.transport = None
             return
