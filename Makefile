@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 REPO ?= examples/model_repository
 ARGS ?=
 
-.PHONY: serve test browser lint format bench fuzz proto clean
+.PHONY: serve test browser peers lint format bench fuzz proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,7 +22,7 @@ serve: $(STAMP)
 # own limits and are not run there.
 HTTP_E2E = $(filter-out %grpc.py %grpc_stream.py,$(wildcard tests/test_e2e_*.py))
 
-test: lint browser
+test: lint browser peers
 	$(BIN)/python -m pytest -q $(ARGS)
 	TENSORGATE_TEST_HTTP_SERVER=hypercorn $(BIN)/python -m pytest -q -m "not ours" $(HTTP_E2E) $(ARGS)
 
@@ -35,6 +35,17 @@ browser:
 	      chromium chromium-driver >/dev/null; } || \
 	    echo "could not install chromium: tests/test_e2e_monitor.py's browser test will be skipped"; }
 
+# The outside peers the real-client tests and the bench drive the server with: h2load and wrk (Debian's
+# nghttp2-client and wrk) and Triton's perf_analyzer (the tritonclient 2.51.0 wheel in .peers/, with
+# Debian's libb64-0d; bench/perf_analyzer.py). Installed where apt-get and pip can; otherwise the tests
+# that need them are skipped, and say why.
+peers: $(STAMP)
+	@command -v h2load >/dev/null && command -v wrk >/dev/null && test -e /usr/lib/x86_64-linux-gnu/libb64.so.0d || \
+	  { echo "installing nghttp2-client, wrk and libb64-0d (apt-get) for the real-client tests"; \
+	    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+	      nghttp2-client wrk libb64-0d >/dev/null; } || echo "could not install them: those tests will be skipped"; }
+	@$(BIN)/python -m bench.perf_analyzer --install || echo "perf_analyzer's tests will be skipped"
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -46,9 +57,10 @@ format: $(STAMP)
 # Starts servers on ephemeral ports, drives them, and prints the side-by-side tables (see bench/README.md):
 # the transport bench (wrk, h2load, curl: apt-get install wrk nghttp2-client curl), the gRPC bench
 # (h2load), the ensemble bench (wrk), then the harness.
-bench: $(STAMP)
+bench: peers
 	$(BIN)/python -m pip install -q -e '.[bench]'
 	$(BIN)/python -m bench.transport $(ARGS)
+	$(BIN)/python -m bench.perf_analyzer $(ARGS)
 	$(BIN)/python -m bench.grpc_bench $(ARGS)
 	$(BIN)/python -m bench.ensemble $(ARGS)
 	$(BIN)/python -m bench $(ARGS)
