@@ -182,7 +182,9 @@ class H2Wire:
     # ---- h2spec's verdicts
 
     def expect_connection_error(self, *codes: int) -> None:
-        """A GOAWAY with one of `codes`, or the connection closed (h2spec accepts either)."""
+        """A GOAWAY with one of `codes`, or the connection closed (h2spec's VerifyConnectionError). Stricter
+        than h2spec in one way: a GOAWAY with another code fails here, where h2spec reads on and passes
+        when the close follows it."""
         for got in self.frames_until(lambda f: f.kind == GOAWAY, timeout=self.timeout):
             if got is None:
                 return
@@ -191,7 +193,8 @@ class H2Wire:
                 return
 
     def expect_stream_error(self, stream: int, *codes: int) -> None:
-        """RST_STREAM on `stream` with one of `codes`, or a connection error with one of them."""
+        """RST_STREAM on `stream` with one of `codes`, or a connection error with one of them (h2spec's
+        VerifyStreamError, stricter as expect_connection_error is)."""
         for got in self.frames_until(
             lambda f: f.kind == GOAWAY or (f.kind == RST_STREAM and f.stream == stream), timeout=self.timeout
         ):
@@ -222,6 +225,19 @@ class H2Wire:
         got = self.frames_until(lambda f: f.kind == PING)[-1]
         assert got is not None, "connection closed before a PING ACK"
         assert got.flags & ACK and got.payload == data, f"PING flags {got.flags} {got.payload!r}"
+
+    def expect_goaway(self, code: int) -> None:
+        """h2spec's WaitEventByType(GOAWAY) verdict (6.9.1): a GOAWAY with `code`; a close alone fails."""
+        got = self.frames_until(lambda f: f.kind == GOAWAY)[-1]
+        assert got is not None, f"connection closed without GOAWAY {code}"
+        assert got.error_code == code, f"GOAWAY {got.error_code}, wanted {code}"
+
+    def expect_rst_stream(self, stream: int, code: int) -> None:
+        """h2spec's WaitEventByType(RST_STREAM) verdict (6.9.1): RST_STREAM on `stream` with `code`; a
+        GOAWAY is passed over and a close without the RST_STREAM fails."""
+        got = self.frames_until(lambda f: f.kind == RST_STREAM and f.stream == stream)[-1]
+        assert got is not None, f"connection closed without RST_STREAM {code} on stream {stream}"
+        assert got.error_code == code, f"RST_STREAM {got.error_code}, wanted {code}"
 
 
 def priority(depends_on: int, weight: int = 15, exclusive: bool = False) -> bytes:

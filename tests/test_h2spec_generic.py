@@ -55,15 +55,19 @@ def test_generic_2_1_priority_on_idle_stream(h2: H2Wire) -> None:
 
 
 def test_generic_2_2_window_update_on_half_closed_remote(h2: H2Wire) -> None:
+    """Window 0 first, so the stream stays half-closed (remote) until the WINDOW_UPDATE opens it."""
+    h2.send(frame(SETTINGS, 0, 0, settings((S_INITIAL_WINDOW_SIZE, 0))))
     h2.request(1)
     h2.send(frame(WINDOW_UPDATE, 0, 1, (1).to_bytes(4, "big")))
-    h2.expect_response()
+    assert h2.frames_until(lambda f: f.kind == DATA)[-1] is not None, "closed before a DATA frame"
 
 
 def test_generic_2_3_priority_on_half_closed_remote(h2: H2Wire) -> None:
+    h2.send(frame(SETTINGS, 0, 0, settings((S_INITIAL_WINDOW_SIZE, 0))))
     h2.request(1)
-    h2.send(frame(PRIORITY, 0, 1, priority(0)))
-    h2.expect_response()
+    h2.send(frame(PRIORITY, 0, 1, priority(0, 255)))
+    h2.send(frame(WINDOW_UPDATE, 0, 1, (1).to_bytes(4, "big")))
+    assert h2.frames_until(lambda f: f.kind == DATA)[-1] is not None, "closed before a DATA frame"
 
 
 def test_generic_2_4_rst_stream_on_half_closed_remote(h2: H2Wire) -> None:
