@@ -52,8 +52,7 @@ def settings(*pairs: tuple[int, int]) -> bytes:
 
 
 class H2Wire:
-    """One connection: `open()` sends the preface and an empty SETTINGS, reads the server's SETTINGS
-    (kept in `server_settings`) and ACKs it."""
+    """One connection: `open()` does h2spec's handshake (both SETTINGS sent and acknowledged)."""
 
     def __init__(self, address: tuple[str, int], timeout: float = 2.0) -> None:
         self.sock = socket.create_connection(address, timeout=timeout)
@@ -71,14 +70,28 @@ class H2Wire:
     def __exit__(self, *exc: object) -> None:
         self.sock.close()
 
-    def open(self, client_settings: bytes = b"") -> H2Wire:
+    def open(self, client_settings: bytes | None = None) -> H2Wire:
+        """h2spec's handshake (spec/connection.go handshakeAsClient): the preface and our SETTINGS
+        (h2spec's SETTINGS_INITIAL_WINDOW_SIZE 65535 unless `client_settings` is given), then frames read
+        until both the server's SETTINGS (ACKed, kept in `server_settings`) and its ACK of ours came; any
+        other frame is passed over, as h2spec does. A later wait for an ACK then sees only its own."""
+        if client_settings is None:
+            client_settings = settings((S_INITIAL_WINDOW_SIZE, 65535))
         self.send(PREFACE + frame(SETTINGS, 0, 0, client_settings))
-        first = self.read_frame()
-        assert first is not None and first.kind == SETTINGS and not first.flags & ACK, first
-        for offset in range(0, len(first.payload), 6):
-            key, value = struct.unpack(">HI", first.payload[offset : offset + 6])
-            self.server_settings[key] = value
-        self.send(frame(SETTINGS, ACK, 0))
+        theirs = acked = False
+        while not (theirs and acked):
+            got = self.read_frame()
+            assert got is not None, "connection closed during the handshake"
+            if got.kind != SETTINGS:
+                continue
+            if got.flags & ACK:
+                acked = True
+                continue
+            theirs = True
+            for offset in range(0, len(got.payload), 6):
+                key, value = struct.unpack(">HI", got.payload[offset : offset + 6])
+                self.server_settings[key] = value
+            self.send(frame(SETTINGS, ACK, 0))
         return self
 
     @property
@@ -169,7 +182,9 @@ class H2Wire:
     # ---- h2spec's verdicts
 
     def expect_connection_error(self, *codes: int) -> None:
-        """A GOAWAY with one of `codes`, or the connection closed (h2spec accepts either)."""
+        """A GOAWAY with one of `codes`, or the connection closed (h2spec's VerifyConnectionError). Stricter
+        than h2spec in one way: a GOAWAY with another code fails here, where h2spec reads on and passes
+        when the close follows it."""
         for got in self.frames_until(lambda f: f.kind == GOAWAY, timeout=self.timeout):
             if got is None:
                 return
@@ -178,7 +193,8 @@ class H2Wire:
                 return
 
     def expect_stream_error(self, stream: int, *codes: int) -> None:
-        """RST_STREAM on `stream` with one of `codes`, or a connection error with one of them."""
+        """RST_STREAM on `stream` with one of `codes`, or a connection error with one of them (h2spec's
+        VerifyStreamError, stricter as expect_connection_error is)."""
         for got in self.frames_until(
             lambda f: f.kind == GOAWAY or (f.kind == RST_STREAM and f.stream == stream), timeout=self.timeout
         ):
@@ -195,6 +211,33 @@ class H2Wire:
             assert got is not None, "connection closed"
             assert got.kind != GOAWAY, f"GOAWAY {got.error_code}"
         assert got.payload == b"alive!!!"
+
+    def expect_settings_ack(self) -> None:
+        """h2spec's VerifySettingsFrameWithAck: the next SETTINGS frame (others passed over) is an ACK;
+        the connection closing first fails."""
+        got = self.frames_until(lambda f: f.kind == SETTINGS)[-1]
+        assert got is not None, "connection closed before a SETTINGS ACK"
+        assert got.flags & ACK, "a SETTINGS frame without ACK"
+
+    def expect_ping_ack(self, data: bytes) -> None:
+        """h2spec's VerifyPingFrameWithAck: the next PING frame (others passed over) is an ACK with
+        `data`; the connection closing first fails."""
+        got = self.frames_until(lambda f: f.kind == PING)[-1]
+        assert got is not None, "connection closed before a PING ACK"
+        assert got.flags & ACK and got.payload == data, f"PING flags {got.flags} {got.payload!r}"
+
+    def expect_goaway(self, code: int) -> None:
+        """h2spec's WaitEventByType(GOAWAY) verdict (6.9.1): a GOAWAY with `code`; a close alone fails."""
+        got = self.frames_until(lambda f: f.kind == GOAWAY)[-1]
+        assert got is not None, f"connection closed without GOAWAY {code}"
+        assert got.error_code == code, f"GOAWAY {got.error_code}, wanted {code}"
+
+    def expect_rst_stream(self, stream: int, code: int) -> None:
+        """h2spec's WaitEventByType(RST_STREAM) verdict (6.9.1): RST_STREAM on `stream` with `code`; a
+        GOAWAY is passed over and a close without the RST_STREAM fails."""
+        got = self.frames_until(lambda f: f.kind == RST_STREAM and f.stream == stream)[-1]
+        assert got is not None, f"connection closed without RST_STREAM {code} on stream {stream}"
+        assert got.error_code == code, f"RST_STREAM {got.error_code}, wanted {code}"
 
 
 def priority(depends_on: int, weight: int = 15, exclusive: bool = False) -> bytes:
