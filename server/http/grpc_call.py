@@ -36,19 +36,22 @@ from server.http.grpc_wire import (
     compress,
     content_subtype,
     decompress,
+    is_grpc,
     metadata,
     parse_timeout,
     prefix,
     status_fields,
     too_large,
 )
-from server.http.h2_frames import DATA, END_STREAM, SMALL_DATA, StreamReset, frame_head
+from server.http.h2_frames import NO_ERROR, StreamReset
 
 if TYPE_CHECKING:
     from server.http.h2 import H2Connection
     from server.http.h2_frames import Stream
 
 log = logging.getLogger("tensorgate.grpc")
+
+SMALL_MESSAGE = 16 << 10  # messages up to this go out as one DATA frame with no task, when they fit
 
 ANSWER_HEAD = [(b"content-type", CONTENT_TYPE), (b"grpc-accept-encoding", ACCEPT_ENCODING)]
 _HEAD_BLOCKS = {
@@ -60,7 +63,8 @@ _OK_TRAILERS = hpack_encode.encode(None, status_fields(Status.OK, None))
 
 class GrpcServices:
     """Every method of the servicers (betterproto2 service bases, or anything with grpclib's
-    `__mapping__`), by path; the message size limit; what shutdown tells the services."""
+    `__mapping__`), by path; the message size limit; what shutdown tells the services. What opens an
+    HTTP/2 stream as a call (connection.CallOpener): a POST with content-type application/grpc."""
 
     def __init__(self, servicers: list[Any], max_message_bytes: int) -> None:
         self.servicers = servicers
@@ -70,6 +74,13 @@ class GrpcServices:
         self.max_message_bytes = max_message_bytes
         # "inference.GRPCInferenceService", ...: what reflection lists and health knows
         self.names = sorted({path.split("/")[1] for path in self.handlers})
+
+    def open(self, connection: H2Connection, stream: Stream) -> GrpcCall | None:
+        if stream.method != "POST" or not is_grpc(stream.headers.get(b"content-type")):
+            return None
+        call = GrpcCall(connection, stream, self)
+        call.task = connection.loop.create_task(call.run())
+        return call
 
     def begin_shutdown(self) -> None:
         for servicer in self.servicers:
@@ -96,6 +107,7 @@ class GrpcCall:
         "headers_sent",
         "encoding",
         "metadata",
+        "task",
     )
 
     def __init__(self, connection: H2Connection, stream: Stream, services: GrpcServices) -> None:
@@ -118,8 +130,10 @@ class GrpcCall:
         self.headers_sent = False
         self.encoding: bytes | None = None  # the request's grpc-encoding, and so the answer's
         self.metadata: dict[str, str | bytes] = {}
+        self.task: asyncio.Task | None = None  # the handler's
 
     # ------------------------------------------------------------------------------ from the connection
+    # (h2_frames.StreamHandler)
 
     def data_in(self, data: memoryview) -> None:
         if self.failure is not None:
@@ -132,6 +146,8 @@ class GrpcCall:
         for message in found:
             self.messages.append(message)
             self.queued += 5 + len(message[1])
+        if self.stream.remote_open:
+            self.connection.credit(self.stream, self.queued)
         self._wake()
 
     def end_in(self) -> None:
@@ -139,6 +155,13 @@ class GrpcCall:
         if self.reader.partial and self.failure is None:
             self.failure = GRPCError(Status.INTERNAL, "the request stream ended inside a message")
         self._wake()
+
+    def reset(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    def sweep(self, now: float) -> None:
+        pass  # a call may idle as long as it lasts (its deadline is its own)
 
     def _wake(self) -> None:
         if self.consumer is not None:
@@ -179,7 +202,7 @@ class GrpcCall:
             if not on_message(message):
                 self.held = True
         if taken and self.stream.remote_open:
-            self.connection.grpc_credit(self.stream, self.queued)
+            self.connection.credit(self.stream, self.queued)
         if not self.messages and not self.told_end and (self.ended or self.failure is not None):
             self.told_end = True
             on_end(self.failure)
@@ -215,7 +238,7 @@ class GrpcCall:
                 self.waiter = None
         message = self._take()
         if self.stream.remote_open:
-            self.connection.grpc_credit(self.stream, self.queued)
+            self.connection.credit(self.stream, self.queued)
         return message
 
     def __aiter__(self) -> GrpcCall:
@@ -231,12 +254,12 @@ class GrpcCall:
         """Sends a message: its SerializeToString(), or its `parts` (bytes-like pieces, sent as they are:
         a large tensor is not copied into one message)."""
         head, parts, size = self._framed(message)
-        if self._write_now(head, parts, size):
-            return
         connection, stream = self.connection, self.stream
-        await connection._send_data(stream, memoryview(head), False)
+        if size <= SMALL_MESSAGE and connection.send_now(stream, b"".join((head, *parts)), False):
+            return  # the usual message: one DATA frame joined to this loop pass's writes
+        await connection.send_data(stream, memoryview(head), False)
         for part in parts:
-            await connection._send_data(stream, memoryview(part).cast("B"), False)
+            await connection.send_data(stream, memoryview(part).cast("B"), False)
 
     def _framed(self, message: Any) -> tuple[bytes, list, int]:
         """The message's prefix, its pieces (compressed if the call is), and its size after the prefix."""
@@ -252,29 +275,9 @@ class GrpcCall:
         if self.stream.reset:
             raise StreamReset
         if not self.headers_sent:
-            connection = self.connection
             self.headers_sent = True
-            connection._write(connection._block_frames(self.stream.id, _HEAD_BLOCKS[self.encoding], 0))
+            self.connection.send_headers(self.stream, _HEAD_BLOCKS[self.encoding])
         return prefix(self.encoding is not None, size), parts, size
-
-    def _write_now(self, head: bytes, parts: list, size: int) -> bool:
-        """The usual message, one DATA frame joined to this loop pass's writes, when it fits."""
-        connection, stream = self.connection, self.stream
-        size += 5
-        if (
-            size > SMALL_DATA
-            or size > stream.send_window
-            or size > connection.send_window
-            or not connection.writable.is_set()
-        ):
-            return False
-        stream.send_window -= size
-        connection.send_window -= size
-        if len(parts) == 1:
-            connection._write(frame_head(DATA, 0, stream.id, size) + head + parts[0])
-        else:
-            connection._write(b"".join((frame_head(DATA, 0, stream.id, size), head, *parts)))
-        return True
 
     # ------------------------------------------------------------------------------ the call's life
 
@@ -344,5 +347,7 @@ class GrpcCall:
             block = hpack_encode.encode(None, status_fields(status, message))
         else:
             block = hpack_encode.encode(200, ANSWER_HEAD + status_fields(status, message))
-        connection._write(connection._block_frames(stream.id, block, END_STREAM))
-        connection.grpc_done(stream)
+        connection.send_headers(stream, block, end=True)
+        if stream.remote_open:  # a client still sending is told to stop, as grpc-core servers do
+            connection.reset(stream, NO_ERROR)
+        connection.close(stream)

@@ -21,16 +21,17 @@ import logging
 import time
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
 
 import httptools
 
 from server.http import eager
-from server.http.listener import BaseConnection, body_buffer
+from server.http.buffers import body_buffer
+from server.http.connection import BaseConnection, fold_header, split_target
+from server.http.h2 import H2Connection
 from server.router import BodyTooLarge, HttpRequest, HttpResponse, Route, framing_error, stalled_body
 
 if TYPE_CHECKING:
-    from server.http.listener import ConnectionHost
+    from server.http.connection import ConnectionHost
 
 log = logging.getLogger("tensorgate.http")
 
@@ -225,9 +226,7 @@ class H1Connection(BaseConnection):
         request.head_bytes += len(name) + len(value) + 4
         if request.head_bytes > self.settings.max_head_bytes:
             self._refuse(self._head_too_large())
-        name = name.lower()
-        headers = request.headers
-        headers[name] = headers[name] + b", " + value if name in headers else value
+        fold_header(request.headers, name.lower(), value)
 
     def on_headers_complete(self) -> None:
         request = self.request
@@ -245,9 +244,7 @@ class H1Connection(BaseConnection):
                     "a request must not carry both Content-Length and Transfer-Encoding",
                 )
             )
-        path, _, request.url = request.url.partition(b"?")
-        path_text = path.decode("latin-1")
-        request.path = unquote(path_text, encoding="latin-1") if "%" in path_text else path_text
+        request.path, request.url = split_target(request.url)
         found = router.find(request.method, request.path)
         declared = headers.get(b"content-length")
         expected = request.expected = int(declared) if declared is not None else None  # checked by llhttp
@@ -497,8 +494,6 @@ class H1Connection(BaseConnection):
             self._close()
 
     def _become_h2(self, data: bytes) -> None:
-        from server.http.h2 import H2Connection
-
         connection = H2Connection(self.host)
         self.host.closed(self)
         self.transport.set_protocol(connection)

@@ -1,22 +1,20 @@
 """HTTP/2 (RFC 9113) as our own frame layer. No `h2` state machine: its ~75 us a request was most of the
-cost. Here, the connection: its read buffer cut into frames, its streams, the answers it writes and its
-lifecycle; what each frame read does is h2_receive.py, the frame vocabulary h2_frames.py, HPACK
-hpack_decode.py and hpack_encode.py.
+cost. Here, the connection: its read buffer cut into frames, its streams and their lifecycle, the stream
+API handlers answer through, and the connection's own lifecycle. What each frame read does is
+h2_receive.py; the frame vocabulary and what a stream's handler is, h2_frames.py; flow control,
+h2_window.py; a plain request's body and answer, h2_request.py; HPACK, hpack_decode.py and
+hpack_encode.py.
 
 One connection: a BufferedProtocol whose read buffer holds whole frames; frames are handled in order
 as they complete, and the control frames they call for (SETTINGS ACK, PING ACK, WINDOW_UPDATE,
-RST_STREAM) are written once per read. Each request runs as a task when its stream ends; its answer
-goes out as HEADERS and DATA frames within the peer's flow-control windows and frame size. A request
-with content-type application/grpc, on a port that serves gRPC, is a gRPC call instead: it starts with
-its HEADERS and its messages reach it as they come (grpc_call.py).
+RST_STREAM) are written once per read. A stream's head picks its handler: what the host's call opener
+(the gRPC services, on ports that serve gRPC) opens, else a plain request. Handlers answer with
+`send_headers`, `send_now` / `answer_now` (what fits the windows at once, with no task) and `send_data`
+(waits for the peer's window and the socket), `credit` (gives the peer back the window of what was
+read), `reset` and `close`.
 
-A large DATA frame for a body of known length is read by the socket straight into the body's buffer
-(as HTTP/1.1 does), so a tensor is not copied between the socket and the model.
-
-Defences: concurrent streams (REFUSED_STREAM beyond), client resets per second (rapid reset, GOAWAY
-ENHANCE_YOUR_CALM), control frames per second (SETTINGS / PING / PRIORITY / WINDOW_UPDATE / empty DATA
-floods), the header block's size across CONTINUATIONs and the decoded header list (HPACK bombs), windows
-past 2^31-1 (FLOW_CONTROL_ERROR).
+A large DATA frame for a plain request's body of known length is read by the socket straight into the
+body's buffer (as HTTP/1.1 does), so a tensor is not copied between the socket and the model.
 """
 
 from __future__ import annotations
@@ -26,12 +24,10 @@ import collections
 import logging
 from typing import TYPE_CHECKING
 
-from server.http import hpack_encode
-from server.http.grpc_call import GrpcCall
+from server.http.connection import BaseConnection
 from server.http.h2_frames import (
     BULK_READ,
     CLOSED_KEPT,
-    CONNECTION_SPECIFIC,
     CONTINUATION,
     DATA,
     DEFAULT_FRAME,
@@ -43,7 +39,6 @@ from server.http.h2_frames import (
     GOAWAY,
     GOAWAY_DELAY,
     HEADERS,
-    INTERNAL_ERROR,
     LINGER_SECONDS,
     NO_ERROR,
     OUR_CONNECTION_WINDOW,
@@ -70,49 +65,37 @@ from server.http.h2_frames import (
     settings_payload,
 )
 from server.http.h2_receive import FrameReceiver
-from server.http.hpack_decode import Decoder
-from server.http.listener import BaseConnection
-from server.router import HttpRequest, HttpResponse, stalled_body
+from server.http.h2_window import FlowControl
 
 if TYPE_CHECKING:
-    from server.http.listener import ConnectionHost
+    from server.http.connection import ConnectionHost
 
 log = logging.getLogger("tensorgate.http")
 
 
 class H2Connection(FrameReceiver, BaseConnection):
     def __init__(self, host: ConnectionHost) -> None:
-        super().__init__(host)
+        BaseConnection.__init__(self, host)
+        FrameReceiver.__init__(self)
         self.router = host.router
-        self.grpc = host.grpc  # GrpcServices on ports that serve gRPC, else None
+        self.calls = host.calls  # what opens gRPC calls on ports that serve them, else None
         self.buffer = bytearray(READ_BUFFER)
         self.view = memoryview(self.buffer)
         self.start = self.end = 0
         self.filled = False  # the last read filled the read buffer
         self.direct: memoryview | None = None  # where the socket reads the rest of a large DATA frame
-        self.direct_frame: tuple[Stream, int, int] | None = None  # (stream, bytes left, flags)
+        self.direct_stream: Stream | None = None  # whose body that is
         self.preface = True
-        self.decoder = Decoder(self.settings.max_head_bytes)
         self.streams: dict[int, Stream] = {}
         self.closed_ids: collections.deque[int] = collections.deque(maxlen=CLOSED_KEPT)
         self.reset_ids: collections.deque[int] = collections.deque(maxlen=CLOSED_KEPT)  # reset by us
-        self.last_stream_id = 0
-        self.continuing: tuple[int, int, bytearray] | None = None  # (stream, flags of HEADERS, block)
-        self.peer_window = DEFAULT_WINDOW  # initial send window of a new stream
+        self.flow = FlowControl()
         self.peer_max_frame = DEFAULT_FRAME
-        self.send_window = DEFAULT_WINDOW  # the connection's
         self.window_waiters: set[Stream] = set()
-        self.recv_window = OUR_CONNECTION_WINDOW
         self.goaway_sent = False
         self.shutting_down = False
         self.closing = False
         self.since = self.loop.time()
-        self.budget_second = 0.0
-        self.resets = 0
-        self.control_frames = 0
-        self.answer_writes = 0  # this second's writes of answer frames (HEADERS, DATA, trailers)
-        self.last_ping = float("-inf")
-        self.ping_strikes = 0
 
     # ------------------------------------------------------------------------------ asyncio protocol
 
@@ -207,12 +190,10 @@ class H2Connection(FrameReceiver, BaseConnection):
                 )
             available = end - pos - 9
             if available < length:
-                if (
-                    kind == DATA
-                    and length >= DIRECT_READ
-                    and self._start_direct(flags, stream_id, length, pos)
-                ):
-                    pos = end
+                if kind == DATA and length >= DIRECT_READ:
+                    self.direct = self._start_direct(flags, stream_id, length, view[pos + 9 : end])
+                    if self.direct is not None:
+                        pos = end
                 break
             payload = view[pos + 9 : pos + 9 + length]
             pos += 9 + length
@@ -222,200 +203,75 @@ class H2Connection(FrameReceiver, BaseConnection):
         else:
             self.start = pos
 
-    # ------------------------------------------------------------------------------ streams
+    def _direct_read(self, nbytes: int) -> None:
+        stream = self.direct_stream
+        if not stream.handler.direct_read(nbytes):  # type: ignore[union-attr]
+            self.direct = self.direct[nbytes:]
+            return
+        self.direct = self.direct_stream = None
+        if not stream.remote_open and stream.id in self.streams:  # the frame ended the stream
+            stream.handler.end_in()  # type: ignore[union-attr]
 
-    def _reset(self, stream_id: int, code: int) -> None:
-        self.out.append(frame(RST_STREAM, 0, stream_id, code.to_bytes(4, "big")))
-        self.reset_ids.append(stream_id)
+    # ------------------------------------------------------------------------------ the stream API
 
-    def _refuse(self, stream_id: int, code: int) -> None:
-        """RST_STREAM with `code`; the stream, if open, is forgotten."""
-        self._reset(stream_id, code)
-        stream = self.streams.get(stream_id)
-        if stream is not None:
-            self._drop(stream)
+    def send_headers(self, stream: Stream, block: bytes, end: bool = False) -> None:
+        """A header block (an answer's head, or trailers with `end`) as HEADERS and CONTINUATIONs."""
+        self._write(self._block_frames(stream.id, block, END_STREAM if end else 0))
 
-    def _drop(self, stream: Stream) -> None:
-        """Forgets a stream: its task is cancelled, a writer waiting for window wakes and finds it gone."""
-        stream.reset = True
-        self.streams.pop(stream.id, None)
-        self.closed_ids.append(stream.id)
-        if stream.task is not None and not stream.task.done():
-            stream.task.cancel()
-        self._wake(stream)
-        self._after_stream()
-
-    def _close_stream(self, stream: Stream) -> None:
-        self.streams.pop(stream.id, None)
-        self.closed_ids.append(stream.id)
-        self._after_stream()
-
-    def _after_stream(self) -> None:
-        if not self.streams and not self.closing:
-            self.since = self.loop.time()
-            if self.goaway_sent:
-                self._close()
-            elif self.shutting_down or self.host.offline.on:
-                # A moment after the last answer: a client that reads the answer and GOAWAY together
-                # may fail the call it has not yet finished reading (grpclib ends every stream it has).
-                self.loop.call_later(GOAWAY_DELAY, self._goaway_and_close)
-
-    def leave_when_idle(self) -> None:
-        if not self.streams and not self.closing:
-            self.loop.call_later(GOAWAY_DELAY, self._goaway_and_close)
-
-    def _goaway_and_close(self) -> None:
-        # Offline, new streams are served meanwhile: GOAWAY waits for the next idle moment, if any.
-        if not self.streams and (self.shutting_down or self.host.offline.on):
-            self._goaway()
-            self._close()
-
-    def _answer_early(self, stream: Stream, response: HttpResponse) -> None:
-        """An answer from the head (or a body past the limit) while the body may still come: sent now.
-        What the client still sends is read and dropped until it ends the stream; a stream still open
-        LINGER_SECONDS later is reset with NO_ERROR (RFC 9113 8.1). Resetting at once is what the RFC
-        allows, but clients such as httpx then fail the request they are still sending."""
-        stream.answered = self.loop.time()
-        self._answered(1)
-        self.out.append(self._head_frames(stream.id, response, stream.method, last=False))
-        body = b"" if stream.method == "HEAD" else b"".join(response.chunks)
-        self.out.append(frame(DATA, END_STREAM, stream.id, body))  # error bodies fit any window
-        stream.send_window -= len(body)
-        self.send_window -= len(body)
-        if not stream.remote_open:
-            self._close_stream(stream)
-
-    async def _serve(self, stream: Stream) -> None:
-        request = HttpRequest(
-            stream.method, stream.path, stream.query, stream.headers, stream.body, stream.params
+    def answer_now(self, stream: Stream, block: bytes, body: bytes | memoryview) -> bool:
+        """A whole answer, head and body, in one write when the body fits the windows and one frame."""
+        size = len(body)
+        if size > self.peer_max_frame or size > self.flow.room(stream):
+            return False
+        self.flow.spend(stream, size)
+        self._write(
+            self._block_frames(stream.id, block, 0)
+            + frame_head(DATA, END_STREAM, stream.id, size)
+            + bytes(body)
         )
-        try:
-            response = await self.router.call(stream.route, request)
-            await self._respond(stream, response)
-        except StreamReset:
-            return
-        except Exception:  # a streamed answer that failed midway: the stream ends in an error
-            log.exception("unexpected error answering %s %s", stream.method, stream.path)
-            if not stream.reset:
-                self._refuse(stream.id, INTERNAL_ERROR)
-                self._flush()
-            return
-        if not stream.reset:
-            self._close_stream(stream)
+        return True
 
-    # ------------------------------------------------------------------------------ gRPC calls
+    def send_now(self, stream: Stream, data: bytes | memoryview, end: bool) -> bool:
+        """Small DATA joined to this loop pass's writes, when it fits the windows, a frame and the socket."""
+        size = len(data)
+        if (
+            size > SMALL_DATA
+            or size > self.peer_max_frame
+            or size > self.flow.room(stream)
+            or not self.writable.is_set()
+        ):
+            return False
+        self.flow.spend(stream, size)
+        self._write(frame_head(DATA, END_STREAM if end else 0, stream.id, size) + bytes(data))
+        return True
 
-    def _start_grpc(self, stream: Stream) -> None:
-        """A gRPC call starts with its HEADERS; its messages follow it as they come (grpc_call.py)."""
-        stream.grpc = GrpcCall(self, stream, self.grpc)
-        stream.task = self.loop.create_task(stream.grpc.run())
-        if not stream.remote_open:
-            stream.grpc.end_in()
-
-    def grpc_credit(self, stream: Stream, queued: int) -> None:
-        """Gives the client back the window of what the call has read (`queued` bytes are still unread)."""
-        owed = OUR_STREAM_WINDOW - stream.recv_window - queued
-        if owed >= OUR_STREAM_WINDOW // 2 or (owed > 0 and stream.recv_window < OUR_STREAM_WINDOW // 2):
-            stream.recv_window += owed
-            self._send(frame(WINDOW_UPDATE, 0, stream.id, owed.to_bytes(4, "big")))
-
-    def grpc_done(self, stream: Stream) -> None:
-        """The call's trailers are out. A client still sending is told to stop (RST_STREAM NO_ERROR, as
-        grpc-core servers do); what it sent meanwhile is dropped."""
-        if stream.remote_open:
-            self._reset(stream.id, NO_ERROR)
-        self._close_stream(stream)
-
-    # ------------------------------------------------------------------------------ frames out
-
-    def _head_frames(self, stream_id: int, response: HttpResponse, method: str, last: bool) -> bytes:
-        headers = [(n, v) for n, v in response.headers if n not in CONNECTION_SPECIFIC]
-        block = hpack_encode.encode(response.status, headers)
-        return self._block_frames(stream_id, block, END_STREAM if last else 0)
-
-    def _block_frames(self, stream_id: int, block: bytes, flags: int) -> bytes:
-        """A header block as HEADERS (and CONTINUATIONs past the peer's frame size)."""
-        size = self.peer_max_frame
-        if len(block) <= size:
-            return frame(HEADERS, flags | END_HEADERS, stream_id, block)
-        pieces = [block[i : i + size] for i in range(0, len(block), size)]
-        frames = [frame(HEADERS, flags, stream_id, pieces[0])]
-        frames += [frame(CONTINUATION, 0, stream_id, piece) for piece in pieces[1:-1]]
-        frames.append(frame(CONTINUATION, END_HEADERS, stream_id, pieces[-1]))
-        return b"".join(frames)
-
-    async def _respond(self, stream: Stream, response: HttpResponse) -> None:
-        chunks = response.chunks
-        if stream.method == "HEAD":
-            if not isinstance(chunks, list):
-                await chunks.aclose()
-            self._write(self._head_frames(stream.id, response, "HEAD", last=True))
-            return
-        trailers = response.trailers
-        if isinstance(chunks, list):
-            if len(chunks) == 1 and trailers is None:
-                body = chunks[0]
-                size = len(body)
-                if size <= self.peer_max_frame and size <= stream.send_window and size <= self.send_window:
-                    # The usual answer: HEADERS and one DATA frame in one write.
-                    stream.send_window -= size
-                    self.send_window -= size
-                    self._write(
-                        self._head_frames(stream.id, response, stream.method, last=False)
-                        + frame_head(DATA, END_STREAM, stream.id, size)
-                        + bytes(body)
-                    )
-                    return
-            final = len(chunks) - 1 if trailers is None else None  # the chunk whose frame ends the stream
-            self._write(
-                self._head_frames(stream.id, response, stream.method, last=not chunks and final is not None)
-            )
-            for index, chunk in enumerate(chunks):
-                await self._send_data(stream, memoryview(chunk).cast("B"), index == final)
-        else:
-            self._write(self._head_frames(stream.id, response, stream.method, last=False))
-            try:
-                async for chunk in chunks:
-                    if chunk:
-                        await self._send_data(stream, memoryview(chunk).cast("B"), False)
-                if response.trailers is None:
-                    await self._send_data(stream, memoryview(b""), True)
-            finally:
-                await chunks.aclose()
-        if response.trailers is not None:  # read now: a stream may have filled it as it ended
-            block = hpack_encode.encode(
-                None, [(n, v) for n, v in response.trailers if n not in CONNECTION_SPECIFIC]
-            )
-            self._write(self._block_frames(stream.id, block, END_STREAM))
-
-    async def _send_data(self, stream: Stream, data: memoryview, last: bool) -> None:
+    async def send_data(self, stream: Stream, data: memoryview, last: bool) -> None:
         """DATA frames within the stream's and the connection's windows and the peer's frame size.
         Small data joins the frames queued for this loop pass; large data goes out as views, up to
         SEND_BATCH bytes of frames a write (one writev, however small the peer's frames)."""
+        flow = self.flow
         while True:
             if stream.reset or self.transport is None:
                 raise StreamReset
-            if data and min(stream.send_window, self.send_window) <= 0:
+            room = flow.room(stream)
+            if data and room <= 0:
                 await self._window(stream)
                 continue
             if not self.writable.is_set():
                 await self.writable.wait()
                 continue
             if len(data) <= SMALL_DATA:
-                size = len(data)  # within the window (checked above only for > 0): trim below
-                size = min(size, stream.send_window, self.send_window)
+                size = min(len(data), room, self.peer_max_frame)
                 flags = END_STREAM if last and size == len(data) else 0
                 self._write(frame_head(DATA, flags, stream.id, size) + bytes(data[:size]))
-                stream.send_window -= size
-                self.send_window -= size
+                flow.spend(stream, size)
                 data = data[size:]
                 if not data:
                     return
                 continue
             pieces: list[bytes | memoryview] = []
-            batch = min(len(data), stream.send_window, self.send_window, SEND_BATCH)
-            stream.send_window -= batch
-            self.send_window -= batch
+            batch = min(len(data), room, SEND_BATCH)
+            flow.spend(stream, batch)
             for start in range(0, batch, self.peer_max_frame):
                 size = min(self.peer_max_frame, batch - start)
                 end_stream = last and start + size == len(data)
@@ -429,6 +285,30 @@ class H2Connection(FrameReceiver, BaseConnection):
             data = data[batch:]
             if not data:
                 return
+
+    def credit(self, stream: Stream, unread: int = 0) -> None:
+        """Gives the peer back the stream's window for what was received and read (`unread` bytes are
+        still waiting for the handler)."""
+        increment = stream.recv_window.credit(unread)
+        if increment:
+            self._send(frame(WINDOW_UPDATE, 0, stream.id, increment.to_bytes(4, "big")))
+
+    def reset(self, stream: Stream, code: int) -> None:
+        """RST_STREAM with `code` (the stream stays known until `close` or `refuse`)."""
+        self._reset(stream.id, code)
+
+    def refuse(self, stream: Stream, code: int) -> None:
+        """RST_STREAM with `code`, and the stream forgotten (its handler told)."""
+        self._refuse(stream.id, code)
+
+    def close(self, stream: Stream) -> None:
+        """The stream's exchange is over: forgotten."""
+        self.streams.pop(stream.id, None)
+        self.closed_ids.append(stream.id)
+        self._after_stream()
+
+    def flush(self) -> None:
+        self._flush()
 
     async def _window(self, stream: Stream) -> None:
         stream.window_open = self.loop.create_future()
@@ -452,12 +332,58 @@ class H2Connection(FrameReceiver, BaseConnection):
         self._answered(1)
         self._send(data)
 
-    def _answered(self, writes: int) -> None:
-        """Frames of answers went out: they forgive PINGs (as grpc-core servers do) and allow the control
-        frames a client sends as it reads them (h2_receive.py, _calm)."""
-        self.answer_writes += writes
-        self.ping_strikes = 0
-        self.last_ping = float("-inf")
+    def _block_frames(self, stream_id: int, block: bytes, flags: int) -> bytes:
+        """A header block as HEADERS (and CONTINUATIONs past the peer's frame size)."""
+        size = self.peer_max_frame
+        if len(block) <= size:
+            return frame(HEADERS, flags | END_HEADERS, stream_id, block)
+        pieces = [block[i : i + size] for i in range(0, len(block), size)]
+        frames = [frame(HEADERS, flags, stream_id, pieces[0])]
+        frames += [frame(CONTINUATION, 0, stream_id, piece) for piece in pieces[1:-1]]
+        frames.append(frame(CONTINUATION, END_HEADERS, stream_id, pieces[-1]))
+        return b"".join(frames)
+
+    # ------------------------------------------------------------------------------ streams
+
+    def _reset(self, stream_id: int, code: int) -> None:
+        self.out.append(frame(RST_STREAM, 0, stream_id, code.to_bytes(4, "big")))
+        self.reset_ids.append(stream_id)
+
+    def _refuse(self, stream_id: int, code: int) -> None:
+        self._reset(stream_id, code)
+        stream = self.streams.get(stream_id)
+        if stream is not None:
+            self._drop(stream)
+
+    def _drop(self, stream: Stream) -> None:
+        """Forgets a stream: its handler stops, a writer waiting for window wakes and finds it gone."""
+        stream.reset = True
+        self.streams.pop(stream.id, None)
+        self.closed_ids.append(stream.id)
+        if stream.handler is not None:
+            stream.handler.reset()
+        self._wake(stream)
+        self._after_stream()
+
+    def _after_stream(self) -> None:
+        if not self.streams and not self.closing:
+            self.since = self.loop.time()
+            if self.goaway_sent:
+                self._close()
+            elif self.shutting_down or self.host.offline.on:
+                # A moment after the last answer: a client that reads the answer and GOAWAY together
+                # may fail the call it has not yet finished reading (grpclib ends every stream it has).
+                self.loop.call_later(GOAWAY_DELAY, self._goaway_and_close)
+
+    def leave_when_idle(self) -> None:
+        if not self.streams and not self.closing:
+            self.loop.call_later(GOAWAY_DELAY, self._goaway_and_close)
+
+    def _goaway_and_close(self) -> None:
+        # Offline, new streams are served meanwhile: GOAWAY waits for the next idle moment, if any.
+        if not self.streams and (self.shutting_down or self.host.offline.on):
+            self._goaway()
+            self._close()
 
     # ------------------------------------------------------------------------------ lifecycle
 
@@ -475,7 +401,7 @@ class H2Connection(FrameReceiver, BaseConnection):
         # Close after a lingering read: closing with the client's bytes unread would reset the
         # connection, and the client could lose the GOAWAY that says why.
         self.closing = True
-        self.direct = self.direct_frame = None
+        self.direct = self.direct_stream = None
         for stream in list(self.streams.values()):
             self._drop(stream)
         if self.transport.can_write_eof():
@@ -498,18 +424,7 @@ class H2Connection(FrameReceiver, BaseConnection):
 
     def sweep(self, now: float) -> None:
         for stream in list(self.streams.values()):
-            if stream.answered and now - stream.answered > LINGER_SECONDS:
-                self._reset(stream.id, NO_ERROR)
-                self._close_stream(stream)
-            elif (
-                stream.remote_open
-                and not stream.answered
-                and stream.grpc is None  # a gRPC stream may idle as long as its call lasts
-                and now - stream.since > self.settings.body_timeout
-            ):
-                # A body the app awaits whole that stopped coming.
-                errors = stream.route.errors if stream.route is not None else self.router.fallback_errors
-                self._answer_early(stream, stalled_body(errors, self.settings.body_timeout))
+            stream.handler.sweep(now)  # type: ignore[union-attr]
         self._flush()
         elapsed = now - self.since
         if self.preface and elapsed > self.settings.head_timeout:

@@ -1,15 +1,18 @@
 """HTTP/2's frame vocabulary, sans-IO (RFC 9113): frame types, flags, error codes and settings, frame
 bytes, the checks that need no connection state (padding, SETTINGS entries, a request's header list),
-and the record a connection keeps per stream. The connection is h2.py and h2_receive.py."""
+the record a connection keeps per stream, and what a stream's handler is. The connection is h2.py and
+h2_receive.py."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from typing import Any
-from urllib.parse import unquote
+from typing import TYPE_CHECKING, Protocol
 
-from server.router import Route
+from server.http.connection import fold_header, split_target
+
+if TYPE_CHECKING:
+    from server.http.h2_window import ReceiveWindow
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -118,7 +121,7 @@ def request_head(
             continue
         if name in CONNECTION_SPECIFIC or name != name.lower() or (name == b"te" and value != b"trailers"):
             raise StreamError(PROTOCOL_ERROR, "malformed header field")
-        headers[name] = headers[name] + b", " + value if name in headers else value
+        fold_header(headers, name, value)
     raw_method = pseudo.get(b":method")
     if raw_method is None:
         raise StreamError(PROTOCOL_ERROR, "no :method")
@@ -128,24 +131,39 @@ def request_head(
     target = pseudo.get(b":path")
     if not target or b":scheme" not in pseudo:
         raise StreamError(PROTOCOL_ERROR, "no :scheme or :path")
-    path, _, query = target.partition(b"?")
-    text = path.decode("latin-1")
     declared = headers.get(b"content-length")
     if declared is not None and not declared.isdigit():
         raise StreamError(PROTOCOL_ERROR, "content-length is not a number")
-    return (
-        method,
-        unquote(text, encoding="latin-1") if "%" in text else text,
-        query,
-        int(declared) if declared is not None else None,
-    )
+    path, query = split_target(target)
+    return method, path, query, int(declared) if declared is not None else None
 
 
 class StreamReset(Exception):
     """The stream went away (client reset, connection lost) while we were answering."""
 
 
+class StreamHandler(Protocol):
+    """What a stream carries once its head is in: a plain request, answered when its body is whole
+    (h2_request.py), or a gRPC call (grpc_call.py). The connection applies flow control and stream
+    states, then hands the handler what the client sends; the handler answers through the connection's
+    stream API (h2.py: send_headers, send_now / send_data, credit, close, reset)."""
+
+    def data_in(self, data: memoryview) -> None:
+        """A DATA frame's payload (padding removed; the windows already charged for it)."""
+
+    def end_in(self) -> None:
+        """The client ended its side of the stream (END_STREAM, on DATA, HEADERS or trailers)."""
+
+    def reset(self) -> None:
+        """The stream is gone (the client reset it, the connection closed): stop, answer nothing."""
+
+    def sweep(self, now: float) -> None:
+        """Once a second: the handler's own timeouts."""
+
+
 class Stream:
+    """What the connection keeps per stream: its state, its windows, its request head and its handler."""
+
     __slots__ = (
         "id",
         "remote_open",  # the client may still send (no END_STREAM yet)
@@ -153,38 +171,26 @@ class Stream:
         "path",
         "query",
         "headers",
-        "route",
-        "params",
-        "expected",
-        "body",
-        "filled",
+        "expected",  # the declared content-length
         "recv_window",
         "send_window",
         "window_open",
-        "task",
-        "answered",
         "since",
         "reset",
-        "grpc",
+        "handler",
     )
 
-    def __init__(self, stream_id: int, send_window: int, recv_window: int) -> None:
+    def __init__(self, stream_id: int, send_window: int, recv_window: ReceiveWindow) -> None:
         self.id = stream_id
         self.remote_open = True
         self.method = "GET"
         self.path = ""
         self.query = b""
         self.headers: dict[bytes, bytes] = {}
-        self.route: Route | None = None
-        self.params: dict[str, str] = {}
         self.expected: int | None = None
-        self.body: Any = b""
-        self.filled = 0
         self.recv_window = recv_window
         self.send_window = send_window
         self.window_open: asyncio.Future | None = None  # a writer waiting for window
-        self.task: asyncio.Task | None = None
-        self.answered = 0.0  # when an early answer went out: what the client still sends is dropped
-        self.since = 0.0  # when its body last made progress
+        self.since = 0.0  # when it last made progress (a body that stops coming times out)
         self.reset = False
-        self.grpc: Any = None  # the GrpcCall this stream carries (grpc_call.py)
+        self.handler: StreamHandler | None = None

@@ -1,14 +1,22 @@
 """HTTP/2's receiving half: what each frame read does to a connection (RFC 9113 sections 5 and 6).
 
-`FrameReceiver` is a part of `H2Connection` (h2.py), which holds the state these methods read and write
-(streams, windows, the frames to write in `out`, the per-second counts of the defences) and the stream
-actions they call (`_reset`, `_refuse`, `_drop`, `_remote_end`, `_answer_early`, `_wake`). A connection
-error is raised as `ConnectionError_`; the connection turns it into GOAWAY.
+`FrameReceiver` is the base of `H2Connection` (h2.py). It owns the state of what was received (the HPACK
+decoder, a header block in CONTINUATIONs, the highest stream id, the per-second counts of the defences,
+keepalive strikes); what it needs of the connection is written down below as `_Connection`. A frame for
+a stream goes to the stream's handler (h2_frames.StreamHandler) once flow control and stream states are
+applied. A connection error is raised as `ConnectionError_`; the connection turns it into GOAWAY.
+
+Defences: concurrent streams (REFUSED_STREAM beyond), client resets per second (rapid reset, GOAWAY
+ENHANCE_YOUR_CALM), control frames per second in proportion to the answers sent (`_calm`), keepalive
+PING strikes, the header block's size across CONTINUATIONs and the decoded header list (HPACK bombs),
+windows past 2^31-1 (FLOW_CONTROL_ERROR).
 """
 
 from __future__ import annotations
 
-from server.http.grpc_wire import is_grpc
+import collections
+from typing import TYPE_CHECKING
+
 from server.http.h2_frames import (
     ACK,
     COMPRESSION_ERROR,
@@ -21,8 +29,6 @@ from server.http.h2_frames import (
     FRAME_SIZE_ERROR,
     GOAWAY,
     HEADERS,
-    MAX_WINDOW,
-    OUR_CONNECTION_WINDOW,
     OUR_STREAM_WINDOW,
     PADDED,
     PING,
@@ -45,14 +51,59 @@ from server.http.h2_frames import (
     settings_entries,
     unpad,
 )
-from server.http.hpack_decode import HeaderListTooLarge, HpackError
-from server.http.listener import body_buffer
-from server.router import BodyTooLarge, HttpResponse
+from server.http.h2_request import BufferedRequest
+from server.http.h2_window import ReceiveWindow
+from server.http.hpack_decode import Decoder, HeaderListTooLarge, HpackError
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from server.http.connection import CallOpener, HttpSettings
+    from server.http.h2_window import FlowControl
 
 CONTROL_FRAMES_PER_ANSWER_WRITE = 10
 
 
 class FrameReceiver:
+    # ---- what it needs of the connection (h2.py)
+    loop: asyncio.AbstractEventLoop
+    settings: HttpSettings
+    calls: CallOpener | None
+    out: list[bytes]  # control frames to write at the end of this read
+    streams: dict[int, Stream]
+    closed_ids: collections.deque[int]
+    reset_ids: collections.deque[int]  # streams we reset
+    flow: FlowControl
+    peer_max_frame: int
+    window_waiters: set[Stream]
+    goaway_sent: bool
+    shutting_down: bool
+    since: float
+
+    def _reset(self, stream_id: int, code: int) -> None: ...  # RST_STREAM
+    def _refuse(self, stream_id: int, code: int) -> None: ...  # RST_STREAM, the stream forgotten
+    def _drop(self, stream: Stream) -> None: ...  # the stream forgotten, its handler told
+    def _wake(self, stream: Stream) -> None: ...  # a writer waiting for the stream's window
+    def close(self, stream: Stream) -> None: ...  # the stream's exchange is over
+
+    def __init__(self) -> None:
+        self.decoder = Decoder(self.settings.max_head_bytes)
+        self.continuing: tuple[int, int, bytearray] | None = None  # (stream, flags of HEADERS, block)
+        self.last_stream_id = 0
+        self.budget_second = 0.0
+        self.resets = 0
+        self.control_frames = 0
+        self.answer_writes = 0  # this second's writes of answer frames (HEADERS, DATA, trailers)
+        self.last_ping = float("-inf")
+        self.ping_strikes = 0
+
+    def _answered(self, writes: int) -> None:
+        """Frames of answers went out: they forgive PINGs (as grpc-core servers do) and allow the control
+        frames a client sends as it reads them (`_calm`)."""
+        self.answer_writes += writes
+        self.ping_strikes = 0
+        self.last_ping = float("-inf")
+
     def _frame(self, kind: int, flags: int, stream_id: int, payload: memoryview) -> None:
         if self.continuing is not None and kind != CONTINUATION:
             raise ConnectionError_(PROTOCOL_ERROR, "expected CONTINUATION")
@@ -93,14 +144,12 @@ class FrameReceiver:
         """Flow control and stream state of a DATA frame: the stream it feeds, or None to drop it."""
         if stream_id == 0:
             raise ConnectionError_(PROTOCOL_ERROR, "DATA on stream 0")
-        if length > self.recv_window:
+        window = self.flow.receive
+        if not window.take(length):
             raise ConnectionError_(FLOW_CONTROL_ERROR, "DATA beyond the connection's window")
-        self.recv_window -= length
-        if self.recv_window < OUR_CONNECTION_WINDOW // 2:
-            self.out.append(
-                frame(WINDOW_UPDATE, 0, 0, (OUR_CONNECTION_WINDOW - self.recv_window).to_bytes(4, "big"))
-            )
-            self.recv_window = OUR_CONNECTION_WINDOW
+        increment = window.credit()  # the connection's window: given back as frames come
+        if increment:
+            self.out.append(frame(WINDOW_UPDATE, 0, 0, increment.to_bytes(4, "big")))
         stream = self.streams.get(stream_id)
         if stream is None:
             if stream_id in self.reset_ids:
@@ -112,20 +161,14 @@ class FrameReceiver:
         if not stream.remote_open:
             self._refuse(stream_id, STREAM_CLOSED)
             return None
-        if length > stream.recv_window:
+        if not stream.recv_window.take(length):
             self._refuse(stream_id, FLOW_CONTROL_ERROR)
             return None
-        stream.recv_window -= length
         stream.since = self.loop.time()
-        if stream.recv_window < OUR_STREAM_WINDOW // 2 and not flags & END_STREAM and stream.grpc is None:
-            self.out.append(
-                frame(
-                    WINDOW_UPDATE, 0, stream_id, (OUR_STREAM_WINDOW - stream.recv_window).to_bytes(4, "big")
-                )
-            )
-            stream.recv_window = OUR_STREAM_WINDOW
         if length == 0 and not flags & END_STREAM:
             self._calm()
+        if flags & END_STREAM:
+            stream.remote_open = False
         return stream
 
     def _data(self, flags: int, stream_id: int, payload: memoryview) -> None:
@@ -133,92 +176,29 @@ class FrameReceiver:
         if stream is None:
             return
         data = unpad(flags, payload)
-        if stream.grpc is not None:
-            if data:
-                stream.grpc.data_in(data)
-                self.grpc_credit(stream, stream.grpc.queued)
-            if flags & END_STREAM:
-                stream.remote_open = False
-                stream.grpc.end_in()
-            return
-        if not stream.answered and data:
-            self._body_in(stream, data)
-        if flags & END_STREAM:
-            self._remote_end(stream)
+        if data:
+            stream.handler.data_in(data)  # type: ignore[union-attr]
+        if flags & END_STREAM and stream.id in self.streams:
+            stream.handler.end_in()  # type: ignore[union-attr]
 
-    def _body_in(self, stream: Stream, data: memoryview) -> None:
-        end = stream.filled + len(data)
-        limit = self.settings.max_request_bytes
-        if stream.expected is not None:
-            if end > stream.expected:
-                return self._refuse(stream.id, PROTOCOL_ERROR)
-            if stream.filled == 0 and end == stream.expected:
-                stream.body = bytes(data)
-            else:
-                self._buffer_body(stream)
-                stream.body[stream.filled : end] = data
-        else:
-            if end > limit:
-                return self._answer_early(stream, stream.route.errors(BodyTooLarge(limit)))
-            if not stream.body:
-                stream.body = bytearray()
-            stream.body += data
-        stream.filled = end
-
-    @staticmethod
-    def _buffer_body(stream: Stream) -> None:
-        if not isinstance(stream.body, memoryview):
-            stream.body = body_buffer(stream.expected, stream.body)
-
-    def _start_direct(self, flags: int, stream_id: int, length: int, pos: int) -> bool:
-        """A DATA frame whose payload is still coming: when it fills part of a known-length body, the
-        socket reads the rest of it straight into that body. False: read it the usual way."""
+    def _start_direct(self, flags: int, stream_id: int, length: int, have: memoryview) -> memoryview | None:
+        """A DATA frame whose payload is still coming: when it fills part of a plain request's body of
+        known length, where the socket reads the rest of it straight into that body. None: read it the
+        usual way."""
         stream = self.streams.get(stream_id)
         if (
             flags & PADDED
             or stream is None
-            or stream.grpc is not None
-            or stream.expected is None
-            or stream.answered
+            or not isinstance(stream.handler, BufferedRequest)
+            or not stream.handler.takes_direct(length)
             or not stream.remote_open
-            or stream.filled + length > stream.expected
-            or length > stream.recv_window
-            or length > self.recv_window
+            or length > stream.recv_window.open
+            or length > self.flow.receive.open
         ):
-            return False
+            return None
         self._data_stream(flags, stream_id, length)  # flow control; the checks above mean it accepts
-        self._buffer_body(stream)
-        have = self.end - pos - 9
-        stream.body[stream.filled : stream.filled + have] = self.view[pos + 9 : self.end]
-        stream.filled += have
-        self.direct = stream.body[stream.filled : stream.filled + length - have]
-        self.direct_frame = (stream, length - have, flags)
-        return True
-
-    def _direct_read(self, nbytes: int) -> None:
-        stream, left, flags = self.direct_frame
-        stream.filled += nbytes
-        left -= nbytes
-        if left:
-            self.direct = self.direct[nbytes:]
-            self.direct_frame = (stream, left, flags)
-            return
-        self.direct = self.direct_frame = None
-        if flags & END_STREAM and stream.id in self.streams:
-            self._remote_end(stream)
-
-    def _remote_end(self, stream: Stream) -> None:
-        stream.remote_open = False
-        if stream.grpc is not None:
-            return stream.grpc.end_in()
-        if stream.answered:
-            self._close_stream(stream)
-            return
-        if stream.expected is not None and stream.filled != stream.expected:
-            return self._refuse(stream.id, PROTOCOL_ERROR)
-        if isinstance(stream.body, memoryview) and stream.filled != len(stream.body):
-            stream.body = stream.body[: stream.filled]
-        stream.task = self.loop.create_task(self._serve(stream))
+        self.direct_stream = stream
+        return stream.handler.start_direct(have, length)
 
     # ---- HEADERS, CONTINUATION
 
@@ -281,7 +261,7 @@ class FrameReceiver:
         if self.shutting_down or len(self.streams) >= self.settings.h2_max_concurrent_streams:
             self._reset(stream_id, REFUSED_STREAM)
             return
-        stream = Stream(stream_id, self.peer_window, OUR_STREAM_WINDOW)
+        stream = Stream(stream_id, self.flow.peer_initial, ReceiveWindow(OUR_STREAM_WINDOW))
         self.streams[stream_id] = stream
         self.since = stream.since = self.loop.time()
         try:
@@ -290,25 +270,22 @@ class FrameReceiver:
             return self._refuse(stream.id, e.code)
         if flags & END_STREAM:
             stream.remote_open = False
-        if self.grpc is not None and stream.method == "POST" and is_grpc(stream.headers.get(b"content-type")):
-            return self._start_grpc(stream)
-        found = self.router.find(stream.method, stream.path)
-        if isinstance(found, HttpResponse):
-            return self._answer_early(stream, found)
-        stream.route, stream.params = found
-        if stream.expected is not None and stream.expected > self.settings.max_request_bytes:
-            return self._answer_early(
-                stream, stream.route.errors(BodyTooLarge(self.settings.max_request_bytes))
-            )
-        if not stream.remote_open:
-            self._remote_end(stream)
+        handler = self.calls.open(self, stream) if self.calls is not None else None  # type: ignore[arg-type]
+        if handler is not None:
+            stream.handler = handler
+            if not stream.remote_open:
+                handler.end_in()
+            return
+        request = stream.handler = BufferedRequest(self, stream)  # type: ignore[arg-type]
+        request.start()
 
     def _trailers(self, stream: Stream, flags: int, fields: list[tuple[bytes, bytes]]) -> None:
         if not stream.remote_open:
             return self._refuse(stream.id, STREAM_CLOSED)
         if not flags & END_STREAM or any(name[:1] == b":" for name, _ in fields):
             return self._refuse(stream.id, PROTOCOL_ERROR)
-        self._remote_end(stream)
+        stream.remote_open = False
+        stream.handler.end_in()  # type: ignore[union-attr]
 
     # ---- control frames
 
@@ -323,12 +300,8 @@ class FrameReceiver:
         self._calm()
         for key, value in entries:
             if key == S_INITIAL_WINDOW_SIZE:
-                delta = value - self.peer_window
-                self.peer_window = value
+                self.flow.initial_changed(value, self.streams.values())
                 for stream in self.streams.values():
-                    stream.send_window += delta
-                    if stream.send_window > MAX_WINDOW:
-                        raise ConnectionError_(FLOW_CONTROL_ERROR, "a stream window above 2^31-1")
                     self._wake(stream)
             elif key == S_MAX_FRAME_SIZE:
                 self.peer_max_frame = value
@@ -340,25 +313,19 @@ class FrameReceiver:
             raise ConnectionError_(FRAME_SIZE_ERROR, "WINDOW_UPDATE of a length other than 4")
         increment = int.from_bytes(payload, "big") & 0x7FFFFFFF
         self._calm()
-        stream = self.streams.get(stream_id)
         if stream_id == 0:
-            if increment == 0:
-                raise ConnectionError_(PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
-            self.send_window += increment
-            if self.send_window > MAX_WINDOW:
-                raise ConnectionError_(FLOW_CONTROL_ERROR, "connection window above 2^31-1")
+            self.flow.connection_opened(increment)
             for waiting in list(self.window_waiters):
                 self._wake(waiting)
             return
+        stream = self.streams.get(stream_id)
         if stream is None:
             if stream_id > self.last_stream_id:
                 raise ConnectionError_(PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream")
             return  # closed: allowed, ignored
-        if increment == 0:
-            return self._refuse(stream.id, PROTOCOL_ERROR)
-        stream.send_window += increment
-        if stream.send_window > MAX_WINDOW:
-            return self._refuse(stream.id, FLOW_CONTROL_ERROR)
+        error = self.flow.stream_opened(stream, increment)
+        if error is not None:
+            return self._refuse(stream.id, error)
         self._wake(stream)
 
     def _rst_stream(self, stream_id: int, payload: memoryview) -> None:

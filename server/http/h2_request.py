@@ -1,0 +1,223 @@
+"""A plain HTTP/2 request: its body gathered whole, the router's answer, and the answer's frames.
+
+The `StreamHandler` of every stream that is not a gRPC call. Its body goes into one buffer of its
+declared length (large DATA frames straight from the socket, `start_direct`); when the client ends the
+stream, the router's handler runs as a task and its answer goes out as HEADERS and DATA frames within the
+peer's windows and frame size, through the connection's stream API. What can be answered from the head
+alone (404, 405, 413 by declared length) or once the body passes the limit is answered at once
+(`answer_early`); what the client still sends is read and dropped, and a stream still open
+LINGER_SECONDS later is reset with NO_ERROR (RFC 9113 8.1): resetting at once is what the RFC allows,
+but clients such as httpx then fail the request they are still sending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from server.http import hpack_encode
+from server.http.buffers import body_buffer
+from server.http.h2_frames import CONNECTION_SPECIFIC, INTERNAL_ERROR, NO_ERROR, PROTOCOL_ERROR, StreamReset
+from server.router import BodyTooLarge, HttpRequest, HttpResponse, Route, stalled_body
+
+if TYPE_CHECKING:
+    from server.http.h2 import H2Connection
+    from server.http.h2_frames import Stream
+
+log = logging.getLogger("tensorgate.http")
+
+LINGER_SECONDS = 2.0  # after an early answer, how long what the client still sends is read and dropped
+
+
+def head_block(response: HttpResponse) -> bytes:
+    """The answer's status and headers, HPACK-encoded, without HTTP/1.1's connection-specific fields."""
+    return hpack_encode.encode(
+        response.status, [(n, v) for n, v in response.headers if n not in CONNECTION_SPECIFIC]
+    )
+
+
+class BufferedRequest:
+    __slots__ = ("connection", "stream", "route", "params", "body", "filled", "answered", "task", "direct")
+
+    def __init__(self, connection: H2Connection, stream: Stream) -> None:
+        self.connection = connection
+        self.stream = stream
+        self.route: Route | None = None
+        self.params: dict[str, str] = {}
+        self.body: Any = (
+            b""  # bytes (came in one frame), a memoryview over a buffer of `expected`, a bytearray
+        )
+        self.filled = 0
+        self.answered = 0.0  # when an early answer went out: what the client still sends is dropped
+        self.task: asyncio.Task | None = None
+        self.direct = 0  # bytes of a DATA frame the socket is still reading straight into the body
+
+    def start(self) -> None:
+        """The head is in: answered at once if the route or the declared size says so, else served once
+        the body is whole (at once without one)."""
+        connection, stream = self.connection, self.stream
+        found = connection.router.find(stream.method, stream.path)
+        if isinstance(found, HttpResponse):
+            return self.answer_early(found)
+        self.route, self.params = found
+        limit = connection.settings.max_request_bytes
+        if stream.expected is not None and stream.expected > limit:
+            return self.answer_early(self.route.errors(BodyTooLarge(limit)))
+        if not stream.remote_open:
+            self.end_in()
+
+    # ------------------------------------------------------------------------------ the body
+
+    def data_in(self, data: memoryview) -> None:
+        stream = self.stream
+        if self.answered or not data:
+            return
+        if stream.remote_open:  # read at once: the window is given back as it comes
+            self.connection.credit(stream)
+        end = self.filled + len(data)
+        if stream.expected is not None:
+            if end > stream.expected:
+                return self.connection.refuse(stream, PROTOCOL_ERROR)
+            if self.filled == 0 and end == stream.expected:
+                self.body = bytes(data)
+            else:
+                self._buffer()
+                self.body[self.filled : end] = data
+        else:
+            limit = self.connection.settings.max_request_bytes
+            if end > limit:
+                return self.answer_early(self.route.errors(BodyTooLarge(limit)))
+            if not self.body:
+                self.body = bytearray()
+            self.body += data
+        self.filled = end
+
+    def _buffer(self) -> None:
+        if not isinstance(self.body, memoryview):
+            self.body = body_buffer(self.stream.expected, self.body)
+
+    def takes_direct(self, length: int) -> bool:
+        """Whether a DATA frame of `length` bytes, still coming, may be read straight into the body."""
+        stream = self.stream
+        return stream.expected is not None and not self.answered and self.filled + length <= stream.expected
+
+    def start_direct(self, have: memoryview, length: int) -> memoryview:
+        """The first bytes of such a frame into the body; where the socket reads the rest of it."""
+        if self.stream.remote_open:  # the whole frame is taken from the window now: given back now
+            self.connection.credit(self.stream)
+        self._buffer()
+        self.body[self.filled : self.filled + len(have)] = have
+        self.filled += len(have)
+        self.direct = length - len(have)
+        return self.body[self.filled : self.filled + self.direct]
+
+    def direct_read(self, nbytes: int) -> bool:
+        """The socket read `nbytes` more of it: True once the frame is whole."""
+        self.filled += nbytes
+        self.direct -= nbytes
+        return self.direct == 0
+
+    def end_in(self) -> None:
+        stream, connection = self.stream, self.connection
+        if self.answered:
+            connection.close(stream)
+            return
+        if stream.expected is not None and self.filled != stream.expected:
+            return connection.refuse(stream, PROTOCOL_ERROR)
+        if isinstance(self.body, memoryview) and self.filled != len(self.body):
+            self.body = self.body[: self.filled]
+        self.task = connection.loop.create_task(self._serve())
+
+    def reset(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+    def sweep(self, now: float) -> None:
+        stream, connection = self.stream, self.connection
+        if self.answered and now - self.answered > LINGER_SECONDS:
+            connection.reset(stream, NO_ERROR)
+            connection.close(stream)
+        elif (
+            stream.remote_open and not self.answered and now - stream.since > connection.settings.body_timeout
+        ):
+            # A body the app awaits whole that stopped coming.
+            errors = self.route.errors if self.route is not None else connection.router.fallback_errors
+            self.answer_early(stalled_body(errors, connection.settings.body_timeout))
+
+    # ------------------------------------------------------------------------------ the answer
+
+    def answer_early(self, response: HttpResponse) -> None:
+        """An answer from the head (or a body past the limit) while the body may still come: sent now,
+        or as the peer's window opens for it."""
+        connection, stream = self.connection, self.stream
+        self.answered = connection.loop.time()
+        body = b"" if stream.method == "HEAD" else b"".join(response.chunks)
+        connection.send_headers(stream, head_block(response), end=not body)
+        if body and not connection.send_now(stream, body, True):  # a peer may give no window at all
+            self.task = connection.loop.create_task(self._send_early(memoryview(body)))
+        elif not stream.remote_open:
+            connection.close(stream)
+
+    async def _send_early(self, body: memoryview) -> None:
+        try:
+            await self.connection.send_data(self.stream, body, True)
+        except StreamReset:
+            return
+        if not self.stream.remote_open:
+            self.connection.close(self.stream)
+
+    async def _serve(self) -> None:
+        connection, stream = self.connection, self.stream
+        request = HttpRequest(
+            stream.method, stream.path, stream.query, stream.headers, self.body, self.params
+        )
+        try:
+            response = await connection.router.call(self.route, request)
+            await self._respond(response)
+        except StreamReset:
+            return
+        except Exception:  # a streamed answer that failed midway: the stream ends in an error
+            log.exception("unexpected error answering %s %s", stream.method, stream.path)
+            if not stream.reset:
+                connection.refuse(stream, INTERNAL_ERROR)
+                connection.flush()
+            return
+        if not stream.reset:
+            connection.close(stream)
+
+    async def _respond(self, response: HttpResponse) -> None:
+        connection, stream = self.connection, self.stream
+        chunks = response.chunks
+        if stream.method == "HEAD":
+            if not isinstance(chunks, list):
+                await chunks.aclose()
+            connection.send_headers(stream, head_block(response), end=True)
+            return
+        trailers = response.trailers
+        if isinstance(chunks, list):
+            if (
+                len(chunks) == 1
+                and trailers is None
+                and connection.answer_now(stream, head_block(response), chunks[0])
+            ):
+                return  # the usual answer: HEADERS and one DATA frame in one write
+            final = len(chunks) - 1 if trailers is None else None  # the chunk whose frame ends the stream
+            connection.send_headers(stream, head_block(response), end=not chunks and final is not None)
+            for index, chunk in enumerate(chunks):
+                await connection.send_data(stream, memoryview(chunk).cast("B"), index == final)
+        else:
+            connection.send_headers(stream, head_block(response))
+            try:
+                async for chunk in chunks:
+                    if chunk:
+                        await connection.send_data(stream, memoryview(chunk).cast("B"), False)
+                if response.trailers is None:
+                    await connection.send_data(stream, memoryview(b""), True)
+            finally:
+                await chunks.aclose()
+        if response.trailers is not None:  # read now: a stream may have filled it as it ended
+            block = hpack_encode.encode(
+                None, [(n, v) for n, v in response.trailers if n not in CONNECTION_SPECIFIC]
+            )
+            connection.send_headers(stream, block, end=True)
