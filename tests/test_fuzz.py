@@ -1,7 +1,7 @@
-"""The fuzz targets (fuzz/targets.py) in the suite: each seed passes through its target, the transport
-targets' output checks (fuzz/readback.py) refuse what a client could not read, and each target runs under
-atheris for a few thousand inputs from a fixed seed (the same on every machine; `make fuzz` searches for
-longer), so the targets keep working.
+"""The fuzz targets (fuzz/targets.py) in the suite: each seed parses (or, named `refused_*`, is refused
+with its parser's own error), the transport targets' output checks (fuzz/readback.py) refuse what a
+client could not read, and each target runs under atheris for a few thousand inputs from a fixed seed
+(the same on every machine; `make fuzz` searches for longer), so the targets keep working.
 Inputs the fuzzer found that once broke a parser are named regression tests here."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from codec.errors import InferError
 from codec.grps import payload_from_message
 from fuzz import readback, transport
 from fuzz.readback import Mismatch, http1_answers, http2_answers
-from fuzz.targets import TARGETS, run_one, seeds
+from fuzz.targets import REFUSED, TARGETS, run_one, seeds
 from server.endpoints.v2 import error_response
 from server.model_config import ConfigError, normalize_config, parse_pbtxt
 from server.router import HttpRequest, HttpResponse, Router
@@ -27,13 +27,32 @@ from server.router import HttpRequest, HttpResponse, Router
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNS = 3000  # inputs per target, from a fixed seed: the same run on every machine
 
+# The seeds that are bad inputs on purpose, and the parser's own error each must be refused with.
+REFUSED_SEEDS = {
+    ("config_pbtxt", "refused_reshape"): (ConfigError, r"reshape \[\] does not fit dims \[-1\]"),
+    ("repository_load", "refused_traversal"): (InferError, "the path must stay within the model directory"),
+    ("shared_memory", "refused_past"): (InferError, "Invalid offset \\+ byte size"),
+    ("tfserving_predict", "refused_plain_list"): (InferError, "'instances' is a plain list"),
+}
+
 
 @pytest.mark.parametrize("name", list(TARGETS))
-def test_every_seed_passes_its_target(name: str) -> None:
+def test_every_seed_parses_or_is_refused_as_its_name_says(name: str) -> None:
     corpus = seeds(name)
-    assert corpus, f"fuzz/corpus/{name} has no seeds"
-    for data in corpus:
-        run_one(name, data)
+    assert any(not f.startswith(REFUSED) for f, _ in corpus), f"fuzz/corpus/{name} has no valid seed"
+    for filename, data in corpus:
+        if filename.startswith(REFUSED):
+            error, message = REFUSED_SEEDS[name, filename]
+            with pytest.raises(error, match=message):
+                TARGETS[name](data)
+        else:  # no parser's error, and not refused before the parser
+            assert TARGETS[name](data) is not None, f"fuzz/corpus/{name}/{filename} did not parse"
+            assert run_one(name, data)
+
+
+def test_every_refused_seed_is_listed() -> None:
+    named = {(name, f) for name in TARGETS for f, _ in seeds(name) if f.startswith(REFUSED)}
+    assert named == set(REFUSED_SEEDS)
 
 
 def test_the_transport_seeds_get_their_answers() -> None:
