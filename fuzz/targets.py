@@ -4,7 +4,9 @@ A target feeds `data` to the real parser, as the server would, and returns what 
 the input was refused before it reached the parser: not JSON, say). It lets only the errors that parser
 is meant to answer with through to `run_one`, which counts them as refusals: our InferError (every
 protocol's bad input), ConfigError (model configs), GRPCError (gRPC framing), HpackError /
-HeaderListTooLarge (HPACK, a COMPRESSION_ERROR). Anything else escaping is a finding.
+HeaderListTooLarge (HPACK, a COMPRESSION_ERROR). Anything else escaping is a finding, and so is a
+`Mismatch`: some targets also check what was parsed against an independent reading (HPACK against the
+`hpack` package's decoder, gRPC messages against what was framed, the transport's output parsed back).
 `fuzz/__main__.py` drives them with atheris (coverage-guided); tests/test_fuzz.py runs each over its
 seed corpus (a seed named `refused_*` must be refused with the parser's own error, every other one must
 parse) and for a few thousand inputs.
@@ -18,12 +20,14 @@ from collections.abc import Callable
 
 import orjson
 from grpclib import GRPCError
+from hpack import Decoder as ReferenceDecoder
 
 from codec import grps as grps_wire
 from codec import tfserving, v2_grpc_request, v2_http
 from codec.errors import InferError, invalid
 from codec.tensor import Tensor
 from fuzz import transport
+from fuzz.readback import Mismatch
 from server.endpoints import repository as repository_api
 from server.http.grpc_wire import MessageReader
 from server.http.hpack_decode import Decoder, HeaderListTooLarge, HpackError
@@ -57,23 +61,93 @@ def model_infer(data: bytes) -> object:
     return v2_grpc_request.decode_request(data)
 
 
+def _framed(body: bytes) -> tuple[list[tuple[bool, bytes]], bool, int]:
+    """gRPC's length-prefixed messages read from all of `body` at once, the plain way (the reference the
+    reader is checked against): the messages, whether a prefix broke the framing or the size limit, and
+    the bytes left over after the last whole message (a message begun and not ended)."""
+    messages, pos = [], 0
+    while len(body) - pos >= 5:
+        flag, size = body[pos], int.from_bytes(body[pos + 1 : pos + 5], "big")
+        if flag > 1 or size > MAX_MESSAGE:
+            return messages, True, 0
+        if len(body) - pos - 5 < size:
+            break
+        messages.append((flag == 1, body[pos + 5 : pos + 5 + size]))
+        pos += 5 + size
+    return messages, False, len(body) - pos
+
+
+def _feed_reader(stream: bytes, sizes: list[int], messages: list[tuple[bool, bytes]]) -> MessageReader:
+    """`stream` through one MessageReader in pieces of `sizes` (cycled); the messages it gives go to
+    `messages`, as bytes (those before a GRPCError too)."""
+    reader = MessageReader(MAX_MESSAGE)
+    given: list = []
+    view, start, turn = memoryview(stream), 0, 0
+    try:
+        while start < len(view):
+            size = sizes[turn % len(sizes)]
+            reader.feed(view[start : start + size], given)
+            start, turn = start + size, turn + 1
+    finally:
+        messages += [(compressed, bytes(message)) for compressed, message in given]
+    return reader
+
+
 def grpc_framing(data: bytes) -> object:
-    """gRPC length-prefixed messages, fed in pieces whose sizes the data's first byte chooses."""
+    """gRPC length-prefixed messages fed to the reader in pieces, checked two ways.
+    - Reassembly: messages cut from the data (a byte each gives its flag and size: bit 7, low 7 bits)
+      are framed and fed in pieces of the sizes the data's first bytes give: the reader must give back
+      exactly the messages framed, and nothing left begun.
+    - The data after its first byte as a stream, in pieces of a size that byte chooses: the messages
+      the reader gives, the error it raises and a message left begun must be what reading the whole
+      stream at once gives (`_framed`)."""
     if not data:
         return None
-    step = data[0] % 7 + 1
-    reader = MessageReader(MAX_MESSAGE)
-    messages: list = []
-    body = memoryview(data[1:])
-    for start in range(0, len(body), step):
-        reader.feed(body[start : start + step], messages)
+    framed, pos = [], 1
+    while pos < len(data):
+        flag, size = data[pos] >> 7, data[pos] & 0x7F
+        framed.append((flag == 1, data[pos + 1 : pos + 1 + size]))
+        pos += 1 + size
+    stream = b"".join(bytes([compressed]) + len(m).to_bytes(4, "big") + m for compressed, m in framed)
+    sizes = [byte % 13 + 1 for byte in data[:4]]
+    messages: list[tuple[bool, bytes]] = []
+    reader = _feed_reader(stream, sizes, messages)
+    if messages != framed or reader.partial:
+        raise Mismatch(f"framed {framed!r} in pieces of {sizes}: reassembled {messages!r}")
+
+    body = data[1:]
+    expected, broken, left = _framed(body)
+    messages = []
+    try:
+        reader = _feed_reader(body, [data[0] % 7 + 1], messages)
+    except GRPCError:
+        if not broken or messages != expected:
+            raise Mismatch(f"the reader refused {body!r} after {messages!r}; at once: {expected!r}") from None
+        raise
+    if broken or messages != expected or reader.partial != bool(left):
+        raise Mismatch(f"the reader gave {messages!r} (one begun: {reader.partial}) for {body!r}")
     return messages
 
 
 def hpack(data: bytes) -> object:
-    """HPACK header blocks (three 0x00 bytes separate blocks of one connection: the table carries over)."""
+    """HPACK header blocks (three 0x00 bytes separate blocks of one connection: the table carries over),
+    decoded by ours and by the `hpack` package: where both accept a block, the header lists must be
+    equal. Once either refuses one, the tables may differ and the comparing stops (ours goes on)."""
     decoder = Decoder(max_header_list_size=16384)
-    return [decoder.decode(block) for block in data.split(b"\x00\x00\x00")]
+    reference: ReferenceDecoder | None = ReferenceDecoder(max_header_list_size=16384)
+    decoded = []
+    for block in data.split(b"\x00\x00\x00"):
+        expected = None
+        if reference is not None:
+            try:
+                expected = [(bytes(n), bytes(v)) for n, v in reference.decode(block, raw=True)]
+            except Exception:  # the hpack package's refusal (any of its errors): no reference from here on
+                reference = None
+        fields = decoder.decode(block)
+        if expected is not None and [(bytes(n), bytes(v)) for n, v in fields] != expected:
+            raise Mismatch(f"HPACK block {block!r}: ours {fields!r}, the hpack package's {expected!r}")
+        decoded.append(fields)
+    return decoded
 
 
 TF_INPUTS = [

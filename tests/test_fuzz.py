@@ -1,7 +1,8 @@
 """The fuzz targets (fuzz/targets.py) in the suite: each seed parses (or, named `refused_*`, is refused
-with its parser's own error), the transport targets' output checks (fuzz/readback.py) refuse what a
-client could not read, and each target runs under atheris for a few thousand inputs from a fixed seed
-(the same on every machine; `make fuzz` searches for longer), so the targets keep working.
+with its parser's own error), the targets' own checks (HPACK against the `hpack` package, gRPC messages
+reassembled, the transport's output read back) catch what they are there to catch, and each target
+runs under atheris for a few thousand inputs from a fixed seed (the same on every machine; `make fuzz`
+searches for longer), so the targets keep working.
 Inputs the fuzzer found that once broke a parser are named regression tests here."""
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import sys
 
 import hpack
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import proto.grps.protos.v1 as pb
 from codec.errors import InferError
@@ -21,6 +24,8 @@ from fuzz import readback, transport
 from fuzz.readback import Mismatch, http1_answers, http2_answers
 from fuzz.targets import REFUSED, TARGETS, run_one, seeds
 from server.endpoints.v2 import error_response
+from server.http.grpc_wire import MessageReader
+from server.http.hpack_decode import Decoder
 from server.model_config import ConfigError, normalize_config, parse_pbtxt
 from server.router import HttpRequest, HttpResponse, Router
 
@@ -76,6 +81,78 @@ def test_the_transport_seeds_get_their_answers() -> None:
 
 
 # --- the targets' own checks ------------------------------------------------------------------------------
+
+_names = st.sampled_from([b"content-type", b"x-a", b"grpc-timeout", b"cookie", b"authorization", b":path"])
+_fields = st.lists(st.tuples(st.one_of(_names, st.binary(max_size=20)), st.binary(max_size=60)), max_size=8)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    blocks=st.lists(
+        st.tuples(_fields, st.booleans(), st.booleans(), st.sampled_from([None, 0, 64, 4096])), max_size=6
+    )
+)
+def test_our_hpack_decoder_and_the_hpack_package_read_what_was_encoded(blocks: list) -> None:
+    """Blocks of one connection, encoded by the hpack package (Huffman or not, indexed or never, table
+    size updates): our decoder, and the hpack package's, give back the header lists encoded."""
+    encoder = hpack.Encoder()
+    ours, theirs = Decoder(max_header_list_size=1 << 20), hpack.Decoder(max_header_list_size=1 << 20)
+    for fields, huffman, sensitive, table_size in blocks:
+        if table_size is not None:
+            encoder.header_table_size = table_size
+        tuples = [
+            (hpack.NeverIndexedHeaderTuple if sensitive else hpack.HeaderTuple)(n, v) for n, v in fields
+        ]
+        block = encoder.encode(tuples, huffman=huffman)
+        assert [tuple(map(bytes, f)) for f in ours.decode(block)] == fields
+        assert [tuple(map(bytes, f)) for f in theirs.decode(block, raw=True)] == fields
+
+
+def test_the_hpack_target_finds_a_decoder_that_disagrees(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The positive control of the HPACK target's comparison: our decoder made to drop a header."""
+    (_, seed), *_ = seeds("hpack")
+    decode = Decoder.decode
+    monkeypatch.setattr(Decoder, "decode", lambda self, block: decode(self, block)[:-1])
+    with pytest.raises(Mismatch, match="the hpack package's"):
+        TARGETS["hpack"](seed)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    messages=st.lists(st.tuples(st.booleans(), st.binary(max_size=300)), max_size=8),
+    large=st.sampled_from([0, 70_000, 1 << 20]),
+    sizes=st.lists(st.integers(1, 4096), min_size=1, max_size=5),
+)
+def test_grpc_messages_reassemble_to_what_was_framed(messages: list, large: int, sizes: list[int]) -> None:
+    """Length-prefixed messages fed to the reader in pieces of any sizes: the same messages come out,
+    and nothing is left begun. When asked, a large one too (1 MiB, the limit, is received into numpy
+    memory), in pieces scaled up to keep the test quick."""
+    if large:
+        messages = [*messages, (True, bytes(range(256)) * (large // 256))]
+        sizes = [size * (large // 4096) for size in sizes]
+    stream = memoryview(b"".join(bytes([c]) + len(m).to_bytes(4, "big") + m for c, m in messages))
+    reader, out, start, turn = MessageReader(1 << 20), [], 0, 0
+    while start < len(stream):
+        size = sizes[turn % len(sizes)]
+        reader.feed(stream[start : start + size], out)
+        start, turn = start + size, turn + 1
+    assert [(c, bytes(m)) for c, m in out] == messages
+    assert not reader.partial
+
+
+def test_the_grpc_target_finds_a_reader_that_loses_a_byte(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The positive control of the gRPC framing target: the reader made to lose a message's last byte."""
+    feed = MessageReader.feed
+
+    def lossy(self: MessageReader, data: memoryview, messages: list) -> None:
+        before = len(messages)
+        feed(self, data, messages)
+        messages[before:] = [(c, bytes(m)[:-1]) for c, m in messages[before:]]
+
+    monkeypatch.setattr(MessageReader, "feed", lossy)
+    with pytest.raises(Mismatch, match="reassembled"):
+        TARGETS["grpc_framing"](b"\x03\x05hello\x83abc")
+
 
 OK_HEAD = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
 
