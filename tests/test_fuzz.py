@@ -2,12 +2,14 @@
 with its parser's own error), the targets' own checks (HPACK against the `hpack` package, gRPC messages
 reassembled, the transport's output read back) catch what they are there to catch, and each target
 runs under atheris for a few thousand inputs from a fixed seed (the same on every machine; `make fuzz`
-searches for longer), so the targets keep working.
+searches for longer), all of which must run. atheris missing skips the runs, except under `make test`
+(TENSORGATE_REQUIRE_FUZZ=1), where it fails them.
 Inputs the fuzzer found that once broke a parser are named regression tests here."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -39,6 +41,16 @@ REFUSED_SEEDS = {
     ("shared_memory", "refused_past"): (InferError, "Invalid offset \\+ byte size"),
     ("tfserving_predict", "refused_plain_list"): (InferError, "'instances' is a plain list"),
 }
+
+
+def require_atheris() -> None:
+    """Skips without atheris; fails instead where TENSORGATE_REQUIRE_FUZZ is set (make test does)."""
+    try:
+        import atheris  # noqa: F401
+    except ImportError as e:
+        if os.environ.get("TENSORGATE_REQUIRE_FUZZ", "") not in ("", "0"):
+            pytest.fail(f"atheris is missing ({e}) and TENSORGATE_REQUIRE_FUZZ is set (make test)")
+        pytest.skip(f"atheris is missing ({e}); make test requires it")
 
 
 @pytest.mark.parametrize("name", list(TARGETS))
@@ -252,17 +264,22 @@ def test_the_transport_targets_fail_on_what_a_client_should_never_see(
 
 
 @pytest.mark.parametrize("name", list(TARGETS))
-def test_a_short_fuzz_run_finds_nothing(name: str) -> None:
-    pytest.importorskip("atheris")
+def test_a_short_fuzz_run_runs_every_input_and_finds_nothing(name: str, tmp_path) -> None:
+    require_atheris()
+    report = tmp_path / "report.json"
     done = subprocess.run(
-        [sys.executable, "-m", "fuzz", "--runs", str(RUNS), "--only", name],
+        [sys.executable, "-m", "fuzz", "--runs", str(RUNS), "--only", name, "--report", str(report)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=110,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "nothing found" in done.stdout
+    (result,) = json.loads(report.read_text())
+    assert result["found"] == ""
+    assert (result["runs"], result["inputs"]) == (RUNS, RUNS)  # as libFuzzer and as the target counted
+    valid = sum(not f.startswith(REFUSED) for f, _ in seeds(name))
+    assert result["accepted"] >= valid  # the seeds at least went through the parser
 
 
 # --- what the fuzzers found (each failed with another exception than the parser's own error) ------------
