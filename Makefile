@@ -23,7 +23,7 @@ serve: $(STAMP)
 HTTP_E2E = $(filter-out %grpc.py %grpc_stream.py,$(wildcard tests/test_e2e_*.py))
 
 test: lint browser peers
-	$(BIN)/python -m pytest -q $(ARGS)
+	TENSORGATE_REQUIRE_FUZZ=1 $(BIN)/python -m pytest -q $(ARGS)
 	TENSORGATE_TEST_HTTP_SERVER=hypercorn $(BIN)/python -m pytest -q -m "not ours" $(HTTP_E2E) $(ARGS)
 
 # The monitor page's browser test drives Debian's chromium through chromium-driver. Installed here where

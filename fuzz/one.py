@@ -7,10 +7,17 @@ parsed document instead (a value swapped for another type or an extreme, a key d
 level of nesting added) and keep it valid JSON. A finding is an exception other than the target's
 expected errors (libFuzzer saves the input as a crash artifact and exits non-zero), a timeout or an
 out-of-memory.
+
+With TENSORGATE_FUZZ_COUNTS naming a file, the inputs the target ran and how many it accepted (parsed)
+are kept current in it, two little-endian 64-bit counts (libFuzzer ends the process with exit(), past
+Python's atexit, so they are written as they change): `python -m fuzz` reports them.
 """
 
 import json
+import mmap
+import os
 import random
+import struct
 import sys
 
 import atheris
@@ -59,12 +66,40 @@ def mutate_json(data: bytes, max_size: int, seed: int) -> bytes:
     return out[:max_size]
 
 
+COUNTS = "TENSORGATE_FUZZ_COUNTS"
+
+
+class Counts:
+    """The inputs run and accepted, kept current in the file TENSORGATE_FUZZ_COUNTS names, if any."""
+
+    def __init__(self, path: str | None) -> None:
+        self.inputs = self.accepted = 0
+        self.view: mmap.mmap | None = None
+        if path:
+            with open(path, "r+b") as f:
+                f.truncate(16)
+                self.view = mmap.mmap(f.fileno(), 16)
+
+    def add(self, inputs: int, accepted: int) -> None:
+        self.inputs += inputs
+        self.accepted += accepted
+        if self.view is not None:
+            struct.pack_into("<QQ", self.view, 0, self.inputs, self.accepted)
+
+
 def main() -> None:
     name = sys.argv[1]
     if name not in TARGETS:
         raise SystemExit(f"unknown target {name!r} (targets: {', '.join(TARGETS)})")
     mutator = mutate_json if name in JSON_TARGETS else None
-    atheris.Setup([sys.argv[0], *sys.argv[2:]], lambda data: run_one(name, data), custom_mutator=mutator)
+    counts = Counts(os.environ.get(COUNTS))
+
+    def one(data: bytes) -> None:
+        counts.add(1, 0)  # before: an input that ends the run counts
+        if run_one(name, data):
+            counts.add(0, 1)
+
+    atheris.Setup([sys.argv[0], *sys.argv[2:]], one, custom_mutator=mutator)
     atheris.Fuzz()
 
 

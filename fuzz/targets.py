@@ -1,27 +1,33 @@
 """One fuzz target per parser that reads bytes from strangers: `TARGETS[name](data)`.
 
-A target feeds `data` to the real parser, as the server would, and lets only the errors that parser is
-meant to answer with through to `run_one`, which swallows them: our InferError (every protocol's bad
-input), ConfigError (model configs), GRPCError (gRPC framing), HpackError / HeaderListTooLarge (HPACK,
-a COMPRESSION_ERROR). Anything else escaping is a finding. `fuzz/__main__.py` drives them with atheris
-(coverage-guided); tests/test_fuzz.py runs each over its seed corpus and for a few seconds.
+A target feeds `data` to the real parser, as the server would, and returns what it parsed (None when
+the input was refused before it reached the parser: not JSON, say). It lets only the errors that parser
+is meant to answer with through to `run_one`, which counts them as refusals: our InferError (every
+protocol's bad input), ConfigError (model configs), GRPCError (gRPC framing), HpackError /
+HeaderListTooLarge (HPACK, a COMPRESSION_ERROR). Anything else escaping is a finding, and so is a
+`Mismatch`: some targets also check what was parsed against an independent reading (HPACK against the
+`hpack` package's decoder, gRPC messages against what was framed, the transport's output parsed back).
+`fuzz/__main__.py` drives them with atheris (coverage-guided); tests/test_fuzz.py runs each over its
+seed corpus (a seed named `refused_*` must be refused with the parser's own error, every other one must
+parse) and for a few thousand inputs.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from collections.abc import Callable
 
 import orjson
 from grpclib import GRPCError
+from hpack import Decoder as ReferenceDecoder
 
 from codec import grps as grps_wire
 from codec import tfserving, v2_grpc_request, v2_http
 from codec.errors import InferError, invalid
 from codec.tensor import Tensor
 from fuzz import transport
+from fuzz.readback import Mismatch
 from server.endpoints import repository as repository_api
 from server.http.grpc_wire import MessageReader
 from server.http.hpack_decode import Decoder, HeaderListTooLarge, HpackError
@@ -32,45 +38,116 @@ from server.shared_memory import SharedMemory
 
 EXPECTED = (InferError, ConfigError, GRPCError, HpackError, HeaderListTooLarge)
 MAX_MESSAGE = 1 << 20  # the gRPC target's --grpc-max-message-bytes
+REFUSED = "refused_"  # a seed whose file name starts so is a bad input its parser must refuse
 
 
-def v2_json(data: bytes) -> None:
+def v2_json(data: bytes) -> object:
     """A v2 REST infer body, all JSON."""
-    v2_http.decode_request(data, None, "m")
+    return v2_http.decode_request(data, None, "m")
 
 
-def v2_binary(data: bytes) -> None:
+def v2_binary(data: bytes) -> object:
     """A v2 REST infer body split at Inference-Header-Content-Length: the first two bytes say where."""
     if len(data) < 2:
-        return
+        return None
     header_length = v2_http.parse_header_length(str(int.from_bytes(data[:2], "little")), len(data) - 2)
-    v2_http.decode_request(data[2:], header_length, "m")
+    return v2_http.decode_request(data[2:], header_length, "m")
 
 
-def model_infer(data: bytes) -> None:
+def model_infer(data: bytes) -> object:
     """gRPC ModelInferRequest bytes, through the hand-written decoder (twice: the second read may come
     from the skeleton the first one left)."""
     v2_grpc_request.decode_request(data)
-    v2_grpc_request.decode_request(data)
+    return v2_grpc_request.decode_request(data)
 
 
-def grpc_framing(data: bytes) -> None:
-    """gRPC length-prefixed messages, fed in pieces whose sizes the data's first byte chooses."""
-    if not data:
-        return
-    step = data[0] % 7 + 1
+def _framed(body: bytes) -> tuple[list[tuple[bool, bytes]], bool, int]:
+    """gRPC's length-prefixed messages read from all of `body` at once, the plain way (the reference the
+    reader is checked against): the messages, whether a prefix broke the framing or the size limit, and
+    the bytes left over after the last whole message (a message begun and not ended)."""
+    messages, pos = [], 0
+    while len(body) - pos >= 5:
+        flag, size = body[pos], int.from_bytes(body[pos + 1 : pos + 5], "big")
+        if flag > 1 or size > MAX_MESSAGE:
+            return messages, True, 0
+        if len(body) - pos - 5 < size:
+            break
+        messages.append((flag == 1, body[pos + 5 : pos + 5 + size]))
+        pos += 5 + size
+    return messages, False, len(body) - pos
+
+
+def _feed_reader(stream: bytes, sizes: list[int], messages: list[tuple[bool, bytes]]) -> MessageReader:
+    """`stream` through one MessageReader in pieces of `sizes` (cycled); the messages it gives go to
+    `messages`, as bytes (those before a GRPCError too)."""
     reader = MessageReader(MAX_MESSAGE)
-    messages: list = []
-    body = memoryview(data[1:])
-    for start in range(0, len(body), step):
-        reader.feed(body[start : start + step], messages)
+    given: list = []
+    view, start, turn = memoryview(stream), 0, 0
+    try:
+        while start < len(view):
+            size = sizes[turn % len(sizes)]
+            reader.feed(view[start : start + size], given)
+            start, turn = start + size, turn + 1
+    finally:
+        messages += [(compressed, bytes(message)) for compressed, message in given]
+    return reader
 
 
-def hpack(data: bytes) -> None:
-    """HPACK header blocks (a 0x00 byte separates blocks of one connection: the table carries over)."""
+def grpc_framing(data: bytes) -> object:
+    """gRPC length-prefixed messages fed to the reader in pieces, checked two ways.
+    - Reassembly: messages cut from the data (a byte each gives its flag and size: bit 7, low 7 bits)
+      are framed and fed in pieces of the sizes the data's first bytes give: the reader must give back
+      exactly the messages framed, and nothing left begun.
+    - The data after its first byte as a stream, in pieces of a size that byte chooses: the messages
+      the reader gives, the error it raises and a message left begun must be what reading the whole
+      stream at once gives (`_framed`)."""
+    if not data:
+        return None
+    framed, pos = [], 1
+    while pos < len(data):
+        flag, size = data[pos] >> 7, data[pos] & 0x7F
+        framed.append((flag == 1, data[pos + 1 : pos + 1 + size]))
+        pos += 1 + size
+    stream = b"".join(bytes([compressed]) + len(m).to_bytes(4, "big") + m for compressed, m in framed)
+    sizes = [byte % 13 + 1 for byte in data[:4]]
+    messages: list[tuple[bool, bytes]] = []
+    reader = _feed_reader(stream, sizes, messages)
+    if messages != framed or reader.partial:
+        raise Mismatch(f"framed {framed!r} in pieces of {sizes}: reassembled {messages!r}")
+
+    body = data[1:]
+    expected, broken, left = _framed(body)
+    messages = []
+    try:
+        reader = _feed_reader(body, [data[0] % 7 + 1], messages)
+    except GRPCError:
+        if not broken or messages != expected:
+            raise Mismatch(f"the reader refused {body!r} after {messages!r}; at once: {expected!r}") from None
+        raise
+    if broken or messages != expected or reader.partial != bool(left):
+        raise Mismatch(f"the reader gave {messages!r} (one begun: {reader.partial}) for {body!r}")
+    return messages
+
+
+def hpack(data: bytes) -> object:
+    """HPACK header blocks (three 0x00 bytes separate blocks of one connection: the table carries over),
+    decoded by ours and by the `hpack` package: where both accept a block, the header lists must be
+    equal. Once either refuses one, the tables may differ and the comparing stops (ours goes on)."""
     decoder = Decoder(max_header_list_size=16384)
+    reference: ReferenceDecoder | None = ReferenceDecoder(max_header_list_size=16384)
+    decoded = []
     for block in data.split(b"\x00\x00\x00"):
-        decoder.decode(block)
+        expected = None
+        if reference is not None:
+            try:
+                expected = [(bytes(n), bytes(v)) for n, v in reference.decode(block, raw=True)]
+            except Exception:  # the hpack package's refusal (any of its errors): no reference from here on
+                reference = None
+        fields = decoder.decode(block)
+        if expected is not None and [(bytes(n), bytes(v)) for n, v in fields] != expected:
+            raise Mismatch(f"HPACK block {block!r}: ours {fields!r}, the hpack package's {expected!r}")
+        decoded.append(fields)
+    return decoded
 
 
 TF_INPUTS = [
@@ -79,45 +156,44 @@ TF_INPUTS = [
 ]
 
 
-def tfserving_predict(data: bytes) -> None:
+def tfserving_predict(data: bytes) -> object:
     """A TF Serving predict body (NaN tokens, b64, nesting, row and columnar forms)."""
     from codec.tfserving_json import loads
 
     doc = loads(data, "the predict request")
     if not isinstance(doc, dict):
         raise invalid("the predict request must be a JSON object")  # as the endpoint answers
-    tfserving.decode_predict(doc, TF_INPUTS, "m", "1")
+    return tfserving.decode_predict(doc, TF_INPUTS, "m", "1")
 
 
-def grps_json(data: bytes) -> None:
-    grps_wire.payload_from_json(data)
+def grps_json(data: bytes) -> object:
+    return grps_wire.payload_from_json(data)
 
 
-def grps_protobuf(data: bytes) -> None:
+def grps_protobuf(data: bytes) -> object:
     """A GrpsMessage as the gRPC door receives it: betterproto2's parse, then our payload reading."""
     import proto.grps.protos.v1 as pb
 
     try:
         message = pb.GrpsMessage.parse(data)
     except Exception:  # betterproto2's own parse error: the gRPC layer answers INVALID_ARGUMENT
-        return
-    grps_wire.payload_from_message(message)
+        return None
+    return grps_wire.payload_from_message(message)
 
 
-def config_pbtxt(data: bytes) -> None:
-    normalize_config(parse_pbtxt(data.decode("utf-8", "replace")), "m")
+def config_pbtxt(data: bytes) -> object:
+    return normalize_config(parse_pbtxt(data.decode("utf-8", "replace")), "m")
 
 
-def config_json(data: bytes) -> None:
+def config_json(data: bytes) -> object:
     try:
         raw = json.loads(data)
     except ValueError:
-        return  # the loader's JSON error
-    if isinstance(raw, dict):
-        normalize_config(raw, "m")
+        return None  # the loader's JSON error
+    return normalize_config(raw, "m") if isinstance(raw, dict) else None
 
 
-def repository_load(data: bytes) -> None:
+def repository_load(data: bytes) -> object:
     """A repository load body: its parameters, file overrides (paths checked) and config override."""
     request = HttpRequest("POST", "/v2/repository/models/m/load", b"", {}, data)
     parameters = repository_api._parameters(repository_api._body(request))
@@ -128,6 +204,7 @@ def repository_load(data: bytes) -> None:
         from server.repository import _parse_config
 
         _parse_config("m", config)
+    return parameters
 
 
 class _Regions:
@@ -144,7 +221,7 @@ class _Regions:
 _regions: _Regions | None = None
 
 
-def shared_memory(data: bytes) -> None:
+def shared_memory(data: bytes) -> object:
     """A register body and then a request's shared-memory parameters against what it registered."""
     global _regions
     if _regions is None:
@@ -156,12 +233,12 @@ def shared_memory(data: bytes) -> None:
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError:
-        return
+        return None
     if not isinstance(doc, dict):
-        return
+        return None
     register, parameters = doc.get("register", {}), doc.get("parameters", {})
     if not isinstance(register, dict) or not isinstance(parameters, dict):
-        return
+        return None
     name = "r"
     try:
         memory.register_system(name, _regions.key, register.get("offset", 0), register.get("byte_size"))
@@ -169,13 +246,12 @@ def shared_memory(data: bytes) -> None:
         tensor = Tensor(
             "x", "FP32", (count if type(count) is int and 0 <= count < 1 << 20 else 1,), None, parameters
         )
-        memory._input(tensor, True)
-        memory._target("y", parameters)
+        return memory._input(tensor, True), memory._target("y", parameters)
     finally:
         memory.regions.pop(name, None)
 
 
-TARGETS: dict[str, Callable[[bytes], None]] = {
+TARGETS: dict[str, Callable[[bytes], object]] = {
     "http1": transport.http1,
     "http2": transport.http2,
     "v2_json": v2_json,
@@ -198,18 +274,22 @@ JSON_TARGETS = frozenset(
 )
 
 
-def run_one(name: str, data: bytes) -> None:
-    """One input through one target: the errors the parser is meant to answer with are fine."""
-    with contextlib.suppress(EXPECTED):
-        TARGETS[name](data)
+def run_one(name: str, data: bytes) -> bool:
+    """One input through one target: whether it was accepted (parsed); the errors the parser is meant to
+    answer with are refusals, and fine."""
+    try:
+        return TARGETS[name](data) is not None
+    except EXPECTED:
+        return False
 
 
 def corpus_dir(name: str) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus", name)
 
 
-def seeds(name: str) -> list[bytes]:
+def seeds(name: str) -> list[tuple[str, bytes]]:
+    """The target's seeds, (file name, bytes) each; those named `refused_*` are bad inputs on purpose."""
     directory = corpus_dir(name)
     if not os.path.isdir(directory):
         return []
-    return [open(os.path.join(directory, f), "rb").read() for f in sorted(os.listdir(directory))]
+    return [(f, open(os.path.join(directory, f), "rb").read()) for f in sorted(os.listdir(directory))]
