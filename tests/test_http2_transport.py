@@ -9,7 +9,7 @@ import shutil
 import signal
 import socket
 import subprocess
-import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -321,6 +321,19 @@ def test_client_reset_cancels_a_queued_request(start_server, tmp_path: Path) -> 
         (version_dir / "release").write_text("1")
 
 
+def refusing_connections(address: tuple[str, int], timeout: float = 10) -> None:
+    """Waits until the port refuses connections: on SIGTERM the server stops listening, then tells each
+    connection to finish (both before it next reads a socket)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(address, timeout=timeout).close()
+        except ConnectionRefusedError:
+            return
+        assert time.monotonic() < deadline, f"{address} still accepts connections"
+        time.sleep(0.01)
+
+
 def test_sigterm_answers_the_open_stream_then_goaway_and_exit_0(start_server, tmp_path: Path) -> None:
     repo = tmp_path / "models"
     write_model(repo, "slow", SLOW_CONFIG, {1: SLOW_MODEL})
@@ -331,8 +344,9 @@ def test_sigterm_answers_the_open_stream_then_goaway_and_exit_0(start_server, tm
         h2.request(1, "POST", "/v2/models/slow/infer", SLOW_BODY)
         wait_for_file(version_dir / "started")
         server.send_signal(signal.SIGTERM)
-        threading.Timer(0.5, lambda: (version_dir / "release").write_text("1")).start()
-        status, _, body = h2.response(1)
+        refusing_connections(server.address)  # the shutdown has begun, stream 1 still unanswered
+        (version_dir / "release").write_text("1")
+        status, _, body = h2.response(1)  # (no GOAWAY before it: response() asserts that)
         assert status == 200 and json.loads(body)["outputs"][0]["data"] == [7]
         frames = h2.frames_until(lambda f: f.kind == GOAWAY)
         assert frames[-1] is not None and frames[-1].kind == GOAWAY and frames[-1].error_code == 0
