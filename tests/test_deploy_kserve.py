@@ -1,17 +1,21 @@
 """deploy/kserve: the ClusterServingRuntime and the InferenceService example, checked offline against
 KServe's own CRD schemas (vendored in deploy/kserve/crds/, made strict as an API server's strict field
-validation is), KServe's admission rule on runtime priorities, and our CLI: the runtime's container
-args start a real server on the example repository, which answers REST, h2c and gRPC on its one port."""
+validation is), KServe's admission rules on runtime priorities (read here, and checked against KServe's
+own unit tests of its webhook, vendored in deploy/kserve/crds/webhook/), and our CLI: the runtime's
+container args start a real server on the example repository, which answers REST, h2c and gRPC on its
+one port."""
 
 from __future__ import annotations
 
 import copy
 import functools
+import re
 import signal
 import sys
 from pathlib import Path
 from typing import Any
 
+import go_literal
 import grpc
 import jsonschema
 import kubernetes_validate
@@ -163,64 +167,142 @@ def test_ill_typed_value_is_refused(mutate) -> None:
 
 
 # -------------------------------------------------------------------------- KServe's rules, not schemas
+#
+# KServe's ClusterServingRuntime admission webhook (Go, pkg/webhook/admission/servingruntime) cannot run
+# here. Its priority rules are read below, function for function, and that reading is checked against
+# KServe's own unit tests of those functions: their scenario tables and expected errors, taken from the
+# vendored, unmodified servingruntime_webhook_test.go (tests/go_literal.py reads the Go literals). The
+# error messages are the webhook's own format strings, from the vendored servingruntime_webhook.go.
+
+WEBHOOK = CRDS / "webhook"
+WEBHOOK_MESSAGES = go_literal.string_constants((WEBHOOK / "servingruntime_webhook.go").read_text())
+GO_CALLS = {
+    "proto.String": str,
+    "proto.Bool": bool,
+    "proto.Int32": int,
+    "gomega.BeNil": lambda: None,
+    "gomega.Equal": lambda expected: expected,
+    "fmt.Errorf": lambda form, *args: form % args,  # the formats use %s only
+}
+GO_CONSTANTS = {
+    "constants.ProtocolV1": "v1",
+    "constants.ProtocolV2": "v2",
+    "constants.ProtocolGRPCV1": "grpc-v1",
+    "constants.ProtocolGRPCV2": "grpc-v2",
+    **WEBHOOK_MESSAGES,
+}
 
 
-def _same_format(a: dict, b: dict) -> bool:
+def kserve_scenarios(test: str) -> dict[str, dict[str, Any]]:
+    source = (WEBHOOK / "servingruntime_webhook_test.go").read_text()
+    table = go_literal.scenario_table(source, test, GO_CALLS, GO_CONSTANTS)
+    # as many scenarios as the function names, counted apart from the reader: none dropped
+    body = source[source.index(f"func {test}(") :]
+    body = body[: body.index("\nfunc ", 1)]
+    assert len(table) == len(re.findall(r'^\t\t"[^"]+": \{$', body, re.MULTILINE)) > 0, test
+    return table
+
+
+def _auto_select(fmt: dict) -> bool:
+    return bool(fmt.get("autoSelect"))
+
+
+def _same_format(a: dict, b: dict) -> bool:  # areSupportedModelFormatsEqual
     return a["name"].lower() == b["name"].lower() and a.get("version") == b.get("version")
 
 
-def priority_conflicts(new: dict, existing: list[dict]) -> list[str]:
-    """KServe's ClusterServingRuntime admission webhook (pkg/webhook/admission/servingruntime,
-    validateModelFormatPrioritySame and validateServingRuntimePriority) on `new` among `existing`."""
-    spec = new["spec"]
-    conflicts = []
+def priorities_differ(spec: dict) -> str | None:
+    """validateModelFormatPrioritySame: one format, auto-selected twice, with two priorities."""
     seen: dict[str, int | None] = {}
-    for fmt in spec["supportedModelFormats"]:
-        if fmt.get("autoSelect"):
-            if fmt["name"] in seen:
-                if (
-                    None not in (seen[fmt["name"]], fmt.get("priority"))
-                    and seen[fmt["name"]] != fmt["priority"]
-                ):
-                    conflicts.append(
-                        f"different priorities for {fmt['name']} within {new['metadata']['name']}"
-                    )
-            else:
-                seen[fmt["name"]] = fmt.get("priority")
-    for other in existing:
-        other_spec = other["spec"]
-        if (
-            other["metadata"]["name"] == new["metadata"]["name"]
-            or other_spec.get("disabled")
-            or bool(other_spec.get("multiModel")) != bool(spec.get("multiModel"))
-            or not set(other_spec.get("protocolVersions") or ()) & set(spec.get("protocolVersions") or ())
-        ):
+    for fmt in spec.get("supportedModelFormats") or ():
+        if not _auto_select(fmt):
             continue
-        for theirs in other_spec["supportedModelFormats"]:
-            for ours in spec["supportedModelFormats"]:
-                if (
-                    theirs.get("autoSelect")
-                    and ours.get("autoSelect")
-                    and _same_format(theirs, ours)
-                    and theirs.get("priority") is not None
-                    and theirs.get("priority") == ours.get("priority")
-                ):
-                    conflicts.append(
-                        f"{ours['name']} priority {ours['priority']} as in {other['metadata']['name']}"
-                    )
-    return conflicts
+        if fmt["name"] not in seen:
+            seen[fmt["name"]] = fmt.get("priority")
+        elif None not in (seen[fmt["name"]], fmt.get("priority")) and seen[fmt["name"]] != fmt["priority"]:
+            return WEBHOOK_MESSAGES["ProrityIsNotSameError"] % fmt["name"]
+    return None
+
+
+def priority_taken(new_spec: dict, existing_spec: dict, new_name: str, existing_name: str) -> str | None:
+    """validateServingRuntimePriority: an auto-selected format of both runtimes (same name, same version)
+    with the same priority, where both serve a protocol in common and are alike in multiModel."""
+    if (
+        bool(new_spec.get("multiModel")) != bool(existing_spec.get("multiModel"))
+        or existing_spec.get("disabled")
+        or new_name == existing_name
+    ):
+        return None
+    if not set(existing_spec.get("protocolVersions") or ()) & set(new_spec.get("protocolVersions") or ()):
+        return None
+    for theirs in existing_spec.get("supportedModelFormats") or ():
+        for ours in new_spec.get("supportedModelFormats") or ():
+            if (
+                _auto_select(theirs)
+                and _auto_select(ours)
+                and _same_format(theirs, ours)
+                and None not in (theirs.get("priority"), ours.get("priority"))
+                and theirs["priority"] == ours["priority"]
+            ):
+                return WEBHOOK_MESSAGES["InvalidPriorityError"] % ours["name"]
+    return None
+
+
+def admission_denied(new: dict, existing: list[dict]) -> str | None:
+    """ClusterServingRuntimeValidator.Handle's priority checks on `new` among `existing` (its other
+    checks, of workerSpec and blocked env vars, concern fields our runtime does not set): the denial."""
+    spec, name = new["spec"], new["metadata"]["name"]
+    if spec.get("disabled"):
+        return None
+    for other in existing:
+        error = priorities_differ(spec)
+        if error:
+            return WEBHOOK_MESSAGES["ProrityIsNotSameClusterServingRuntimeError"] % (error, name)
+        error = priority_taken(spec, other["spec"], name, other["metadata"]["name"])
+        if error:
+            form = WEBHOOK_MESSAGES["InvalidPriorityClusterServingRuntimeError"]
+            return form % (error, other["metadata"]["name"], name)
+    return None
+
+
+PRIORITY_SCENARIOS = kserve_scenarios("TestValidateServingRuntimePriority")
+SAME_PRIORITY_SCENARIOS = kserve_scenarios("TestValidateModelFormatPrioritySame")
+
+
+@pytest.mark.parametrize("name", PRIORITY_SCENARIOS)
+def test_priority_rule_as_kserves_own_tests_expect(name: str) -> None:
+    scenario = PRIORITY_SCENARIOS[name]
+    new, existing = scenario["newServingRuntime"], scenario["existingServingRuntime"]
+    got = priority_taken(new["spec"], existing["spec"], new["metadata"]["name"], existing["metadata"]["name"])
+    assert got == scenario["expected"]
+
+
+@pytest.mark.parametrize("name", SAME_PRIORITY_SCENARIOS)
+def test_one_priority_per_format_as_kserves_own_tests_expect(name: str) -> None:
+    scenario = SAME_PRIORITY_SCENARIOS[name]
+    assert priorities_differ(scenario["newServingRuntime"]["spec"]) == scenario["expected"]
+
+
+def test_kserves_tests_expect_both_verdicts() -> None:
+    """The tables above hold refusals as well as admissions: the rules are checked both ways."""
+    for table in (PRIORITY_SCENARIOS, SAME_PRIORITY_SCENARIOS):
+        verdicts = [scenario["expected"] for scenario in table.values()]
+        assert None in verdicts and any(isinstance(v, str) for v in verdicts), verdicts
 
 
 def test_runtime_is_admitted_beside_kserve_runtimes() -> None:
     runtime = load(RUNTIME_FILE)
     kserve = [load(path) for path in KSERVE_RUNTIMES]
     assert "kserve-tritonserver" in {r["metadata"]["name"] for r in kserve}
-    assert priority_conflicts(runtime, kserve) == []
-    # ... and the check can fail: Triton's own priority for triton would be refused.
+    assert admission_denied(runtime, kserve) is None
+    # ... and the check can fail: Triton's own priority for triton would be refused, in KServe's words.
     clash = copy.deepcopy(runtime)
     (triton,) = [f for f in clash["spec"]["supportedModelFormats"] if f["name"] == "triton"]
     triton["priority"] = 1
-    assert priority_conflicts(clash, kserve) == ["triton priority 1 as in kserve-tritonserver"]
+    assert admission_denied(clash, kserve) == (
+        "same priority assigned for the model format triton in the clusterservingruntimes "
+        "kserve-tritonserver and tensorgate"
+    )
 
 
 def test_supported_formats_are_ones_the_server_runs() -> None:

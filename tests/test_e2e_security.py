@@ -26,11 +26,25 @@ INFER = "/inference.GRPCInferenceService/ModelInfer"
 IDENT = "class Model:\n    def execute(self, inputs):\n        return {'OUTPUT0': inputs['INPUT0']}\n"
 
 
-def peak_rss_mib(server: ServerProcess, reset: bool = False) -> float:
-    """The server's peak RSS (since the last reset, where the kernel lets us reset it)."""
-    if reset:
-        reset_peak_rss(server.proc.pid)
+def peak_rss_mib(server: ServerProcess) -> float:
+    """The server's peak RSS (VmHWM) since the last reset_peak."""
     return memory_kib(server.proc.pid)["VmHWM"] / 1024
+
+
+def reset_peak(server: ServerProcess, model: str) -> float:
+    """Resets the server's peak RSS and answers it, having first shown that the reset works: a 48 MiB
+    body (whitespace, refused as JSON once read whole) lifts the peak well above the RSS, the reset must
+    bring it back down. A reset that fails, or does nothing, fails the test: the "grew by less than"
+    checks against a stale peak would test nothing."""
+    pid = server.proc.pid
+    response = httpx.post(f"{server.base_url}/v2/models/{model}/infer", content=b" " * (48 << 20), timeout=60)
+    assert response.status_code == 400, response.text
+    lifted = memory_kib(pid)
+    assert reset_peak_rss(pid), f"cannot reset the peak RSS of {pid} (/proc/{pid}/clear_refs)"
+    after = memory_kib(pid)
+    assert lifted["VmHWM"] - after["VmHWM"] > 32 << 10, f"the peak RSS was not reset: {lifted} -> {after}"
+    assert after["VmHWM"] - after["VmRSS"] < 4 << 10, f"the peak RSS was not reset: {after}"
+    return after["VmHWM"] / 1024
 
 
 @pytest.mark.parametrize("filename", ["../../../../etc/hostname", "/etc/hostname", "..", "sub/model.onnx"])
@@ -49,7 +63,7 @@ def test_a_config_cannot_name_a_model_file_outside_its_version_folder(
 def test_a_gzip_bomb_is_refused_at_the_limit_and_the_connection_serves_on(start_server) -> None:
     server = start_server(EXAMPLES, extra_args=("--grpc-max-message-bytes", str(1 << 20)))
     bomb = gzip.compress(bytes(64 << 20))  # ~64 KB on the wire, 64 MiB inflated
-    before = peak_rss_mib(server, reset=True)
+    before = reset_peak(server, "simple")
     with H2Wire(("127.0.0.1", server.grpc_port)) as h2:
         h2.open()
         open_call(h2, 1, INFER, message(bomb, True), extra=[("grpc-encoding", "gzip")])
@@ -71,7 +85,7 @@ output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 4611686018427387904 ] }
 """
     write_model(repo, "huge", huge, {1: IDENT})  # a config that names 2^62 elements loads: nothing allocated
     server = start_server(repo)
-    before = peak_rss_mib(server, reset=True)
+    before = reset_peak(server, "ident")
     with httpx.Client(base_url=server.base_url, timeout=20) as client:
         for shape in ([1 << 40], [1 << 31, 1 << 31], [4611686018427387904]):
             body = {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": shape, "data": [1]}]}
@@ -109,25 +123,94 @@ output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 4611686018427387904 ] }
 
 
 FORGED = "FORGED tensorgate.repository: model 'admin' ready"
+EVIL = f"x\n{FORGED}\r\n{FORGED}"
+IDENT_OVERRIDE = {  # ident's config, as a JSON config override of the load API
+    "name": "ident",
+    "backend": "python",
+    "max_batch_size": 0,
+    "input": [{"name": "INPUT0", "data_type": "TYPE_INT32", "dims": [-1]}],
+    "output": [{"name": "OUTPUT0", "data_type": "TYPE_INT32", "dims": [-1]}],
+}
+
+
+def explicit_ident_server(start_server, repo: Path) -> ServerProcess:
+    """`ident` loaded in explicit mode: a reload with a config override that fails leaves it serving and
+    logs why it failed, the override's text included."""
+    write_model(repo, "ident", int32_config("ident", dims="[ -1 ]"), {1: IDENT})
+    args = ("--model-control-mode", "explicit", "--load-model", "ident")
+    return start_server(repo, extra_args=args, log_level="debug")
+
+
+def reload_with(client: httpx.Client, **fields: object) -> httpx.Response:
+    config = json.dumps(
+        {key: value for key, value in {**IDENT_OVERRIDE, **fields}.items() if value is not None}
+    )
+    return client.post("/v2/repository/models/ident/load", json={"parameters": {"config": config}})
+
+
+def failed_reloads(lines: list[str]) -> list[str]:
+    return [line for line in lines if "reloading model 'ident' failed" in line]
 
 
 def test_client_text_cannot_forge_log_lines(start_server, repo: Path) -> None:
-    write_model(repo, "ident", int32_config("ident", dims="[ -1 ]"), {1: IDENT})
-    server = start_server(repo, log_level="debug")
-    evil = f"x\n{FORGED}\r\n{FORGED}"
+    server = explicit_ident_server(start_server, repo)
     with httpx.Client(base_url=server.base_url, timeout=20) as client:
-        body = {"inputs": [{"name": evil, "datatype": "INT32", "shape": [1], "data": [1]}], "id": evil}
+        body = {"inputs": [{"name": EVIL, "datatype": "INT32", "shape": [1], "data": [1]}], "id": EVIL}
         client.post("/v2/models/ident/infer", json=body)
         client.post("/v2/models/x%0AFORGED/infer", json=body)
-        client.post("/grps/v1/infer/predict", json={"model": evil, "str_data": evil})
-        client.post("/v1/models/ident:predict", json={"instances": [1], "signature_name": evil})
-        client.post("/v2/repository/models/ident/load", json={"parameters": {"config": evil}})
-        client.post("/v2/models/ident/infer", content=f'{{"inputs": [{{"name": "{evil!r}"'.encode())
+        client.post("/grps/v1/infer/predict", json={"model": EVIL, "str_data": EVIL})
+        client.post("/v1/models/ident:predict", json={"instances": [1], "signature_name": EVIL})
+        client.post("/v2/repository/models/ident/load", json={"parameters": {"config": EVIL}})
+        client.post("/v2/models/ident/infer", content=f'{{"inputs": [{{"name": "{EVIL!r}"'.encode())
+        # A reload that fails in the backend: its reason, which quotes the client's text, is logged.
+        response = reload_with(client, backend=EVIL)
+        assert response.status_code == 400 and FORGED in response.json()["error"], response.text
     with H2Wire(("127.0.0.1", server.grpc_port)) as h2:
         h2.open()
-        request = pb.ModelInferRequest(model_name=evil, id=evil, inputs=[tensor(evil, "INT32", [1])])
+        request = pb.ModelInferRequest(model_name=EVIL, id=EVIL, inputs=[tensor(EVIL, "INT32", [1])])
         open_call(h2, 1, INFER, message(bytes(request)))
         grpc_answer(h2, 1)
     server.stop()
     lines = server.log_path.read_text().splitlines()
     assert not [line for line in lines if line.startswith("FORGED")], "a client wrote a line of its own"
+    # The positive control: the client's text did reach the log, escaped, on the failed reload's line.
+    reloads = failed_reloads(lines)
+    assert len(reloads) == 1, f"the failed reload was not logged: {reloads}"
+    (reload,) = reloads
+    assert f"x\\n{FORGED}\\r\\n{FORGED}" in reload, reload
+
+
+# Config overrides whose failed reload logs the client's text as it came, newlines and all (found while
+# adding the positive control above): the reason is logged unescaped. Kept here, the text's arrival in
+# the log checked, until the server escapes what it logs; then the forged lines are gone and it passes.
+UNESCAPED = {
+    "default_model_filename": {"backend": "onnxruntime", "default_model_filename": f"{EVIL}.onnx"},
+    "ensemble step": {
+        "backend": None,
+        "platform": "ensemble",
+        "ensemble_scheduling": {
+            "step": [
+                {
+                    "model_name": EVIL,
+                    "model_version": -1,
+                    "input_map": {"INPUT0": "INPUT0"},
+                    "output_map": {"OUTPUT0": "OUTPUT0"},
+                }
+            ]
+        },
+    },
+}
+
+
+def test_a_failed_reload_logs_the_clients_text_escaped(start_server, repo: Path) -> None:
+    server = explicit_ident_server(start_server, repo)
+    with httpx.Client(base_url=server.base_url, timeout=20) as client:
+        for fields in UNESCAPED.values():
+            response = reload_with(client, **fields)
+            assert response.status_code == 400 and FORGED in response.json()["error"], response.text
+    server.stop()
+    lines = server.log_path.read_text().splitlines()
+    reloads = failed_reloads(lines)
+    assert len(reloads) == len(UNESCAPED), reloads  # the text reached the log: the positive control
+    if [line for line in lines if line.startswith("FORGED")]:
+        pytest.xfail("a failed reload's reason is logged unescaped: the client's newlines start lines")

@@ -182,6 +182,59 @@ def test_grpc_stream_infer(shm_server: ServerProcess, regions) -> None:
     assert (out.read(0), out.read(64), out.read(128)) == (SUMS, DIFFS, SUMS)
 
 
+# A model that answers where its input lives: the address of the array's first element.
+ADDRESS_MODEL = """
+import numpy as np
+
+class Model:
+    def execute(self, inputs):
+        return {"OUTPUT0": np.array([inputs["INPUT0"].ctypes.data], dtype=np.int64)}
+"""
+ADDRESS_CONFIG = """
+name: "address"
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_INT64 dims: [ 1 ] } ]
+"""
+
+
+def mappings_of(pid: int, segment: Segment) -> list[tuple[int, int, int]]:
+    """(start, end, file offset) of each mapping of the segment's file in the process, from the kernel."""
+    found = []
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 6 and fields[5] == f"/dev/shm/{segment.name}":
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                found.append((start, end, int(fields[2], 16)))
+    return found
+
+
+def test_the_model_reads_an_input_in_place_in_the_mapped_region(start_server, repo: Path) -> None:
+    """README: an input naming a region is read as a numpy view of the mapped region (no copy). The array
+    the model gets starts inside the server's mapping of the client's segment (the kernel's map of the
+    server's memory), exactly at region offset + input offset: not a copy made elsewhere."""
+    write_model(repo, "address", ADDRESS_CONFIG, {1: ADDRESS_MODEL})
+    server = start_server(repo, extra_args=ALLOW)
+    with segments(4096) as (segment,):
+        segment.write(256 + 64, A)
+        try:
+            assert register(server, segment, offset=256, byte_size=1024).status_code == 200
+            doc = rest_doc([("INPUT0", shm(segment.name, 64, 64))], shape=(16,))
+            response = infer(server, doc, model="address")
+            assert response.status_code == 200, response.text
+            (address,) = response.json()["outputs"][0]["data"]
+            ((start, end, file_offset),) = mappings_of(server.proc.pid, segment)  # mapped once, whole
+            assert file_offset == 0 and end - start >= 4096
+            assert address == start + 256 + 64, (hex(address), hex(start))
+            # the control: an input sent as data is not in the mapping
+            plain = infer(server, rest_doc([("INPUT0", A32)], shape=(16,)), model="address")
+            assert not start <= plain.json()["outputs"][0]["data"][0] < end
+        finally:
+            shm_call(server, "unregister", segment.name)
+
+
 # ------------------------------------------------------------------------------------------ status
 
 

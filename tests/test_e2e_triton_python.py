@@ -52,6 +52,11 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse(outputs))
         return responses
 """
+# add_sub for four requests that must share a batch: it goes once four are queued (the delay, long, is
+# only there so that the batch does not go before the fourth arrives).
+ADD_SUB_FOUR = ADD_SUB.replace('name: "add_sub"', 'name: "add_sub_four"').replace(
+    "max_queue_delay_microseconds: 200000", "max_queue_delay_microseconds: 30000000"
+)
 
 # Answers what it was given, as a BYTES JSON document: every accessor of a request and of initialize's
 # args, and the helpers, so a test can check each against what the client sent.
@@ -293,6 +298,7 @@ def marker(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(tmp_path_factory: pytest.TempPathFactory, marker: Path) -> Iterator[ServerProcess]:
     repository = tmp_path_factory.mktemp("triton_models")
     write_model(repository, "add_sub", ADD_SUB, {1: ADD_SUB_PY})
+    write_model(repository, "add_sub_four", ADD_SUB_FOUR, {1: ADD_SUB_PY})
     write_model(repository, "introspect", INTROSPECT % marker, {1: INTROSPECT_PY})
     write_model(repository, "countdown", DECOUPLED, {1: DECOUPLED_PY})
     write_model(repository, "bls_sync", BLS % "bls_sync", {1: BLS_SYNC_PY})
@@ -345,10 +351,13 @@ def test_an_error_response_fails_its_request_alone(server: ServerProcess) -> Non
     bad = [fp32("INPUT0", [-1.0] * 4, [1, 4]), fp32("INPUT1", [0.0] * 4, [1, 4])]
     good = [fp32("INPUT0", [1.0] * 4, [1, 4]), fp32("INPUT1", [1.0] * 4, [1, 4])]
     with ThreadPoolExecutor(4) as pool:  # the four share a batch (preferred_batch_size 4)
-        answers = list(pool.map(lambda inputs: infer(server, "add_sub", inputs), [bad, good, good, bad]))
+        answers = list(pool.map(lambda inputs: infer(server, "add_sub_four", inputs), [bad, good, good, bad]))
     assert_error(answers[0], 400, "INPUT0 must not be negative")
     assert_error(answers[3], 400, "INPUT0 must not be negative")
     assert outputs_of(answers[1]) == outputs_of(answers[2]) == {"OUTPUT0": [2.0] * 4, "OUTPUT1": [0.0] * 4}
+    stats = httpx.get(f"{server.base_url}/v2/models/add_sub_four/stats").json()["model_stats"][0]
+    assert stats["execution_count"] == 1, stats  # one execute(requests) for the four
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in stats["batch_stats"]] == [(4, 1)], stats
 
 
 def test_a_wrong_number_of_responses_or_an_exception_fails_the_batch(server: ServerProcess) -> None:

@@ -9,7 +9,7 @@ import shutil
 import signal
 import socket
 import subprocess
-import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -34,7 +34,9 @@ from h2_wire import (
     FLOW_CONTROL_ERROR,
     GOAWAY,
     HEADERS,
+    NO_ERROR,
     PING,
+    PREFACE,
     PRIORITY,
     REFUSED_STREAM,
     RST_STREAM,
@@ -46,6 +48,7 @@ from h2_wire import (
 
 pytestmark = pytest.mark.ours
 
+STREAM_INFER_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"
 INFER = json.dumps({"inputs": simple_inputs(list(range(16)), [1] * 16, [1, 16])}).encode()
 
 
@@ -321,6 +324,19 @@ def test_client_reset_cancels_a_queued_request(start_server, tmp_path: Path) -> 
         (version_dir / "release").write_text("1")
 
 
+def refusing_connections(address: tuple[str, int], timeout: float = 10) -> None:
+    """Waits until the port refuses connections: on SIGTERM the server stops listening, then tells each
+    connection to finish (both before it next reads a socket)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(address, timeout=timeout).close()
+        except ConnectionRefusedError:
+            return
+        assert time.monotonic() < deadline, f"{address} still accepts connections"
+        time.sleep(0.01)
+
+
 def test_sigterm_answers_the_open_stream_then_goaway_and_exit_0(start_server, tmp_path: Path) -> None:
     repo = tmp_path / "models"
     write_model(repo, "slow", SLOW_CONFIG, {1: SLOW_MODEL})
@@ -331,8 +347,9 @@ def test_sigterm_answers_the_open_stream_then_goaway_and_exit_0(start_server, tm
         h2.request(1, "POST", "/v2/models/slow/infer", SLOW_BODY)
         wait_for_file(version_dir / "started")
         server.send_signal(signal.SIGTERM)
-        threading.Timer(0.5, lambda: (version_dir / "release").write_text("1")).start()
-        status, _, body = h2.response(1)
+        refusing_connections(server.address)  # the shutdown has begun, stream 1 still unanswered
+        (version_dir / "release").write_text("1")
+        status, _, body = h2.response(1)  # (no GOAWAY before it: response() asserts that)
         assert status == 200 and json.loads(body)["outputs"][0]["data"] == [7]
         frames = h2.frames_until(lambda f: f.kind == GOAWAY)
         assert frames[-1] is not None and frames[-1].kind == GOAWAY and frames[-1].error_code == 0
@@ -360,3 +377,79 @@ def test_window_updates_of_a_client_reading_an_answer_are_not_a_flood(start_serv
                 updates += 2
     assert updates > 40
     assert json.loads(received)["name"] == "simple"
+
+
+# ------------------------------------------------------------------ the head and keep-alive timeouts
+
+TIMEOUT = 2  # s, longer than the 1 s sweep that fires these timeouts: early is told apart from on time
+GENEROUS = 15.0  # s: a bound on a timeout's firing that a loaded machine meets
+
+
+def closed_after(sock: socket.socket) -> bytes:
+    """What the server sends until it closes the connection (a read timing out fails the test)."""
+    received = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            return received
+        if not chunk:
+            return received
+        received += chunk
+
+
+def test_a_connection_without_the_whole_preface_is_closed_after_the_head_timeout(start_server) -> None:
+    """README: HTTP/2 with no preface within --http-head-timeout is closed. Half a preface on either
+    port, and nothing at all, are closed after the timeout, not before it; a connection that sent the
+    whole preface at the same moment is served on (keep-alive is 75 s)."""
+    server = start_server(EXAMPLES, extra_args=("--http-head-timeout", str(TIMEOUT)))
+    started = time.monotonic()
+    ports = {"http half": server.port, "grpc half": server.grpc_port, "grpc nothing": server.grpc_port}
+    socks = {
+        name: socket.create_connection(("127.0.0.1", port), timeout=GENEROUS) for name, port in ports.items()
+    }
+    try:
+        with H2Wire(server.address, timeout=GENEROUS) as whole:
+            whole.open()
+            socks["http half"].sendall(PREFACE[:16])  # "PRI * HTTP/2.0\r\n": HTTP/2, then nothing more
+            socks["grpc half"].sendall(PREFACE[:-1])
+            for name, sock in socks.items():
+                closed_after(sock)
+                elapsed = time.monotonic() - started
+                assert TIMEOUT <= elapsed < GENEROUS, f"{name}: closed after {elapsed:.2f} s"
+            whole.expect_alive()
+            whole.request(1)
+            assert whole.response(1)[0] == 200
+    finally:
+        for sock in socks.values():
+            sock.close()
+
+
+def test_an_idle_connection_gets_goaway_then_close_after_the_keep_alive_timeout(start_server) -> None:
+    """README: an HTTP/2 connection (gRPC's too) with no stream open for --http-keep-alive-timeout gets
+    GOAWAY NO_ERROR, naming the last stream it took, and is closed; one with a gRPC call open (idle,
+    its messages still to come) is not."""
+    server = start_server(EXAMPLES, extra_args=("--http-keep-alive-timeout", str(TIMEOUT)))
+    with (
+        H2Wire(server.address, timeout=GENEROUS) as http,
+        H2Wire(("127.0.0.1", server.grpc_port), timeout=GENEROUS) as grpc_idle,
+        H2Wire(("127.0.0.1", server.grpc_port), timeout=GENEROUS) as grpc_open,
+    ):
+        started = time.monotonic()  # each idle clock starts later: at the preface, then at each answer
+        for h2 in (http, grpc_idle, grpc_open):
+            h2.open()
+        http.request(1)
+        assert http.response(1)[0] == 200
+        # grpc_open: a ModelStreamInfer call, its headers sent, no message yet, the stream left open
+        call = [("content-type", "application/grpc"), ("te", "trailers")]
+        grpc_open.send(frame(HEADERS, END_HEADERS, 1, grpc_open.block("POST", STREAM_INFER_PATH, call)))
+        for name, h2, last_stream in (("http", http, 1), ("grpc", grpc_idle, 0)):
+            frames = h2.frames_until(lambda f: f.kind == GOAWAY)
+            elapsed = time.monotonic() - started
+            goaway = frames[-1]
+            assert goaway is not None and goaway.kind == GOAWAY, f"{name}: closed without GOAWAY: {frames}"
+            assert goaway.error_code == NO_ERROR, name
+            assert int.from_bytes(goaway.payload[:4], "big") == last_stream, name
+            assert h2.read_frame() is None, f"{name}: not closed after GOAWAY"
+            assert TIMEOUT <= elapsed < GENEROUS, f"{name}: GOAWAY after {elapsed:.2f} s"
+        grpc_open.expect_alive()  # past the timeout, its call open: served on

@@ -299,3 +299,82 @@ def test_the_repository_extension_example_loads_as_written(start_server, repo: P
         parameters["config"] = json.dumps(config)
         load = client.post("/v2/repository/models/mymodel/load", json={"parameters": parameters})
         assert load.status_code == 400 and "input 'INPUT0' is TYPE_INT8 in the config" in load.json()["error"]
+
+
+# ------------------------------------------------------------------------- the execution provider
+
+CUDA, CPU = "CUDAExecutionProvider", "CPUExecutionProvider"
+WITH_CUDA = ["TensorrtExecutionProvider", CUDA, CPU]  # what onnxruntime-gpu offers
+WITHOUT_CUDA = ["AzureExecutionProvider", CPU]  # what the CPU build offers
+
+
+def normalized(groups: str) -> dict:
+    from server.model_config import normalize_config, parse_pbtxt
+
+    return normalize_config(parse_pbtxt(add_sub_config("m", extra=groups)), "m")
+
+
+PROVIDERS = [
+    # (instance_group, providers offered, providers the session is made with)
+    ("", WITH_CUDA, [CPU]),  # no group: KIND_CPU
+    ("instance_group [ { kind: KIND_CPU } ]", WITH_CUDA, [CPU]),
+    ("instance_group [ { kind: KIND_GPU } ]", WITH_CUDA, [(CUDA, {"device_id": 0}), CPU]),
+    ("instance_group [ { kind: KIND_GPU gpus: [ 1, 0 ] } ]", WITH_CUDA, [(CUDA, {"device_id": 1}), CPU]),
+    ("instance_group [ { kind: KIND_AUTO } ]", WITH_CUDA, [(CUDA, {"device_id": 0}), CPU]),
+    (  # the first KIND_GPU group puts it on a GPU, its first gpus the device
+        "instance_group [ { kind: KIND_CPU count: 2 }, { kind: KIND_GPU gpus: [ 2 ] } ]",
+        WITH_CUDA,
+        [(CUDA, {"device_id": 2}), CPU],
+    ),
+    ("instance_group [ { kind: KIND_GPU gpus: [ 1 ] } ]", WITHOUT_CUDA, [CPU]),
+    ("instance_group [ { kind: KIND_AUTO } ]", WITHOUT_CUDA, [CPU]),
+]
+
+
+@pytest.mark.parametrize(("groups", "available", "chosen"), PROVIDERS)
+def test_the_cuda_provider_is_chosen_for_a_gpu_group_when_onnxruntime_offers_it(
+    groups: str, available: list[str], chosen: list, caplog: pytest.LogCaptureFixture
+) -> None:
+    """README: CUDA when the instance group is KIND_GPU or KIND_AUTO and onnxruntime-gpu is installed (its
+    device: the group's first `gpus`), else the CPU; KIND_GPU on the CPU then logs why."""
+    from server.backends.onnxruntime import _providers
+
+    config = normalized(groups)
+    assert _providers(config, available) == chosen
+    warned = [r.getMessage() for r in caplog.records if r.name == "tensorgate.onnxruntime"]
+    if "KIND_GPU" in groups and CUDA not in available:
+        assert warned == [
+            f"model 'm': instance_group '{config['instance_group'][0]['name']}' asks for KIND_GPU but "
+            "onnxruntime offers no CUDA execution provider (install onnxruntime-gpu); running on the CPU"
+        ]
+    else:
+        assert warned == []
+
+
+def test_the_backend_makes_its_session_with_the_providers_chosen_from_those_offered(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The backend asks onnxruntime which providers it offers and makes its session with the choice: with
+    CUDA offered (as onnxruntime-gpu would), a KIND_GPU model's session is asked for CUDA on its device.
+    (The session itself is the CPU build's, which runs on the CPU whatever it is asked for.)"""
+    import onnxruntime
+
+    from server.backends import load_backend
+
+    made: list = []
+    real = onnxruntime.InferenceSession
+
+    def session(path: str, options: object = None, providers: list | None = None, **kwargs: object) -> object:
+        made.append(providers)
+        return real(path, options, providers=[CPU], **kwargs)
+
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: WITH_CUDA)
+    monkeypatch.setattr(onnxruntime, "InferenceSession", session)
+    add_sub_model(tmp_path, "m", "")
+    backend = load_backend(
+        tmp_path / "m" / "1", normalized("instance_group [ { kind: KIND_GPU gpus: [ 1 ] } ]"), 1
+    )
+    assert made == [[(CUDA, {"device_id": 1}), CPU]]
+    a, b = np.arange(16, dtype=np.int32).reshape(1, 16), np.ones((1, 16), np.int32)
+    outputs = backend.execute({"INPUT0": a, "INPUT1": b})
+    assert outputs["OUTPUT0"].tolist() == (a + b).tolist()
