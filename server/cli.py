@@ -33,6 +33,20 @@ from server.router import Router
 from server.shared_memory import SharedMemory
 
 log = logging.getLogger("tensorgate")
+
+# Control characters as escapes: \n, \r, \t, \x1b ...
+_ESCAPES = {c: repr(chr(c))[1:-1] for c in (*range(32), 127)}
+
+
+class OneLineFormatter(logging.Formatter):
+    """A log message is one line: its control characters (a client's text quoted in an error's reason)
+    are escaped, so no client can start a line of its own. Tracebacks keep their lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        record.message = record.message.translate(_ESCAPES)
+        return super().formatMessage(record)
+
+
 # Where we listen is always said, whatever --log-level: with port 0 it is the only way to learn the port.
 listen_log = logging.getLogger("tensorgate.listen")
 listen_log.setLevel(logging.INFO)
@@ -271,9 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     # Nothing the server imports writes bytecode: a model's helper modules would otherwise leave a
     # __pycache__ in the model repository (model.py itself is compiled from source, see backends/python).
     sys.dont_write_bytecode = True
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    handler = logging.StreamHandler()
+    handler.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     if not args.model_repository.is_dir():
         log.error("model repository %s is not a directory", args.model_repository)
         return 2
