@@ -25,17 +25,6 @@ _FIELD = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+): ?([^\r\n]*)\r\n")
 _CHUNK = re.compile(rb"([0-9a-fA-F]{1,16})\r\n")
 _SINGLE = (b"content-length", b"transfer-encoding", b"connection")
 
-# Known findings the checks let pass until they are fixed, each with its regression test in
-# tests/test_fuzz.py (xfail, strict: it fails once the server is fixed, and then this goes).
-# "answer after close": server/http/h1.py answers a request from its head alone (404, 405) with
-# `connection: close` when the request asked for it (or was HTTP/0.9-like), and then answers the bytes
-# after it with a 400 as well ("Data after `Connection: close`", or a malformed chunked body that
-# request had), where it should only close.
-# "answer inside a stream": when a malformed request comes pipelined behind a streamed (chunked) answer
-# still being written, h1.py writes its 400 (`connection: close`) straight into that chunked body, then
-# cancels the stream: the client reads the 400's status line as a chunk size.
-TOLERATED = {"answer after close", "answer inside a stream"}
-
 
 @dataclass
 class Answer:
@@ -67,8 +56,6 @@ def _chunked(out: bytes, pos: int) -> tuple[bytes, int, bool]:
         if pos == len(out):
             return bytes(body), pos, False
         line = _CHUNK.match(out, pos)
-        if line is None and "answer inside a stream" in TOLERATED and _STATUS.match(out, pos):
-            return bytes(body), pos, False  # the known finding above: http1_answers checks the rest
         if line is None:
             raise Mismatch(f"a malformed chunk size at byte {pos}: {out[pos : pos + 80]!r}")
         size, pos = int(line.group(1), 16), line.end()
@@ -121,21 +108,9 @@ def http1_answers(out: bytes, methods: list[str]) -> list[Answer]:
         else:  # the body runs to the connection's close
             body, pos = out[pos:], end
         answers.append(Answer(status, headers, body, complete))
-        if not complete and pos < end:  # "answer inside a stream" (see _chunked)
-            return answers + _last_400(out, pos, methods[finals:], "inside a streamed answer")
         if pos < end and headers.get(b"connection", b"").lower() == b"close":
-            if "answer after close" not in TOLERATED:
-                raise Mismatch(f"bytes after an answer with connection: close: {out[pos:][:400]!r}")
-            return answers + _last_400(out, pos, methods[finals:], "after an answer with connection: close")
+            raise Mismatch(f"bytes after an answer with connection: close: {out[pos:][:400]!r}")
     return answers
-
-
-def _last_400(out: bytes, pos: int, methods: list[str], where: str) -> list[Answer]:
-    """What the known findings above allow at `pos`: one last answer, a 400 that closes."""
-    rest = http1_answers(out[pos:], methods)
-    if len(rest) != 1 or rest[0].status != 400 or rest[0].headers.get(b"connection", b"").lower() != b"close":
-        raise Mismatch(f"answers {where}: {out[pos:][:400]!r}")
-    return rest
 
 
 # --------------------------------------------------------------------------------------- HTTP/2

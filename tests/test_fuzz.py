@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 import proto.grps.protos.v1 as pb
 from codec.errors import InferError
 from codec.grps import payload_from_message
-from fuzz import readback, transport
+from fuzz import transport
 from fuzz.readback import Mismatch, http1_answers, http2_answers
 from fuzz.targets import REFUSED, TARGETS, run_one, seeds
 from server.endpoints.v2 import error_response
@@ -386,36 +386,24 @@ def test_a_task_cancelled_before_its_first_step_cancels_the_eager_coroutine() ->
     assert asyncio.run(main()) == ["cancelled", "finally"]
 
 
-# --- found by the output checks, not fixed yet (fuzz/readback.py's TOLERATED lets them pass until then) ---
-# Strict: once server/http/h1.py is fixed these pass, fail as XPASS, and the tolerance goes.
+# --- found by the output checks (2026-11-27, the first run that read the output back), fixed in h1.py
 
 AFTER_CLOSE = b"\x3fGET /nothere HTTP/1.1\r\nconnection: close\r\n\r\nGET /echo HTTP/1.1\r\n\r\n"
 INSIDE_A_STREAM = b"\x3fGET /stream HTTP/1.1\r\n\r\nBAD\x01 / HTTP/1.1\r\n\r\n"
 
 
-@pytest.mark.xfail(
-    raises=Mismatch, strict=True, reason="known: h1.py answers again after `connection: close`"
-)
-def test_found_an_answer_after_an_early_answer_that_said_close(monkeypatch: pytest.MonkeyPatch) -> None:
-    """http1, 2026-11-27 (the first run that read the output back): a request answered from its head
-    alone (404) with `connection: close`, as it asked, and then a 400 for the bytes after it; the server
-    should only close."""
-    monkeypatch.setattr(readback, "TOLERATED", set())
-    transport.http1(AFTER_CLOSE)
+def test_found_an_answer_after_an_early_answer_that_said_close() -> None:
+    """http1: a request answered from its head alone (404) with `connection: close`, as it asked, was
+    followed by a 400 for the bytes after it; the client's last request ends what is read."""
+    assert [a.status for a in transport.http1(AFTER_CLOSE)] == [404]
 
 
-@pytest.mark.xfail(raises=Mismatch, strict=True, reason="known: h1.py writes a 400 into a streamed answer")
-def test_found_a_400_written_into_a_streamed_answer(monkeypatch: pytest.MonkeyPatch) -> None:
-    """http1, 2026-11-27: a malformed request pipelined behind a streamed answer being written gets its
-    400 written straight into that answer's chunked body (the client reads its status line as a chunk
-    size), before the stream is cancelled."""
-    monkeypatch.setattr(readback, "TOLERATED", set())
-    transport.http1(INSIDE_A_STREAM)
-
-
-def test_the_known_findings_are_still_read_back_otherwise() -> None:
-    """With the tolerance on, the two inputs above pass, and read back as what they are."""
-    after_close = transport.http1(AFTER_CLOSE)
-    assert [a.status for a in after_close] == [404, 400]
-    inside = transport.http1(INSIDE_A_STREAM)
-    assert [(a.status, a.complete) for a in inside] == [(200, False), (400, True)]
+def test_found_a_400_written_into_a_streamed_answer() -> None:
+    """http1: a malformed request pipelined behind a streamed answer being written got its 400 written
+    straight into that answer's chunked body (the client read its status line as a chunk size); it now
+    waits its turn and is the last answer."""
+    answers = transport.http1(INSIDE_A_STREAM)
+    assert [(a.status, a.complete, a.headers.get(b"connection")) for a in answers] == [
+        (200, True, None),
+        (400, True, b"close"),
+    ]

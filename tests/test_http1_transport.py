@@ -69,6 +69,20 @@ def test_pipelined_requests_are_answered_in_order(v2_server: ServerProcess) -> N
     assert answers[4].json() == {"ready": True}
 
 
+@pytest.mark.parametrize("path", ["/v2/health/live", "/v2/nowhere"])  # answered by its handler, or early
+def test_the_request_that_says_close_is_the_last_one_read(v2_server: ServerProcess, path: str) -> None:
+    """Bytes after a request with `connection: close` are not read, let alone answered (a 400 for them
+    was found by the fuzzer's output checks): one answer, then the close."""
+    close = http_request("GET", path, headers={"Connection": "close"}, port=v2_server.port)
+    after = http_request("GET", "/v2/health/ready", port=v2_server.port)
+    with RawConnection(v2_server.address) as conn:
+        conn.send(close + after + b"BAD\x01 / HTTP/1.1\r\n\r\n")
+        answer = conn.read_response()
+        assert answer.status == (200 if path == "/v2/health/live" else 404)
+        assert answer.header("connection") == "close"
+        assert conn.read_response() is None, "an answer after the last request"
+
+
 def test_chunked_request_body_is_reassembled(v2_server: ServerProcess) -> None:
     pieces = [INFER[:10], INFER[10:100], INFER[100:]]
     head = http_request(
@@ -303,6 +317,7 @@ def test_connections_past_the_limit_get_503_while_the_others_work(start_server) 
         with RawConnection(server.address, timeout=5) as extra:
             response = extra.read_response()
             assert response.status == 503
+            assert "--http-max-connections" in response.json()["error"]  # C++ clients read the error
             assert extra.closed_by_peer()
         held[0].send(http_request("GET", "/v2/health/ready", port=server.port))
         assert held[0].read_response().status == 200

@@ -139,6 +139,7 @@ class H1Connection(BaseConnection):
         self.paused_reading = False
         self.shutting_down = False
         self.fresh = True  # nothing read yet: the bytes may still be the HTTP/2 preface
+        self.last_read = False  # the client's last request is in: what it sends after is not read
 
     # ------------------------------------------------------------------------------ asyncio protocol
 
@@ -176,8 +177,8 @@ class H1Connection(BaseConnection):
             if data[:3] == b"PRI":  # the HTTP/2 preface; no HTTP/1.1 method is called PRI
                 self._become_h2(bytes(data))
                 return
-        if self.state == CLOSING:
-            return  # lingering after an early close: what the client still sends is dropped
+        if self.state == CLOSING or self.last_read:
+            return  # lingering after an early close, or after the last request: dropped
         try:
             self._feed(data)
         except httptools.HttpParserCallbackError:
@@ -283,11 +284,18 @@ class H1Connection(BaseConnection):
     def on_message_complete(self) -> None:
         request, self.request = self.request, None
         self.state = BUSY
-        if request.route is None:
-            if not self.pending and self.task is None:
-                self._idle()
-            return  # answered early
-        self._queue(request, self.parser.should_keep_alive())
+        keep_alive = self.parser.should_keep_alive()
+        if request.route is not None:
+            self._queue(request, keep_alive)
+        elif self.pending or self.task is not None:
+            pass  # answered early, in its turn behind the pipelined requests (_early_answer)
+        elif keep_alive:
+            self._idle()
+        else:
+            self._close()
+        if not keep_alive:  # `connection: close` or HTTP/1.0: the client's last request (RFC 9112 9.6)
+            self.last_read = True
+            raise httptools.HttpParserCallbackError
 
     # ------------------------------------------------------------------------------ bodies
 
@@ -420,9 +428,17 @@ class H1Connection(BaseConnection):
 
     def _early_close(self, response: HttpResponse) -> None:
         """An answer after which the framing cannot be trusted (413 by declared length, malformed,
-        ambiguous): sent, then the connection closes once the client stops sending."""
-        if self.transport is None or self.state == CLOSING:
+        ambiguous): sent, then the connection closes once the client stops sending. Behind answers still
+        going out, it waits its turn (written at once, it would land inside them) and is the last."""
+        if self.transport is None or self.state == CLOSING or self.last_read:
             return  # already answered
+        if self.task is not None or self.pending:
+            request = _Request()
+            request.route = _Fixed(response)  # type: ignore[assignment]
+            request.method = self.request.method if self.request is not None else "GET"
+            self.pending.append((request, False))
+            self.last_read = True
+            return
         self._write_now(response, self.request.method if self.request else "GET", False)
         self.state = CLOSING
         self.pending.clear()
