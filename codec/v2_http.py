@@ -249,6 +249,7 @@ def encode_response(response: InferResponse, request: InferRequest) -> EncodedRe
     default_binary = request.binary_output
     wanted = {o.name: o.binary for o in request.outputs if o.binary is not None} if request.outputs else None
     outputs_json, raw_chunks = [], []
+    floats = False  # an output of floats sent as JSON: its non-finite values need JSON's tokens
     for tensor in response.outputs:
         entry: dict[str, Any] = {
             "name": tensor.name,
@@ -263,6 +264,7 @@ def encode_response(response: InferResponse, request: InferRequest) -> EncodedRe
             entry["parameters"] = {**tensor.parameters, "binary_data_size": len(raw)}
         else:  # no parameters, as Triton: its C++ client reads binary_data_size from any output that has them
             entry["data"] = _to_json(tensor, response.model_name)
+            floats = floats or tensor.datatype[:2] in ("FP", "BF")
         outputs_json.append(entry)
 
     doc: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
@@ -272,7 +274,7 @@ def encode_response(response: InferResponse, request: InferRequest) -> EncodedRe
         doc["parameters"] = response.parameters
     doc["outputs"] = outputs_json
     header = json_text.dumps(doc)
-    if b"null" in header:  # perhaps non-finite floats: written as Triton writes them, NaN / Infinity
+    if floats and header.find(b"null") != -1:  # non-finite floats: written as Triton writes them
         for entry in outputs_json:
             data = entry.get("data")
             if isinstance(data, np.ndarray) and json_text.non_finite(data):

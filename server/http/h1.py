@@ -227,7 +227,12 @@ class H1Connection(BaseConnection):
         request.head_bytes += len(name) + len(value) + 4
         if request.head_bytes > self.settings.max_head_bytes:
             self._refuse(self._head_too_large())
-        fold_header(request.headers, name.lower(), value)
+        name = name.lower()
+        headers = request.headers
+        if name in headers:
+            fold_header(headers, name, value)
+        else:
+            headers[name] = value
 
     def on_headers_complete(self) -> None:
         request = self.request

@@ -221,9 +221,8 @@ class H2Connection(FrameReceiver, BaseConnection):
     def answer_now(self, stream: Stream, block: bytes, body: bytes | memoryview) -> bool:
         """A whole answer, head and body, in one write when the body fits the windows and one frame."""
         size = len(body)
-        if size > self.peer_max_frame or size > self.flow.room(stream):
+        if size > self.peer_max_frame or not self.flow.take(stream, size):
             return False
-        self.flow.spend(stream, size)
         self._write(
             self._block_frames(stream.id, block, 0)
             + frame_head(DATA, END_STREAM, stream.id, size)
@@ -234,14 +233,10 @@ class H2Connection(FrameReceiver, BaseConnection):
     def send_now(self, stream: Stream, data: bytes | memoryview, end: bool) -> bool:
         """Small DATA joined to this loop pass's writes, when it fits the windows, a frame and the socket."""
         size = len(data)
-        if (
-            size > SMALL_DATA
-            or size > self.peer_max_frame
-            or size > self.flow.room(stream)
-            or not self.writable.is_set()
-        ):
+        if size > SMALL_DATA or size > self.peer_max_frame or not self.writable.is_set():
             return False
-        self.flow.spend(stream, size)
+        if not self.flow.take(stream, size):
+            return False
         self._write(frame_head(DATA, END_STREAM if end else 0, stream.id, size) + bytes(data))
         return True
 
@@ -289,7 +284,7 @@ class H2Connection(FrameReceiver, BaseConnection):
     def credit(self, stream: Stream, unread: int = 0) -> None:
         """Gives the peer back the stream's window for what was received and read (`unread` bytes are
         still waiting for the handler)."""
-        increment = stream.recv_window.credit(unread)
+        increment = self.flow.credit(stream, unread)
         if increment:
             self._send(frame(WINDOW_UPDATE, 0, stream.id, increment.to_bytes(4, "big")))
 

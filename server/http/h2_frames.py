@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from server.http.connection import fold_header, split_target
-
-if TYPE_CHECKING:
-    from server.http.h2_window import ReceiveWindow
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -121,7 +118,10 @@ def request_head(
             continue
         if name in CONNECTION_SPECIFIC or name != name.lower() or (name == b"te" and value != b"trailers"):
             raise StreamError(PROTOCOL_ERROR, "malformed header field")
-        fold_header(headers, name, value)
+        if name in headers:
+            fold_header(headers, name, value)
+        else:
+            headers[name] = value
     raw_method = pseudo.get(b":method")
     if raw_method is None:
         raise StreamError(PROTOCOL_ERROR, "no :method")
@@ -180,7 +180,7 @@ class Stream:
         "handler",
     )
 
-    def __init__(self, stream_id: int, send_window: int, recv_window: ReceiveWindow) -> None:
+    def __init__(self, stream_id: int, send_window: int) -> None:
         self.id = stream_id
         self.remote_open = True
         self.method = "GET"
@@ -188,7 +188,7 @@ class Stream:
         self.query = b""
         self.headers: dict[bytes, bytes] = {}
         self.expected: int | None = None
-        self.recv_window = recv_window
+        self.recv_window = OUR_STREAM_WINDOW  # what the peer may still send on it (h2_window.py)
         self.send_window = send_window
         self.window_open: asyncio.Future | None = None  # a writer waiting for window
         self.since = 0.0  # when it last made progress (a body that stops coming times out)

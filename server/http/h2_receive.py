@@ -29,7 +29,6 @@ from server.http.h2_frames import (
     FRAME_SIZE_ERROR,
     GOAWAY,
     HEADERS,
-    OUR_STREAM_WINDOW,
     PADDED,
     PING,
     PRIORITY,
@@ -52,7 +51,6 @@ from server.http.h2_frames import (
     unpad,
 )
 from server.http.h2_request import BufferedRequest
-from server.http.h2_window import ReceiveWindow
 from server.http.hpack_decode import Decoder, HeaderListTooLarge, HpackError
 
 if TYPE_CHECKING:
@@ -144,10 +142,7 @@ class FrameReceiver:
         """Flow control and stream state of a DATA frame: the stream it feeds, or None to drop it."""
         if stream_id == 0:
             raise ConnectionError_(PROTOCOL_ERROR, "DATA on stream 0")
-        window = self.flow.receive
-        if not window.take(length):
-            raise ConnectionError_(FLOW_CONTROL_ERROR, "DATA beyond the connection's window")
-        increment = window.credit()  # the connection's window: given back as frames come
+        increment = self.flow.received(length)
         if increment:
             self.out.append(frame(WINDOW_UPDATE, 0, 0, increment.to_bytes(4, "big")))
         stream = self.streams.get(stream_id)
@@ -161,9 +156,10 @@ class FrameReceiver:
         if not stream.remote_open:
             self._refuse(stream_id, STREAM_CLOSED)
             return None
-        if not stream.recv_window.take(length):
+        if length > stream.recv_window:  # the stream's window (h2_window.py gives it back)
             self._refuse(stream_id, FLOW_CONTROL_ERROR)
             return None
+        stream.recv_window -= length
         stream.since = self.loop.time()
         if length == 0 and not flags & END_STREAM:
             self._calm()
@@ -192,8 +188,8 @@ class FrameReceiver:
             or not isinstance(stream.handler, BufferedRequest)
             or not stream.handler.takes_direct(length)
             or not stream.remote_open
-            or length > stream.recv_window.open
-            or length > self.flow.receive.open
+            or length > stream.recv_window
+            or length > self.flow.receive
         ):
             return None
         self._data_stream(flags, stream_id, length)  # flow control; the checks above mean it accepts
@@ -261,7 +257,7 @@ class FrameReceiver:
         if self.shutting_down or len(self.streams) >= self.settings.h2_max_concurrent_streams:
             self._reset(stream_id, REFUSED_STREAM)
             return
-        stream = Stream(stream_id, self.flow.peer_initial, ReceiveWindow(OUR_STREAM_WINDOW))
+        stream = Stream(stream_id, self.flow.peer_initial)
         self.streams[stream_id] = stream
         self.since = stream.since = self.loop.time()
         try:

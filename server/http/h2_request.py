@@ -51,7 +51,7 @@ class BufferedRequest:
         self.filled = 0
         self.answered = 0.0  # when an early answer went out: what the client still sends is dropped
         self.task: asyncio.Task | None = None
-        self.direct = 0  # bytes of a DATA frame the socket is still reading straight into the body
+        # self.direct: bytes of a DATA frame the socket is still reading straight into the body
 
     def start(self) -> None:
         """The head is in: answered at once if the route or the declared size says so, else served once
@@ -71,6 +71,10 @@ class BufferedRequest:
 
     def data_in(self, data: memoryview) -> None:
         stream = self.stream
+        if not self.filled and not stream.remote_open and len(data) == stream.expected and not self.answered:
+            self.body = bytes(data)  # the usual body: whole, in the frame that ends the stream
+            self.filled = len(data)
+            return
         if self.answered or not data:
             return
         if stream.remote_open:  # read at once: the window is given back as it comes
