@@ -1,12 +1,14 @@
 """One loaded model version: checks requests against its config, runs them, shapes the response."""
 
+from __future__ import annotations
+
 import contextlib
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from enum import Enum
 from pathlib import Path
 from time import perf_counter_ns
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batcher.dynamic import DynamicBatcher
 from batcher.execution import Executor
@@ -17,8 +19,11 @@ from batcher.stats import ModelStats
 from codec.datatypes import BY_CONFIG, DataType
 from codec.errors import ErrorKind, InferError, invalid
 from codec.tensor import InferRequest, InferResponse, Tensor, as_dtype
-from server.backends import Backend, load_backend
-from server.backends.python import stream_only_error
+from server.backends import load_backend
+from server.backends.base import stream_only_error
+
+if TYPE_CHECKING:
+    from server.backends.base import Backend, Host
 
 UNLOADED = "unloaded"  # the reason of a version unloaded on purpose (a clean end, not a failure)
 
@@ -78,22 +83,22 @@ class ModelVersion:
         self.stats = ModelStats()  # Triton's statistics for this version (batcher/stats.py)
         self._open_streams = InFlight()  # infer_stream answers in progress: unload waits for them too
 
-    def load(self) -> None:
-        """Blocking: imports and initializes the backend. Sets state and reason either way."""
+    def load(self, host: Host | None = None) -> None:
+        """Blocking: imports and initializes the backend, handing it `host` (what it may use of the
+        server: server/backends/base.py). Sets state and reason either way."""
         self.state = ModelState.LOADING
         try:
-            self.backend = load_backend(self.version_dir, self.config, self.version)
-            self.per_request = getattr(self.backend, "per_request", False)
-            staging = getattr(self.backend, "staging", None)  # the one a backend built for itself
+            backend = self.backend = load_backend(self.version_dir, self.config, self.version, host)
+            self.per_request = backend.per_request
+            staging = backend.staging  # the one a backend built for itself, else the config's
             if staging is None:
                 staging = make_staging(self.config)
             self.executor = Executor(
-                self.backend.execute,
+                backend.execute,
                 label=f"model '{self.name}' version {self.version}",
-                is_async=self.backend.is_async,
-                in_thread=getattr(self.backend, "in_thread", False),
-                instances=getattr(self.backend, "instances", 0)
-                or instance_count(self.config, staging.device),
+                is_async=backend.is_async,
+                in_thread=backend.in_thread,
+                instances=backend.instances or instance_count(self.config, staging.device),
                 staging=staging,
                 per_request=self.per_request,
             )
@@ -110,7 +115,7 @@ class ModelVersion:
         else:
             self.scheduler = DirectScheduler(self.executor, self.stats)
         self.queues = self.scheduler.queuing
-        self.stream_only = getattr(self.backend, "stream_only", False)
+        self.stream_only = backend.stream_only
         self.state = ModelState.READY
         self.reason = ""
 
@@ -243,7 +248,7 @@ class ModelVersion:
     @property
     def streams(self) -> bool:
         """Whether the model answers in a stream (its backend has `execute_stream`)."""
-        return getattr(self.backend, "execute_stream", None) is not None
+        return self.backend is not None and self.backend.execute_stream is not None
 
     def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         """One response per yield of the model's `execute_stream`. Bad requests raise here, at the call;

@@ -23,23 +23,29 @@ served to streaming clients (ModelStreamInfer, grps streaming) as our `execute_s
 plain infer is refused as for those.
 """
 
+from __future__ import annotations
+
 import asyncio
 import copy
 import inspect
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import server.backends.pb_utils as pb_utils
 from codec.datatypes import BY_CONFIG
 from codec.errors import ErrorKind, InferError
-from server.backends import pb_utils
-from server.backends.python import ModelModule, stream_only_error
+from server.backends.base import Backend, stream_only_error
+from server.backends.module import ModelModule
+
+if TYPE_CHECKING:
+    from server.backends.base import Host
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
-class TritonPythonBackend:
+class TritonPythonBackend(Backend):
     per_request = True  # execute(parts, contexts): each request apart (batcher/execution.py)
 
     def __init__(self, module: ModelModule, config: dict, version: int) -> None:
@@ -153,10 +159,10 @@ class TritonPythonBackend:
         self._module.unload(self.model)
 
 
-def complete(version_dir: Path, config: dict) -> dict:
+def complete(version_dir: Path, config: dict, host: Host | None = None) -> dict:
     """The config as the model's `auto_complete_config(auto_complete_model_config)` completes it (a
     model without one leaves it as it is)."""
-    module = ModelModule(version_dir, config, 0)
+    module = ModelModule(version_dir, config, 0, host)
     try:
         complete_config = getattr(module.model_class, "auto_complete_config", None)
         if not module.uses_triton_api or complete_config is None:

@@ -126,7 +126,7 @@ class CustomizedHttp:
 
     async def handle(self, request: HttpRequest) -> HttpResponse:
         version = self.grps.select(query_of(request).get("model", ""))
-        handler = getattr(version.backend, "handle_http", None)
+        handler = version.backend.handle_http if version.backend is not None else None
         if handler is None:
             raise invalid(f"model '{version.name}' has no handle_http: it cannot answer customized HTTP")
         http = HttpContext(request, self.control.wants(request))
