@@ -368,19 +368,19 @@ def received_request(
     model_version: int,
     inputs: dict[str, np.ndarray],
     dtypes: dict[str, str],
-    context: Any,
+    served: Any,
     sender: InferenceResponseSender | None = None,
 ) -> InferenceRequest:
     """The InferenceRequest a model's execute receives: its own tensors, id, parameters and the outputs
-    it asked for (all of the model's when it named none). `context` is the server's InferRequest."""
+    it asked for (all of the model's when it named none). `served` is the server's InferRequest."""
     request = InferenceRequest(model_name, model_version=model_version)
     request._inputs = [Tensor._of(name, array, dtypes[name]) for name, array in inputs.items()]
-    if context is not None:
-        request._request_id = context.id or ""
-        if context.parameters:
-            request._parameters = json.dumps(context.parameters)
-        if context.outputs is not None:
-            request._requested = [o.name for o in context.outputs]
+    if served is not None:
+        request._request_id = served.id or ""
+        if served.parameters:
+            request._parameters = json.dumps(served.parameters)
+        if served.outputs is not None:
+            request._requested = [o.name for o in served.outputs]
     request._sender = sender
     return request
 

@@ -40,13 +40,14 @@ from server.backends.base import Backend, stream_only_error
 from server.backends.module import ModelModule
 
 if TYPE_CHECKING:
+    from batcher.scheduler import Job
     from server.backends.base import Host
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 class TritonPythonBackend(Backend):
-    per_request = True  # execute(parts, contexts): each request apart (batcher/execution.py)
+    per_request = True  # execute(jobs): each request apart (batcher/execution.py)
 
     def __init__(self, module: ModelModule, config: dict, version: int) -> None:
         self._module = module
@@ -71,27 +72,19 @@ class TritonPythonBackend(Backend):
         if hasattr(self.model, "initialize"):
             self.model.initialize(_initialize_args(config, version, module))
 
-    def _requests(self, parts: dict[str, list[Any]], contexts: list[Any]) -> list[pb_utils.InferenceRequest]:
-        return [
-            pb_utils.received_request(
-                self.name,
-                self.version,
-                {name: arrays[i] for name, arrays in parts.items()},
-                self.dtypes,
-                context,
-            )
-            for i, context in enumerate(contexts)
-        ]
+    def _requests(self, jobs: list[Job]) -> list[pb_utils.InferenceRequest]:
+        name, version, dtypes = self.name, self.version, self.dtypes
+        return [pb_utils.received_request(name, version, job.inputs, dtypes, job.request) for job in jobs]
 
-    def _execute(self, parts: dict[str, list[Any]], contexts: list[Any]) -> list:
-        requests = self._requests(parts, contexts)
+    def _execute(self, jobs: list[Job]) -> list:
+        requests = self._requests(jobs)
         return self._answers(len(requests), self.model.execute(requests))
 
-    async def _execute_async(self, parts: dict[str, list[Any]], contexts: list[Any]) -> list:
-        requests = self._requests(parts, contexts)
+    async def _execute_async(self, jobs: list[Job]) -> list:
+        requests = self._requests(jobs)
         return self._answers(len(requests), await self.model.execute(requests))
 
-    def _refuse(self, parts: dict[str, list[Any]], contexts: list[Any]) -> list:
+    def _refuse(self, jobs: list[Job]) -> list:
         raise stream_only_error(self.name)
 
     def _answers(self, count: int, responses: Any) -> list:
@@ -120,7 +113,7 @@ class TritonPythonBackend(Backend):
             return pb_utils.as_infer_error(response.error())
         return {tensor.name(): tensor.as_numpy() for tensor in response.output_tensors()}
 
-    async def _execute_decoupled(self, inputs: dict[str, Any], context: Any = None) -> AsyncIterator[dict]:
+    async def _execute_decoupled(self, inputs: dict[str, Any], request: Any = None) -> AsyncIterator[dict]:
         """A decoupled model's answers to one request, as they are sent, until the FINAL flag."""
         loop = asyncio.get_running_loop()
         sent: asyncio.Queue = asyncio.Queue()
@@ -129,11 +122,11 @@ class TritonPythonBackend(Backend):
             loop.call_soon_threadsafe(sent.put_nowait, (response, flags))
 
         sender = pb_utils.InferenceResponseSender(deliver)
-        request = pb_utils.received_request(self.name, self.version, inputs, self.dtypes, context, sender)
+        received = pb_utils.received_request(self.name, self.version, inputs, self.dtypes, request, sender)
         if self.is_async:
-            running = asyncio.ensure_future(self.model.execute([request]))
+            running = asyncio.ensure_future(self.model.execute([received]))
         else:
-            running = loop.run_in_executor(None, self.model.execute, [request])
+            running = loop.run_in_executor(None, self.model.execute, [received])
 
         def finished(future: asyncio.Future) -> None:
             if not future.cancelled() and future.exception() is not None:
