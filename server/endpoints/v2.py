@@ -94,7 +94,10 @@ class V2Endpoints:
             request.headers.get(v2_http.HEADER_LENGTH_BYTES), len(request.body)
         )
         infer_request = v2_http.decode_request(request.body, header_length, name, version)
-        response = await self.shared_memory.infer(model_version, infer_request)
+        if infer_request.shared_memory:  # it names a region: read and written through the server's
+            response = await self.shared_memory.infer(model_version, infer_request)
+        else:
+            response = await model_version.infer(infer_request)
         encoded = v2_http.encode_response(response, infer_request)
         return HttpResponse(200, encoded.headers, encoded.chunks)
 
