@@ -16,6 +16,8 @@ it too (server/backends/module.py). Everything is served as JSON by `GET /grps/v
 models' own metrics are exported to Prometheus.
 """
 
+from __future__ import annotations
+
 import asyncio
 import logging
 import os
@@ -23,12 +25,15 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from server.app_monitor import AppMonitor, app_monitor
+from server.app_monitor import app_monitor
 from server.statistics import ready_versions
+
+if TYPE_CHECKING:
+    from server.app_monitor import AppMonitor
 
 log = logging.getLogger("tensorgate.monitor")
 

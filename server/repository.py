@@ -20,12 +20,13 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from codec.errors import ErrorKind, InferError, invalid
-from server.app_monitor import AppMonitor, app_monitor
+from server.app_monitor import app_monitor
 from server.backends import complete_config
 from server.model import UNLOADED, ModelVersion
 from server.model_config import ConfigError, check_complete, load_model_config, normalize_config
 
 if TYPE_CHECKING:
+    from server.app_monitor import AppMonitor
     from server.backends.base import Host
 
 log = logging.getLogger("tensorgate.repository")

@@ -1,17 +1,23 @@
 """KServe v2 REST endpoints: health, server and model metadata, model config, statistics, infer, and
 Triton's system and CUDA shared-memory extensions."""
 
+from __future__ import annotations
+
 import functools
+from typing import TYPE_CHECKING
 
 import orjson
 
 from codec import v2_http
 from codec.errors import InferError, http_status, invalid
 from server import __version__
-from server.repository import Repository
 from server.router import HttpRequest, HttpResponse, Router, body_response
-from server.shared_memory import CUDA, SYSTEM, SharedMemory, decode_handle
+from server.shared_memory import CUDA, SYSTEM, decode_handle
 from server.statistics import model_statistics
+
+if TYPE_CHECKING:
+    from server.repository import Repository
+    from server.shared_memory import SharedMemory
 
 EXTENSIONS = [
     "binary_tensor_data",
