@@ -1,4 +1,5 @@
-"""The dynamic batcher: Triton's `dynamic_batching` on an asyncio event loop.
+"""The dynamic batcher: Triton's `dynamic_batching` on an asyncio event loop, a `Scheduler`
+(batcher/scheduler.py; the other is the direct path, batcher/direct.py).
 
 Requests queue by priority level (batcher/queue.py). Whenever an instance is free, a batch is formed
 from the front of the queue, as Triton's dynamic batch scheduler forms it:
@@ -22,9 +23,10 @@ from typing import Any
 import numpy as np
 
 from batcher.clock import Clock, MonotonicClock, Timer
-from batcher.execution import Arrays, Executor, Result
+from batcher.execution import Executor, Result
 from batcher.inflight import InFlight
-from batcher.queue import TIMED_OUT, PriorityQueues, QueuePolicy, Waiter
+from batcher.queue import OUT, TIMED_OUT, PriorityQueues, QueuePolicy
+from batcher.scheduler import Arrays, Job, Scheduler
 from batcher.stats import ModelStats
 from codec.datatypes import BY_CONFIG
 from codec.errors import ErrorKind, InferError, invalid
@@ -38,15 +40,15 @@ def signature(inputs: Arrays) -> tuple:
 
 
 class _Batch:
-    __slots__ = ("waiters", "dispatched_ns", "outcome")
+    __slots__ = ("jobs", "dispatched_ns", "outcome")
 
-    def __init__(self, waiters: list[Waiter], dispatched_ns: int) -> None:
-        self.waiters = waiters
+    def __init__(self, jobs: list[Job], dispatched_ns: int) -> None:
+        self.jobs = jobs
         self.dispatched_ns = dispatched_ns
-        self.outcome: list[Arrays] | InferError | None = None  # answers per waiter, or the batch's error
+        self.outcome: list[Arrays] | InferError | None = None  # answers per job, or the batch's error
 
 
-class DynamicBatcher:
+class DynamicBatcher(Scheduler):
     def __init__(
         self,
         executor: Executor,
@@ -59,7 +61,6 @@ class DynamicBatcher:
         self.executor = executor
         self.stats = stats if stats is not None else ModelStats()
         self.now = False  # requests wait in a queue: never run_now (see batcher/scheduler.py)
-        self.queuing = True
         self.clock: Clock = clock if clock is not None else MonotonicClock()
         max_batch_size = int(config.get("max_batch_size", 0))
         # Without batching (max_batch_size 0) each request is a batch of one: the queue policies apply.
@@ -99,33 +100,33 @@ class DynamicBatcher:
         """Requests queued, not yet in a batch (Triton's nv_inference_pending_request_count)."""
         return len(self.queues)
 
-    async def run(
-        self, inputs: Arrays, rows: int = 1, priority: int = 0, timeout_us: int = 0, context: Any = None
-    ) -> Arrays:
-        """This request's outputs: its rows of its batch's outputs. `rows` is its batch size (ignored
-        without batching); `priority` and `timeout_us` are the request parameters of those names;
-        `context` (the request) goes to a per-request backend beside its arrays."""
+    async def run(self, job: Job) -> Arrays:
+        """This request's outputs: its rows of its batch's outputs. Its `rows` is its batch size (ignored
+        without batching); its `priority` and `timeout_us` place it in the queues."""
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
-        # The server checks this first (server/model.py); this guards direct users of the batcher.
-        if self.batched and rows > self.max_batch_size:
-            raise invalid(f"batch size {rows} is over max_batch_size {self.max_batch_size}")
-        waiter = Waiter(
-            inputs,
-            rows if self.batched else 1,
-            signature(inputs) if self.batched else None,
-            self.clock.now_ns(),
-            loop.create_future(),
-        )
-        waiter.context = context
-        self.queues.push(waiter, priority, timeout_us)
+        if self.batched:
+            rows = job.rows
+            # The server checks this first (server/model.py); this guards direct users of the batcher.
+            if rows > self.max_batch_size:
+                raise invalid(f"batch size {rows} is over max_batch_size {self.max_batch_size}")
+            job.size = max(1, rows)  # zero rows count as one, as in Triton
+            job.signature = signature(job.inputs)
+        else:
+            job.size = 1
+            job.signature = None
+        job.arrival_ns = self.clock.now_ns()
+        job.deadline_ns = 0  # none
+        job.future = loop.create_future()
+        job.where = OUT
+        self.queues.push(job, job.priority, job.timeout_us)
         self._unanswered.enter()
         self._kick()
         try:
-            return await waiter.future
+            return await job.future
         except asyncio.CancelledError:
-            if self.queues.remove(waiter):  # the caller went away before its batch was formed
+            if self.queues.remove(job):  # the caller went away before its batch was formed
                 self._unanswered.leave()
                 self._kick()
             raise
@@ -169,18 +170,18 @@ class DynamicBatcher:
         count = size = best = 0
         full = False  # the next request does not fit: the batch cannot grow
         first_signature = oldest = None
-        for waiter in self.queues:
+        for job in self.queues:
             if count:
-                if size + waiter.size > self.max_preferred and not best:
+                if size + job.size > self.max_preferred and not best:
                     best = count  # the largest batch within the preferred sizes
-                if size + waiter.size > self.max_batch_size or waiter.signature != first_signature:
+                if size + job.size > self.max_batch_size or job.signature != first_signature:
                     full = True
                     break
             else:
-                first_signature, oldest = waiter.signature, waiter.arrival_ns
+                first_signature, oldest = job.signature, job.arrival_ns
             count += 1
-            size += waiter.size
-            oldest = min(oldest, waiter.arrival_ns)
+            size += job.size
+            oldest = min(oldest, job.arrival_ns)
             if size in self.preferred:
                 best = count
         if not count:
@@ -210,37 +211,35 @@ class DynamicBatcher:
         self._timer = self._timer_at = None
         self._schedule()
 
-    def _reject(self, waiters: list[Waiter], now: int) -> None:
-        self.stats.record_failure(len(waiters), sum(now - w.arrival_ns for w in waiters))
-        for waiter in waiters:
-            if not waiter.future.done():
-                waiter.future.set_exception(InferError(ErrorKind.UNAVAILABLE, TIMED_OUT))
-        self._unanswered.leave(len(waiters))
+    def _reject(self, jobs: list[Job], now: int) -> None:
+        self.stats.record_failure(len(jobs), sum(now - w.arrival_ns for w in jobs))
+        for job in jobs:
+            if not job.future.done():
+                job.future.set_exception(InferError(ErrorKind.UNAVAILABLE, TIMED_OUT))
+        self._unanswered.leave(len(jobs))
 
     # ------------------------------------------------------------------------------------------ execution
 
-    def _dispatch(self, waiters: list[Waiter], now: int) -> None:
-        batch = _Batch(waiters, now)
+    def _dispatch(self, jobs: list[Job], now: int) -> None:
+        batch = _Batch(jobs, now)
         if self.preserve_ordering:
             self._formed.append(batch)
         self._free -= 1
-        parts = {name: [w.inputs[name] for w in waiters] for name in waiters[0].inputs}
-        contexts = [w.context for w in waiters] if self.executor.per_request else None
         if self.executor.inline:  # a plain execute runs here, on the loop, as it would in a task
             try:
-                result = self.executor.run_parts(parts, contexts)
+                result = self.executor.run_batch(jobs)
             except InferError as e:
                 self._finish(batch, None, e, from_schedule=True)
             else:
                 self._finish(batch, result, None, from_schedule=True)
             return
-        task = self._loop.create_task(self._execute(batch, parts, contexts))
+        task = self._loop.create_task(self._execute(batch))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _execute(self, batch: _Batch, parts: dict[str, list[Any]], contexts: list | None) -> None:
+    async def _execute(self, batch: _Batch) -> None:
         try:
-            result = await self.executor.run(parts, contexts)
+            result = await self.executor.run(batch.jobs)
         except InferError as e:
             self._finish(batch, None, e)
         except asyncio.CancelledError:  # the loop is shutting down: nobody is left waiting for an answer
@@ -256,11 +255,11 @@ class DynamicBatcher:
     ) -> None:
         now = self.clock.now_ns()
         self._free += 1
-        waiters = batch.waiters
+        jobs = batch.jobs
         if result is not None:
             outputs, input_ns, infer_ns, output_ns = result
             try:
-                batch.outcome = self._split(waiters, outputs)
+                batch.outcome = self._split(jobs, outputs)
             except InferError as e:
                 error = e
             except Exception as e:  # outputs numpy cannot make an array of
@@ -268,14 +267,14 @@ class DynamicBatcher:
                     ErrorKind.INTERNAL, f"{self.executor.label} returned outputs that are not arrays: {e}"
                 )
             else:
-                answered = waiters
+                answered = jobs
                 if self.executor.per_request:  # a request the model refused fails alone
-                    outcome = zip(waiters, batch.outcome, strict=True)
+                    outcome = zip(jobs, batch.outcome, strict=True)
                     failed = [w for w, answer in outcome if isinstance(answer, InferError)]
                     if failed:
                         self.stats.record_failure(len(failed), sum(now - w.arrival_ns for w in failed))
-                        answered = [w for w in waiters if w not in failed]
-                self.stats.record_batch(sum(w.size for w in waiters), input_ns, infer_ns, output_ns)
+                        answered = [w for w in jobs if w not in failed]
+                self.stats.record_batch(sum(w.size for w in jobs), input_ns, infer_ns, output_ns)
                 if answered:
                     each = [now - w.arrival_ns for w in answered]
                     self.stats.record_success(
@@ -289,7 +288,7 @@ class DynamicBatcher:
                     )
         if error is not None:
             batch.outcome = error
-            self.stats.record_failure(len(waiters), sum(now - w.arrival_ns for w in waiters))
+            self.stats.record_failure(len(jobs), sum(now - w.arrival_ns for w in jobs))
         if not self.preserve_ordering:
             self._answer(batch)
         else:
@@ -299,14 +298,14 @@ class DynamicBatcher:
         if not from_schedule:  # _schedule looks at the queue again by itself
             self._kick()
 
-    def _split(self, waiters: list[Waiter], outputs: Any) -> list[Arrays]:
+    def _split(self, jobs: list[Job], outputs: Any) -> list[Arrays]:
         """Each request's rows of the batch outputs, as views."""
         label = self.executor.label
         if self.executor.per_request:
-            if not isinstance(outputs, list) or len(outputs) != len(waiters):
+            if not isinstance(outputs, list) or len(outputs) != len(jobs):
                 got = len(outputs) if isinstance(outputs, list) else type(outputs).__name__
                 raise InferError(
-                    ErrorKind.INTERNAL, f"{label} answered {got} responses for {len(waiters)} requests"
+                    ErrorKind.INTERNAL, f"{label} answered {got} responses for {len(jobs)} requests"
                 )
             return outputs
         if not isinstance(outputs, dict):
@@ -315,7 +314,7 @@ class DynamicBatcher:
             )
         if not self.batched:
             return [outputs]
-        total = sum(w.rows for w in waiters)
+        total = sum(w.rows for w in jobs)
         arrays = {}
         for name, output in outputs.items():
             if self._dtypes and name not in self._dtypes:
@@ -327,14 +326,14 @@ class DynamicBatcher:
                 raise InferError(
                     ErrorKind.INTERNAL,
                     f"{label} returned {got} for output '{name}' where its batch has {total} rows "
-                    f"(from {len(waiters)} requests): an output must have one row per input row",
+                    f"(from {len(jobs)} requests): an output must have one row per input row",
                 )
             arrays[name] = output
-        if len(waiters) == 1:
+        if len(jobs) == 1:
             return [arrays]
         answers, start = [], 0
-        for waiter in waiters:
-            end = start + waiter.rows
+        for job in jobs:
+            end = start + job.rows
             answers.append({name: array[start:end] for name, array in arrays.items()})
             start = end
         return answers
@@ -342,15 +341,15 @@ class DynamicBatcher:
     def _answer(self, batch: _Batch) -> None:
         outcome = batch.outcome
         if isinstance(outcome, InferError):
-            for waiter in batch.waiters:
-                if not waiter.future.done():  # done: its caller went away
-                    waiter.future.set_exception(InferError(outcome.kind, outcome.message))
+            for job in batch.jobs:
+                if not job.future.done():  # done: its caller went away
+                    job.future.set_exception(InferError(outcome.kind, outcome.message))
         else:
-            for waiter, answer in zip(batch.waiters, outcome, strict=True):
-                if waiter.future.done():
+            for job, answer in zip(batch.jobs, outcome, strict=True):
+                if job.future.done():
                     continue
                 if isinstance(answer, InferError):
-                    waiter.future.set_exception(answer)
+                    job.future.set_exception(answer)
                 else:
-                    waiter.future.set_result(answer)
-        self._unanswered.leave(len(batch.waiters))
+                    job.future.set_result(answer)
+        self._unanswered.leave(len(batch.jobs))

@@ -10,9 +10,10 @@ How `execute` runs:
 The infer time of a batch staged on a GPU ends when the device has run what execute queued.
 Any exception becomes an INTERNAL InferError naming the model; its traceback goes to the log.
 
-A `per_request` backend (Triton's python API: `execute(requests)`) is given the batch's requests apart,
-`execute(parts, contexts)` with each request's arrays and context, nothing gathered, and answers a list
-with one entry per request: its outputs, or the InferError that answers it alone.
+Each request is a `Job` (batcher/scheduler.py). A `per_request` backend (Triton's python API:
+`execute(requests)`) is given the batch's jobs apart, `execute(jobs)`, each with its arrays and its
+request, nothing gathered, and answers a list with one entry per job: its outputs, or the InferError that
+answers it alone.
 """
 
 import asyncio
@@ -22,12 +23,12 @@ from concurrent.futures import ThreadPoolExecutor
 from time import perf_counter_ns
 from typing import Any
 
+from batcher.scheduler import Arrays, Job
 from batcher.staging import HostStaging, Staging
 from codec.errors import ErrorKind, InferError
 
 log = logging.getLogger("tensorgate.batcher")
 
-Arrays = dict[str, Any]
 # host outputs, and the ns spent staging inputs, executing, and bringing outputs back
 Result = tuple[Arrays, int, int, int]
 
@@ -55,14 +56,14 @@ class Executor:
         self.host = type(self.staging) is HostStaging  # staging is then the identity for one request
         self._pool: ThreadPoolExecutor | None = None
 
-    def run_parts(self, parts: dict[str, list[Any]], contexts: list[Any] | None = None) -> Result:
-        """Blocking: one batch from per-request arrays (`parts` per input, in batch order)."""
+    def run_batch(self, jobs: list[Job]) -> Result:
+        """Blocking: one batch of these jobs, in batch order."""
         try:
             if self.per_request:
                 start = perf_counter_ns()
-                produced = self.execute(parts, contexts)
+                produced = self.execute(jobs)
                 return produced, 0, perf_counter_ns() - start, 0
-            batch, start, staged = self._gather(parts)
+            batch, start, staged = self._gather(jobs)
             produced = self.execute(batch)
             self.staging.finished()
             return self._finish(produced, start, staged)
@@ -71,45 +72,44 @@ class Executor:
         except Exception as e:
             raise self.failure(e) from None
 
-    def run_one(self, inputs: Arrays, context: Any = None) -> Result:
+    def run_one(self, job: Job) -> Result:
         """Blocking: one request executed alone."""
         if self.per_request:
-            parts = {name: [array] for name, array in inputs.items()}
-            produced, input_ns, infer_ns, output_ns = self.run_parts(parts, [context])
+            produced, input_ns, infer_ns, output_ns = self.run_batch([job])
             return alone(produced), input_ns, infer_ns, output_ns
         if not self.host:
-            return self.run_parts({name: [array] for name, array in inputs.items()})
+            return self.run_batch([job])
         try:
             start = perf_counter_ns()
-            produced = self.execute(inputs)
+            produced = self.execute(job.inputs)
             return produced, 0, perf_counter_ns() - start, 0
         except InferError:
             raise
         except Exception as e:
             raise self.failure(e) from None
 
-    async def run_async(self, parts: dict[str, list[Any]], contexts: list[Any] | None = None) -> Result:
+    async def run_async(self, jobs: list[Job]) -> Result:
         """One batch through an `async def execute`."""
         try:
             if self.per_request:
                 start = perf_counter_ns()
-                produced = await self.execute(parts, contexts)
+                produced = await self.execute(jobs)
                 return produced, 0, perf_counter_ns() - start, 0
-            batch, start, staged = self._gather(parts)
+            batch, start, staged = self._gather(jobs)
             return self._finish(await self.execute(batch), start, staged)
         except InferError:
             raise
         except Exception as e:
             raise self.failure(e) from None
 
-    async def run(self, parts: dict[str, list[Any]], contexts: list[Any] | None = None) -> Result:
+    async def run(self, jobs: list[Job]) -> Result:
         """One batch, however this backend executes."""
         if self.is_async:
-            return await self.run_async(parts, contexts)
+            return await self.run_async(jobs)
         if self.in_thread:
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self.pool, self.run_parts, parts, contexts)
-        return self.run_parts(parts, contexts)
+            return await loop.run_in_executor(self.pool, self.run_batch, jobs)
+        return self.run_batch(jobs)
 
     @property
     def pool(self) -> ThreadPoolExecutor:
@@ -119,11 +119,12 @@ class Executor:
             )
         return self._pool
 
-    def _gather(self, parts: dict[str, list[Any]]) -> tuple[dict[str, Any], int, int]:
-        """The batch arrays, and the clock before and after staging them."""
+    def _gather(self, jobs: list[Job]) -> tuple[dict[str, Any], int, int]:
+        """The batch arrays (each input's arrays of the jobs, in order, staged as one), and the clock
+        before and after staging them."""
         start = perf_counter_ns()
         gather = self.staging.gather
-        batch = {name: gather(name, arrays) for name, arrays in parts.items()}
+        batch = {name: gather(name, [job.inputs[name] for job in jobs]) for name in jobs[0].inputs}
         return batch, start, perf_counter_ns()
 
     def _finish(self, produced: Any, start: int, staged: int) -> Result:

@@ -9,20 +9,25 @@
 - Requests leave in order: level by level, and within a level those not timed out first, oldest first.
 """
 
+from __future__ import annotations
+
 import bisect
 import heapq
 import itertools
 from collections import deque
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from codec.errors import ErrorKind, InferError
+
+if TYPE_CHECKING:
+    from batcher.scheduler import Job
 
 REJECT, DELAY = "REJECT", "DELAY"
 QUEUE_FULL = "Exceeds maximum queue size"
 TIMED_OUT = "Request timeout expired"
 
-# Where a Waiter is.
+# Where a job is (Job.where).
 QUEUED, DELAYED, OUT = 0, 1, 2
 
 
@@ -33,7 +38,7 @@ class QueuePolicy(NamedTuple):
     max_queue_size: int = 0
 
     @classmethod
-    def from_config(cls, policy: dict | None) -> "QueuePolicy":
+    def from_config(cls, policy: dict | None) -> QueuePolicy:
         """From a ModelQueuePolicy message as model_config.py normalizes it (missing fields: defaults)."""
         policy = policy or {}
         return cls(
@@ -51,44 +56,13 @@ class QueuePolicy(NamedTuple):
         return self.default_timeout_us
 
 
-class Waiter:
-    """One queued request: its inputs, its size in the batch, and the future its caller awaits."""
-
-    __slots__ = (
-        "inputs",
-        "rows",
-        "size",
-        "signature",
-        "arrival_ns",
-        "deadline_ns",
-        "level",
-        "future",
-        "where",
-        "context",
-    )
-
-    def __init__(
-        self, inputs: dict[str, Any], rows: int, signature: Any, arrival_ns: int, future: Any
-    ) -> None:
-        self.inputs = inputs
-        self.rows = rows
-        self.size = max(1, rows)  # what the request counts for against max_batch_size, as in Triton
-        self.signature = signature
-        self.arrival_ns = arrival_ns
-        self.context: Any = None  # the request, for a per-request backend
-        self.deadline_ns = 0  # 0 = no timeout
-        self.level = 0
-        self.future = future
-        self.where = OUT
-
-
 class _Level:
     __slots__ = ("policy", "fresh", "delayed")
 
     def __init__(self, policy: QueuePolicy) -> None:
         self.policy = policy
-        self.fresh: deque[Waiter] = deque()  # not timed out, in arrival order
-        self.delayed: deque[Waiter] = deque()  # timed out under DELAY, in the order they timed out
+        self.fresh: deque[Job] = deque()  # not timed out, in arrival order
+        self.delayed: deque[Job] = deque()  # timed out under DELAY, in the order they timed out
 
     def __len__(self) -> int:
         return len(self.fresh) + len(self.delayed)
@@ -109,7 +83,7 @@ class PriorityQueues:
         self._levels: dict[int, _Level] = {}
         self._order: list[int] = []  # the levels that have a queue, ascending
         self._size = 0
-        self._deadlines: list[tuple[int, int, Waiter]] = []  # a heap; entries of waiters gone are skipped
+        self._deadlines: list[tuple[int, int, Job]] = []  # a heap; entries of jobs gone are skipped
         self._tiebreak = itertools.count()
 
     def __len__(self) -> int:
@@ -129,70 +103,70 @@ class PriorityQueues:
             bisect.insort(self._order, number)
         return level
 
-    def push(self, waiter: Waiter, priority: int = 0, timeout_us: int = 0) -> None:
-        """Queues `waiter` at its priority's level; raises UNAVAILABLE when that level is full."""
-        waiter.level = self.level_of(priority)
-        level = self._level(waiter.level)
+    def push(self, job: Job, priority: int = 0, timeout_us: int = 0) -> None:
+        """Queues `job` at its priority's level; raises UNAVAILABLE when that level is full."""
+        job.level = self.level_of(priority)
+        level = self._level(job.level)
         if level.policy.max_queue_size and len(level) >= level.policy.max_queue_size:
             raise InferError(ErrorKind.UNAVAILABLE, QUEUE_FULL)
         timeout = level.policy.timeout_us(timeout_us)
         if timeout:
-            waiter.deadline_ns = waiter.arrival_ns + timeout * 1000
-            heapq.heappush(self._deadlines, (waiter.deadline_ns, next(self._tiebreak), waiter))
-        level.fresh.append(waiter)
-        waiter.where = QUEUED
+            job.deadline_ns = job.arrival_ns + timeout * 1000
+            heapq.heappush(self._deadlines, (job.deadline_ns, next(self._tiebreak), job))
+        level.fresh.append(job)
+        job.where = QUEUED
         self._size += 1
 
-    def __iter__(self) -> Iterator[Waiter]:
+    def __iter__(self) -> Iterator[Job]:
         """The queued requests in the order they leave."""
         for number in self._order:
             level = self._levels[number]
             yield from level.fresh
             yield from level.delayed
 
-    def take(self, count: int) -> list[Waiter]:
+    def take(self, count: int) -> list[Job]:
         """Removes and returns the first `count` requests in leaving order."""
-        taken: list[Waiter] = []
+        taken: list[Job] = []
         for number in self._order:
             level = self._levels[number]
             for part in (level.fresh, level.delayed):
                 while part and len(taken) < count:
-                    waiter = part.popleft()
-                    waiter.where = OUT
-                    taken.append(waiter)
+                    job = part.popleft()
+                    job.where = OUT
+                    taken.append(job)
             if len(taken) == count:
                 break
         self._size -= len(taken)
         return taken
 
-    def remove(self, waiter: Waiter) -> bool:
-        """Takes `waiter` out wherever it is queued (a caller gone); False when it is not queued."""
-        if waiter.where == OUT:
+    def remove(self, job: Job) -> bool:
+        """Takes `job` out wherever it is queued (a caller gone); False when it is not queued."""
+        if job.where == OUT:
             return False
-        level = self._levels[waiter.level]
-        (level.fresh if waiter.where == QUEUED else level.delayed).remove(waiter)
-        waiter.where = OUT
+        level = self._levels[job.level]
+        (level.fresh if job.where == QUEUED else level.delayed).remove(job)
+        job.where = OUT
         self._size -= 1
         return True
 
-    def expire(self, now_ns: int) -> list[Waiter]:
+    def expire(self, now_ns: int) -> list[Job]:
         """Applies the timeout action to every request past its timeout (strictly after its deadline);
         returns those rejected, already out of the queue."""
-        rejected: list[Waiter] = []
+        rejected: list[Job] = []
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] < now_ns:
-            waiter = heapq.heappop(deadlines)[2]
-            if waiter.where != QUEUED:
+            job = heapq.heappop(deadlines)[2]
+            if job.where != QUEUED:
                 continue
-            level = self._levels[waiter.level]
-            level.fresh.remove(waiter)
+            level = self._levels[job.level]
+            level.fresh.remove(job)
             if level.policy.timeout_action == DELAY:
-                level.delayed.append(waiter)
-                waiter.where = DELAYED
+                level.delayed.append(job)
+                job.where = DELAYED
             else:
-                waiter.where = OUT
+                job.where = OUT
                 self._size -= 1
-                rejected.append(waiter)
+                rejected.append(job)
         return rejected
 
     def next_deadline(self) -> int | None:

@@ -1,121 +1,75 @@
-"""How a model version's requests reach its backend: `DirectScheduler` without `dynamic_batching` (each
-request executes alone), `batcher.dynamic.DynamicBatcher` with it. Both answer `run(inputs, rows,
-priority, timeout_us) -> outputs`, `drain()` and `close()`, and count statistics in a `ModelStats`. Where
-`now` is true (DirectScheduler of a numpy model on the event loop), `run_now(inputs, rows)` is `run` as a
-plain call. `queuing` says whether a request may wait in a queue to execute (the dynamic batcher's).
+"""How a model version's requests reach its backend, written down as Triton's src/scheduler.h writes it
+(Enqueue, InflightInferenceCount, Stop): the `Scheduler` interface, and `Job`, one request as a
+scheduler takes it.
+
+Two implementations: `batcher.direct.DirectScheduler` without `dynamic_batching` (each request executes
+alone) and `batcher.dynamic.DynamicBatcher` with it. The server (server/model.py) reads nothing else of
+either.
 """
 
-import asyncio
-from time import perf_counter_ns
-from typing import Any
+from __future__ import annotations
 
-from batcher.execution import Arrays, Executor, alone
-from batcher.inflight import InFlight
-from batcher.stats import ModelStats
-from codec.errors import InferError
+from typing import Any, Protocol
+
+Arrays = dict[str, Any]
 
 
-class DirectScheduler:
-    """Executes each request alone.
+class Job:
+    """One request as a scheduler takes it: the arrays the model executes on (input name -> array, the
+    batch dimension first when the model batches), its `rows` (its batch size, 1 without batching), the
+    request parameters `priority` and `timeout_us` (microseconds in the queue) that the dynamic batcher
+    heeds, and the request itself (codec.tensor.InferRequest), which a per-request backend reads beside
+    its arrays (Triton's python API, server/backends/triton_python.py).
 
-    A plain `execute` runs to completion on the event loop, so requests never overlap and there is
-    nothing to wait for. An `async def execute`, or a backend that runs in a worker thread, runs with at
-    most `instances` (instance_group count) requests in flight; the others wait their turn.
+    The other slots are the dynamic batcher's, set while the job waits in its queue (batcher/queue.py):
+    a job is the one object per request from the server to the batch that answers it.
     """
 
-    def __init__(self, executor: Executor, stats: ModelStats | None = None) -> None:
-        self.executor = executor
-        self.stats = stats if stats is not None else ModelStats()
-        self.now = executor.inline and executor.host  # then run_now() is run() without a coroutine
-        self.queuing = False
-        self.pending = 0  # no queue: requests waiting for an instance are counted as executing
-        self._slots = asyncio.Semaphore(executor.instances)
-        self._in_flight = InFlight()  # requests executing or waiting for a slot: what drain() waits for
+    __slots__ = (
+        "inputs",
+        "rows",
+        "priority",
+        "timeout_us",
+        "request",
+        # the dynamic batcher's
+        "size",  # what the job counts for against max_batch_size (zero rows count as one, as in Triton)
+        "signature",  # what jobs must share to share a batch (batcher/dynamic.py `signature`)
+        "arrival_ns",
+        "deadline_ns",  # set when the job has a timeout in its queue
+        "level",  # its priority level
+        "future",  # what its caller awaits
+        "where",  # QUEUED, DELAYED or OUT (batcher/queue.py)
+    )
 
-    async def run(
-        self, inputs: Arrays, rows: int = 1, priority: int = 0, timeout_us: int = 0, context: Any = None
-    ) -> Any:
-        """The model's outputs for one request (`rows`: its batch size, 1 without batching).
-        priority and timeout_us matter only to the dynamic batcher; `context` (the request) only to a
-        per-request backend."""
-        if self.now:
-            return self.run_now(inputs, rows)
-        executor = self.executor
-        if not executor.inline:
-            return await self._run_waiting(inputs, rows, context)
-        start = perf_counter_ns()
-        try:
-            outputs, input_ns, infer_ns, output_ns = executor.run_one(inputs, context)
-        except InferError:
-            self.stats.record_failure(1, perf_counter_ns() - start)
-            raise
-        self._record(rows, perf_counter_ns() - start, 0, input_ns, infer_ns, output_ns)
-        return outputs
-
-    def run_now(self, inputs: Arrays, rows: int = 1) -> Any:
-        """`run` without a coroutine, where `now` says it never waits: numpy on the event loop, the whole
-        time counted as compute_infer. The hot path of small models."""
-        start = perf_counter_ns()
-        try:
-            outputs = self.executor.execute(inputs)
-        except InferError:
-            self.stats.record_failure(1, perf_counter_ns() - start)
-            raise
-        except Exception as e:
-            self.stats.record_failure(1, perf_counter_ns() - start)
-            raise self.executor.failure(e) from None
-        self.stats.record_alone(rows, perf_counter_ns() - start)
-        return outputs
-
-    async def _run_waiting(self, inputs: Arrays, rows: int, context: Any) -> Any:
-        executor = self.executor
-        self._in_flight.enter()
-        handed_off = False  # once a worker thread has the request, its completion ends it
-        start = perf_counter_ns()
-        try:
-            await self._slots.acquire()
-            queue_ns = perf_counter_ns() - start
-            if executor.in_thread:
-                work = asyncio.get_running_loop().run_in_executor(
-                    executor.pool, executor.run_one, inputs, context
-                )
-                work.add_done_callback(self._thread_done)
-                handed_off = True
-                # A caller that goes away does not stop the thread: its slot frees when the thread ends.
-                outputs, input_ns, infer_ns, output_ns = await asyncio.shield(work)
-            else:
-                try:
-                    outputs, input_ns, infer_ns, output_ns = await executor.run_async(
-                        {name: [array] for name, array in inputs.items()}, [context]
-                    )
-                    if executor.per_request:
-                        outputs = alone(outputs)
-                finally:
-                    self._slots.release()
-        except InferError:
-            self.stats.record_failure(1, perf_counter_ns() - start)
-            raise
-        finally:
-            if not handed_off:
-                self._in_flight.leave()
-        self._record(rows, perf_counter_ns() - start, queue_ns, input_ns, infer_ns, output_ns)
-        return outputs
-
-    def _record(
-        self, rows: int, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int
+    def __init__(
+        self, inputs: Arrays, rows: int = 1, priority: int = 0, timeout_us: int = 0, request: Any = None
     ) -> None:
-        self.stats.record_batch(rows, input_ns, infer_ns, output_ns)
-        self.stats.record_success(1, total_ns, queue_ns, input_ns, infer_ns, output_ns)
+        self.inputs = inputs
+        self.rows = rows
+        self.priority = priority
+        self.timeout_us = timeout_us
+        self.request = request
 
-    def _thread_done(self, work: asyncio.Future) -> None:
-        if not work.cancelled():
-            work.exception()  # retrieved here: the caller may be gone
-        self._slots.release()
-        self._in_flight.leave()
+
+class Scheduler(Protocol):
+    """What the server reads of a model version's scheduler."""
+
+    now: bool  # `run_now` may stand in for `run`: it never waits (numpy on the event loop)
+    pending: int  # requests queued, not yet executing (Triton's nv_inference_pending_request_count)
+
+    async def run(self, job: Job) -> Arrays:
+        """Enqueue: the model's outputs for this request (its rows of its batch's outputs); raises the
+        InferError that answers it (a full queue, a timeout, the model's failure)."""
+        ...
+
+    def run_now(self, inputs: Arrays, rows: int = 1) -> Arrays:
+        """`run` as a plain call, where `now` says it never waits: the hot path of small models."""
+        ...
 
     async def drain(self) -> None:
-        """Waits until no request is executing or waiting to execute."""
-        await self._in_flight.wait_idle()
+        """Returns once no request is queued or executing (Triton's InflightInferenceCount reaching 0)."""
+        ...
 
     def close(self) -> None:
-        """Nothing to release: no timers, no queue."""
+        """Stop: releases timers; called after `drain`, at unload."""
+        ...

@@ -73,6 +73,9 @@ class InferRequest:
     outputs: list[RequestedOutput] | None = None  # None: every output
     parameters: dict[str, Any] = field(default_factory=dict)
     binary_output: bool = False  # the binary_data_output request parameter
+    # An input or a requested output names a shared-memory region (set by the codec that decodes it): the
+    # endpoint then serves it through the server's regions, and any other request goes to the model.
+    shared_memory: bool = False
 
 
 @dataclass(slots=True)

@@ -205,7 +205,9 @@ def _decode_request(data: bytes) -> InferRequest:
     ]
     if raw and raw_last and not (request_id or parameters or outputs) and type(data) is bytes:
         _keep_skeleton(data, skeleton_end, model_name, model_version, inputs)
-    return InferRequest(model_name, model_version, request_id or None, tensors, outputs or None, parameters)
+    shm = bool(outputs) and any(in_shared_memory(o.parameters) for o in outputs)  # outputs into regions
+    return InferRequest(model_name, model_version, request_id or None, tensors, outputs or None, parameters,
+                        False, shm)  # fmt: skip
 
 
 def _request_with_shared_memory(
@@ -234,7 +236,7 @@ def _request_with_shared_memory(
             tensors.append(Tensor(entry.name, entry.dtype.v2, entry.shape, None, entry.parameters))
         else:
             tensors.append(_tensor(data, view, entry, next(contents) if raw else None, model))
-    return InferRequest(model, version, request_id or None, tensors, outputs or None, parameters)
+    return InferRequest(model, version, request_id or None, tensors, outputs or None, parameters, False, True)
 
 
 def _decode_input(buf: bytes, pos: int, end: int, key: bytes) -> _Input:

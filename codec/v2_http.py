@@ -84,11 +84,13 @@ def decode_request(
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise invalid(f"{what} must have a non-empty 'inputs' list")
-    inputs, offset = [], 0
+    inputs, offset, shared_memory = [], 0, False
     for raw in raw_inputs:
         tensor, used = _decode_input(raw, binary, offset, model_name)
         inputs.append(tensor)
         offset += used
+        if tensor.data is None:  # read from a shared-memory region
+            shared_memory = True
     if offset != len(binary):
         raise invalid(
             f"{what}: the body holds {len(binary)} bytes of binary tensor data, "
@@ -100,8 +102,11 @@ def decode_request(
         if not isinstance(doc["outputs"], list):
             raise invalid(f"{what}: 'outputs' must be a list")
         outputs = [_decode_requested_output(raw, model_name) for raw in doc["outputs"]]
+        shared_memory = shared_memory or any(in_shared_memory(o.parameters) for o in outputs)
 
-    return InferRequest(model_name, model_version, request_id, inputs, outputs, parameters, binary_output)
+    return InferRequest(
+        model_name, model_version, request_id, inputs, outputs, parameters, binary_output, shared_memory
+    )
 
 
 def _parameters(raw: Any, what: str) -> dict:

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 from server import grpc
-from server.backends import bind_server
 from server.endpoints.customized import CTRL_MODES, PATH_FORMAT, StreamingControl
 from server.endpoints.grps import GrpsEndpoints
 from server.endpoints.monitor import MonitorEndpoints
@@ -309,7 +308,6 @@ async def serve(args: argparse.Namespace) -> None:
         loop.add_signal_handler(signum, stop.set)
 
     repository = Repository(args.model_repository, args.model_control_mode, args.strict_readiness)
-    bind_server(repository, loop)  # models that call models (BLS, ensembles) reach them through it
     await repository.start(args.load_model)
     # Everything loaded so far lives as long as the process: keep the collector from rescanning it, and
     # let the many short-lived objects of each request die young in fewer gen-0 passes (~7% faster).
@@ -327,7 +325,7 @@ async def serve(args: argparse.Namespace) -> None:
         repository, args.grps_default_model, streaming, args.grps_customized_predict_http
     )
     grps_endpoints.install(router)
-    monitor = Monitor(repository, args.monitor_log)
+    monitor = Monitor(repository, args.monitor_log, repository.app_monitor)  # what models record, sampled
     MonitorEndpoints(monitor).install(router)
     TFServingEndpoints(repository).install(router)
     RepositoryEndpoints(repository).install(router)

@@ -4,9 +4,12 @@ gRPC GrpsService (server/grpc/grps.py) share.
 Every answer carries `status` {code, msg, status: SUCCESS | FAILURE}.
 """
 
+from __future__ import annotations
+
 import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from typing import TYPE_CHECKING
 
 from codec import grps as wire
 from codec import grps_answers as answers
@@ -16,8 +19,10 @@ from codec.errors import HTTP_STATUS, ErrorKind, InferError, invalid
 from codec.grps_yaml import dump as yaml_dump
 from codec.tensor import InferRequest, InferResponse
 from server import __version__
-from server.model import ModelVersion
-from server.repository import Repository
+
+if TYPE_CHECKING:
+    from server.model import ModelVersion
+    from server.repository import Repository
 
 log = logging.getLogger("tensorgate.grps")
 

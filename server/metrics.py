@@ -10,7 +10,10 @@ The port is a second listener in the same process and event loop, with its own o
 inference endpoints and their hot path know nothing of it.
 """
 
+from __future__ import annotations
+
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import CollectorRegistry
@@ -18,10 +21,12 @@ from prometheus_client.utils import floatToGoString
 
 from batcher.stats import ModelStats
 from codec.errors import ErrorKind, InferError, http_status
-from server.monitor import Monitor
-from server.repository import Repository
 from server.router import HttpRequest, HttpResponse, Router, body_response
 from server.statistics import ready_versions
+
+if TYPE_CHECKING:
+    from server.monitor import Monitor
+    from server.repository import Repository
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 PLAIN = b"text/plain; charset=utf-8"  # the 404 and 405 answers

@@ -1,24 +1,31 @@
 """One loaded model version: checks requests against its config, runs them, shapes the response."""
 
+from __future__ import annotations
+
 import contextlib
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from enum import Enum
 from pathlib import Path
 from time import perf_counter_ns
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from batcher.direct import DirectScheduler
 from batcher.dynamic import DynamicBatcher
 from batcher.execution import Executor
 from batcher.inflight import InFlight
-from batcher.scheduler import DirectScheduler
+from batcher.scheduler import Job
 from batcher.staging import instance_count, make_staging
 from batcher.stats import ModelStats
 from codec.datatypes import BY_CONFIG, DataType
 from codec.errors import ErrorKind, InferError, invalid
 from codec.tensor import InferRequest, InferResponse, Tensor, as_dtype
-from server.backends import Backend, load_backend
-from server.backends.python import stream_only_error
+from server.backends import load_backend
+from server.backends.base import stream_only_error
+
+if TYPE_CHECKING:
+    from batcher.scheduler import Scheduler
+    from server.backends.base import Backend, Host
 
 UNLOADED = "unloaded"  # the reason of a version unloaded on purpose (a clean end, not a failure)
 
@@ -70,32 +77,29 @@ class ModelVersion:
         self.state = ModelState.UNAVAILABLE
         self.reason = ""
         self.backend: Backend | None = None
-        self.scheduler: DirectScheduler | DynamicBatcher | None = None
+        self.scheduler: Scheduler | None = None  # DynamicBatcher with dynamic_batching, else DirectScheduler
         self.executor: Executor | None = None
-        self.queues = False  # whether a request may wait in a queue to execute (the scheduler's `queuing`)
         self.stream_only = False  # the backend has execute_stream and no execute
-        self.per_request = False  # the backend reads each request apart (Triton's python API)
         self.stats = ModelStats()  # Triton's statistics for this version (batcher/stats.py)
         self._open_streams = InFlight()  # infer_stream answers in progress: unload waits for them too
 
-    def load(self) -> None:
-        """Blocking: imports and initializes the backend. Sets state and reason either way."""
+    def load(self, host: Host | None = None) -> None:
+        """Blocking: imports and initializes the backend, handing it `host` (what it may use of the
+        server: server/backends/base.py). Sets state and reason either way."""
         self.state = ModelState.LOADING
         try:
-            self.backend = load_backend(self.version_dir, self.config, self.version)
-            self.per_request = getattr(self.backend, "per_request", False)
-            staging = getattr(self.backend, "staging", None)  # the one a backend built for itself
+            backend = self.backend = load_backend(self.version_dir, self.config, self.version, host)
+            staging = backend.staging  # the one a backend built for itself, else the config's
             if staging is None:
                 staging = make_staging(self.config)
             self.executor = Executor(
-                self.backend.execute,
+                backend.execute,
                 label=f"model '{self.name}' version {self.version}",
-                is_async=self.backend.is_async,
-                in_thread=getattr(self.backend, "in_thread", False),
-                instances=getattr(self.backend, "instances", 0)
-                or instance_count(self.config, staging.device),
+                is_async=backend.is_async,
+                in_thread=backend.in_thread,
+                instances=backend.instances or instance_count(self.config, staging.device),
                 staging=staging,
-                per_request=self.per_request,
+                per_request=backend.per_request,  # it reads each request apart (Triton's python API)
             )
         except BaseException as e:  # a model's code may raise anything, SystemExit included
             if self.backend is not None:  # loaded, but no staging for it (e.g. a GPU id not present)
@@ -109,8 +113,7 @@ class ModelVersion:
             self.scheduler = DynamicBatcher(self.executor, self.config, self.stats)
         else:
             self.scheduler = DirectScheduler(self.executor, self.stats)
-        self.queues = self.scheduler.queuing
-        self.stream_only = getattr(self.backend, "stream_only", False)
+        self.stream_only = backend.stream_only
         self.state = ModelState.READY
         self.reason = ""
 
@@ -144,14 +147,13 @@ class ModelVersion:
         arrays, rows = self._inputs_and_rows(request)
         wanted = self._wanted_outputs(request)
         scheduler = self.scheduler
-        if request.parameters or self.per_request:
-            priority, timeout = self._scheduling(request.parameters) if request.parameters else (0, 0)
-            context = request if self.per_request else None
-            produced = await scheduler.run(arrays, rows, priority, timeout, context)
-        elif scheduler.now:
+        if scheduler.now:  # the hot path of small models: no job, no coroutine
+            if request.parameters:
+                self._scheduling(request.parameters)  # checked as for any model, though nothing queues
             produced = scheduler.run_now(arrays, rows)
         else:
-            produced = await scheduler.run(arrays, rows)
+            priority, timeout = self._scheduling(request.parameters) if request.parameters else (0, 0)
+            produced = await scheduler.run(Job(arrays, rows, priority, timeout, request))
         outputs = [self._response_tensor(name, produced) for name in wanted]
         return InferResponse(self.name, self.version_str, outputs, request.id)
 
@@ -243,7 +245,7 @@ class ModelVersion:
     @property
     def streams(self) -> bool:
         """Whether the model answers in a stream (its backend has `execute_stream`)."""
-        return getattr(self.backend, "execute_stream", None) is not None
+        return self.backend is not None and self.backend.execute_stream is not None
 
     def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         """One response per yield of the model's `execute_stream`. Bad requests raise here, at the call;
@@ -257,7 +259,7 @@ class ModelVersion:
             raise invalid(f"model '{self.name}' does not stream its answers: use plain infer")
         arrays, rows = self._inputs_and_rows(request)
         wanted = self._wanted_outputs(request)
-        if self.per_request:
+        if backend.per_request:
             return self._stream(backend.execute_stream(arrays, request), wanted, request.id, rows)
         return self._stream(backend.execute_stream(arrays), wanted, request.id, rows)
 

@@ -9,27 +9,31 @@ second), `*cpu_usage(%)` (of one core) and `*mem_usage(%)` of the process, `*mem
 `*gpu<i>_usage(%)` and `*gpu<i>_mem_usage(MIB)` when torch sees CUDA devices. A request to an ensemble
 or a BLS model counts for it and for each model it calls, as in Triton's per-model counters.
 
-Models add their own metrics through `app_monitor` (grps's API: `max`, `min`, `avg`, `inc`, `cdf`), from
-any thread; `from grps_framework.monitor.monitor import app_monitor` finds it too (server/backends/
-python.py). Everything is served as JSON by `GET /grps/v1/monitor/metrics` (grps's path), drawn by the
-page at `/`, written by `--monitor-log` in grps_monitor.log's form, and the models' own metrics are
-exported to Prometheus.
+Models add their own metrics through `app_monitor` (grps's API: `max`, `min`, `avg`, `inc`, `cdf`;
+server/app_monitor.py), from any thread; `from grps_framework.monitor.monitor import app_monitor` finds
+it too (server/backends/module.py). Everything is served as JSON by `GET /grps/v1/monitor/metrics`
+(grps's path), drawn by the page at `/`, written by `--monitor-log` in grps_monitor.log's form, and the
+models' own metrics are exported to Prometheus.
 """
+
+from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import sys
-import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from server.app_monitor import app_monitor
 from server.statistics import ready_versions
+
+if TYPE_CHECKING:
+    from server.app_monitor import AppMonitor
 
 log = logging.getLogger("tensorgate.monitor")
 
@@ -37,7 +41,6 @@ WINDOW = 300  # seconds of points kept per metric
 CDF_PERCENTS = (80.0, 90.0, 99.0, 99.9, 99.99)
 CDF_SUFFIXES = ("80", "90", "99", "999", "9999")  # grps_monitor.log's names for them
 AGGREGATIONS = ("max", "min", "avg", "inc", "cdf")
-MAX_VALUES = 100_000  # values a cdf metric keeps per second; past that the second's sample is its first ones
 
 QPS, FAIL_RATE, LATENCY_AVG, LATENCY_MAX, LATENCY_CDF = (
     "*qps",
@@ -47,55 +50,6 @@ QPS, FAIL_RATE, LATENCY_AVG, LATENCY_MAX, LATENCY_CDF = (
     "*latency_cdf(ms)",
 )
 CPU_USAGE, MEM_USAGE, MEM_RSS = "*cpu_usage(%)", "*mem_usage(%)", "*mem_rss(MIB)"
-
-
-class AppMonitor:
-    """Where models record their own metrics, as grps's app_monitor: each call adds a value to the
-    current second of `name`, aggregated as the method says (a name keeps its first aggregation)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._current: dict[str, tuple[str, list]] = {}  # name -> (aggregation, [values this second])
-        self._kinds: dict[str, str] = {}
-
-    def max(self, name: str, value: float) -> None:
-        self._put(name, "max", value)
-
-    def min(self, name: str, value: float) -> None:
-        self._put(name, "min", value)
-
-    def avg(self, name: str, value: float) -> None:
-        self._put(name, "avg", value)
-
-    def inc(self, name: str, value: float = 1) -> None:
-        self._put(name, "inc", value)
-
-    def cdf(self, name: str, value: float) -> None:
-        self._put(name, "cdf", value)
-
-    def _put(self, name: str, aggregation: str, value: float) -> None:
-        if not isinstance(name, str) or not name:
-            raise ValueError("a metric name is a non-empty string")
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise ValueError(f"metric '{name}': a value is a finite int or float, got {value!r}")
-        with self._lock:
-            kind = self._kinds.setdefault(name, aggregation)
-            if kind != aggregation:
-                raise ValueError(f"metric '{name}' is aggregated as {kind}, not {aggregation}")
-            entry = self._current.get(name)
-            if entry is None:
-                self._current[name] = (aggregation, [value])
-            elif len(entry[1]) < MAX_VALUES:
-                entry[1].append(value)
-
-    def take(self) -> tuple[dict[str, str], dict[str, list]]:
-        """Every metric's aggregation, and the values recorded since the last take."""
-        with self._lock:
-            current, self._current = self._current, {}
-            return dict(self._kinds), {name: values for name, (_, values) in current.items()}
-
-
-app_monitor = AppMonitor()
 
 
 def aggregate(aggregation: str, values: list) -> float | list | None:

@@ -7,6 +7,8 @@ the directory. A reload swaps in the new version set once it is ready, then reti
 its requests in flight are answered.
 """
 
+from __future__ import annotations
+
 import asyncio
 import json
 import logging
@@ -15,12 +17,17 @@ import shutil
 import tempfile
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path, PurePosixPath
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from codec.errors import ErrorKind, InferError, invalid
+from server.app_monitor import app_monitor
 from server.backends import complete_config
 from server.model import UNLOADED, ModelVersion
 from server.model_config import ConfigError, check_complete, load_model_config, normalize_config
+
+if TYPE_CHECKING:
+    from server.app_monitor import AppMonitor
+    from server.backends.base import Host
 
 log = logging.getLogger("tensorgate.repository")
 T = TypeVar("T")
@@ -55,8 +62,9 @@ class Model:
         """Every version its policy selects is ready (what strict server readiness asks of a model)."""
         return bool(self.versions) and all(v.ready for v in self.versions.values())
 
-    def load(self) -> None:
-        """Blocking: reads the config (unless given) and loads every selected version."""
+    def load(self, host: Host | None = None) -> None:
+        """Blocking: reads the config (unless given) and loads every selected version for `host` (what
+        its backends may use of the server: server/backends/base.py)."""
         self.loading = True
         try:
             self.signature = tree_signature(self.directory)
@@ -72,7 +80,8 @@ class Model:
             self.loading = False
             return
         try:  # from the newest version's model, as Triton completes a config
-            self.config = check_complete(complete_config(self.directory / str(max(numbers)), self.config))
+            newest = self.directory / str(max(numbers))
+            self.config = check_complete(complete_config(newest, self.config, host))
         except Exception as e:  # a model's auto_complete_config may raise anything
             self.reason = f"failed to load '{self.name}': {type(e).__name__}: {e}"
             self.loading = False
@@ -80,7 +89,7 @@ class Model:
         self.versions = {n: ModelVersion(self.directory, self.config, n) for n in numbers}
         self.newest_first = [self.versions[n] for n in sorted(numbers, reverse=True)]
         for version in self.versions.values():
-            version.load()
+            version.load(host)
         failed = [v.reason for v in self.versions.values() if not v.ready]
         self.reason = "; ".join(failed)
         self.loading = False
@@ -197,9 +206,21 @@ def override_path(key: str) -> PurePosixPath:
 
 
 class Repository:
-    def __init__(self, path: Path, control_mode: str = "none", strict_readiness: bool = True) -> None:
+    """The models of one server. It is also the `Host` (server/backends/base.py) it hands each backend
+    it loads: `resolve` for the models a model calls (BLS, ensembles), the event loop they serve on, and
+    the app_monitor models record their own metrics in."""
+
+    def __init__(
+        self,
+        path: Path,
+        control_mode: str = "none",
+        strict_readiness: bool = True,
+        app_monitor: AppMonitor = app_monitor,
+    ) -> None:
         if control_mode not in CONTROL_MODES:
             raise ValueError(f"unknown model control mode {control_mode!r}")
+        self.app_monitor = app_monitor
+        self.loop: asyncio.AbstractEventLoop | None = None  # the server's, from start()
         self.path = path
         self.control_mode = control_mode
         self.strict_readiness = strict_readiness
@@ -227,6 +248,7 @@ class Repository:
 
     async def start(self, load_models: list[str] | tuple[str, ...] = ()) -> None:
         """Loads what the control mode loads at startup: everything, or (explicit) `load_models`."""
+        self.loop = asyncio.get_running_loop()
         if self.control_mode != "explicit":
             if load_models:
                 log.warning("--load-model is only used with --model-control-mode explicit; ignored")
@@ -465,7 +487,7 @@ class Repository:
             self.models[name] = new
             if old is not None:
                 await old.retire()
-        await asyncio.to_thread(new.load)
+        await asyncio.to_thread(new.load, self)
         complete = new.fully_ready
         if keep_old and not complete:
             self._failed[name] = new.signature

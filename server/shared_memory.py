@@ -16,14 +16,15 @@ parameters of an infer's inputs and outputs instead of sending their bytes.
 Names, messages and statuses follow Triton's shared-memory manager (src/shared_memory_manager.cc).
 """
 
+from __future__ import annotations
+
 import base64
 import mmap
 import os
 import stat
 import threading
-from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -33,6 +34,9 @@ from codec.tensor import SHM_BYTE_SIZE as BYTE_SIZE
 from codec.tensor import SHM_OFFSET as OFFSET
 from codec.tensor import SHM_REGION as REGION
 from codec.tensor import InferRequest, InferResponse, Tensor, in_shared_memory, tensor_bytes
+
+if TYPE_CHECKING:
+    from server.model import ModelVersion
 
 SYSTEM, CUDA = "system", "cuda"
 DISABLED = (
@@ -139,22 +143,21 @@ class SharedMemory:
 
     # ------------------------------------------------------------------------------------------ infer
 
-    def infer(self, version: Any, request: InferRequest) -> Awaitable[InferResponse]:
+    async def infer(self, version: ModelVersion, request: InferRequest) -> InferResponse:
         """`version.infer(request)` with the request's shared-memory inputs read from their regions and
-        its shared-memory outputs written into them (answered with no data and no parameters). The usual
-        request names no region: its own coroutine, no layer added."""
-        outputs = _shm_outputs(request)
-        if outputs is None and all(t.data is not None for t in request.inputs):
-            return version.infer(request)
-        return self._infer(version, request, outputs)
-
-    async def _infer(self, version: Any, request: InferRequest, outputs: list | None) -> InferResponse:
-        executor = getattr(version, "executor", None)
+        its shared-memory outputs written into them (answered with no data and no parameters). The
+        endpoints call it only for a request that names a region (`request.shared_memory`, set by the
+        codec); any other goes straight to the model."""
+        executor = version.executor
         on_host = executor is None or executor.staging.device == "cpu"
         for tensor in request.inputs:
             if tensor.data is None:
                 tensor.data = self._input(tensor, on_host)
-        targets = {o.name: self._target(o.name, o.parameters) for o in outputs or ()}
+        targets = {
+            o.name: self._target(o.name, o.parameters)
+            for o in request.outputs or ()
+            if in_shared_memory(o.parameters)
+        }
         response = await version.infer(request)
         for i, tensor in enumerate(response.outputs):
             target = targets.get(tensor.name)
@@ -223,13 +226,6 @@ class SharedMemory:
         # Answered as Triton does: name, datatype and shape, no parameters. Triton's C++ HTTP client reads
         # `binary_data_size` from any output that has parameters.
         return Tensor(tensor.name, tensor.datatype, tensor.shape, None, {})
-
-
-def _shm_outputs(request: InferRequest) -> list | None:
-    if not request.outputs:
-        return None
-    found = [o for o in request.outputs if in_shared_memory(o.parameters)]
-    return found or None
 
 
 def _check_sizes(name: str, offset: int, byte_size: int) -> None:

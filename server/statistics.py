@@ -4,9 +4,15 @@ HTTP (`GET /v2/models[/{m}[/versions/{v}]]/stats`), gRPC ModelStatistics and the
 read the same `ModelStats` (batcher/stats.py) through `ready_versions`.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from codec.errors import ErrorKind, InferError
-from server.model import ModelVersion
-from server.repository import Repository
+
+if TYPE_CHECKING:
+    from server.model import ModelVersion
+    from server.repository import Repository
 
 
 def ready_versions(repository: Repository, name: str = "", version: str = "") -> list[ModelVersion]:

@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 
 from batcher.clock import ManualClock
+from batcher.direct import DirectScheduler
 from batcher.dynamic import DynamicBatcher
 from batcher.execution import Executor
 from batcher.inflight import InFlight
-from batcher.scheduler import DirectScheduler
+from batcher.scheduler import Job
 from codec.errors import ErrorKind, InferError
 
 US = 1000  # ns
@@ -93,7 +94,7 @@ def make_batcher(
 
 def submit(batcher: DynamicBatcher, inputs: dict, priority: int = 0, timeout_us: int = 0) -> asyncio.Task:
     rows = len(next(iter(inputs.values())))
-    return asyncio.ensure_future(batcher.run(inputs, rows, priority, timeout_us))
+    return asyncio.ensure_future(batcher.run(Job(inputs, rows, priority, timeout_us)))
 
 
 def answer_tag(task: asyncio.Task) -> list[int]:
@@ -571,7 +572,7 @@ async def test_two_drains_of_a_direct_scheduler_both_return():
         return {"Y": inputs["X"] * 2}
 
     scheduler = DirectScheduler(Executor(execute, label="m", is_async=True))
-    task = asyncio.ensure_future(scheduler.run(tagged(1)))
+    task = asyncio.ensure_future(scheduler.run(Job(tagged(1))))
     await settle()
     drains = [asyncio.ensure_future(scheduler.drain()) for _ in range(2)]
     await settle()

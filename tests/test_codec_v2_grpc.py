@@ -245,6 +245,24 @@ def test_id_version_parameters_and_requested_outputs_are_kept():
     ]
 
 
+def test_a_request_naming_a_shared_memory_region_says_so():
+    """The endpoints serve only these through the server's regions; every other goes to the model."""
+    region = {
+        "shared_memory_region": pb.InferParameter(string_param="r"),
+        "shared_memory_byte_size": pb.InferParameter(int64_param=4),
+    }
+    plain = input_tensor(INPUT, "INT32", [1], pb.InferTensorContents(int_contents=[5]))
+    output = pb.ModelInferRequestInferRequestedOutputTensor
+    cases = [
+        (request_bytes(plain), False),
+        (request_bytes(plain, outputs=[output(name="o")]), False),
+        (request_bytes(input_tensor(INPUT, "INT32", [1], parameters=region)), True),
+        (request_bytes(plain, outputs=[output(name="o"), output(name="p", parameters=region)]), True),
+    ]
+    for message, names_region in cases:
+        assert decode(message).shared_memory is names_region
+
+
 def test_absent_fields():
     request = decode(
         request_bytes(input_tensor(INPUT, "INT32", [1], pb.InferTensorContents(int_contents=[5])))

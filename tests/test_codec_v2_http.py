@@ -351,6 +351,21 @@ def test_id_parameters_and_outputs_are_kept():
     ]
 
 
+def test_a_request_naming_a_shared_memory_region_says_so():
+    """The endpoint serves only these through the server's regions; every other goes to the model."""
+    region = {"shared_memory_region": "r", "shared_memory_byte_size": 4}
+    plain = {"name": INPUT, "datatype": "FP32", "shape": [1], "data": [1.0]}
+    in_region = {"name": INPUT, "datatype": "FP32", "shape": [1], "parameters": region}
+    cases = [
+        ({"inputs": [plain]}, False),
+        ({"inputs": [plain], "outputs": [{"name": "o", "parameters": {"binary_data": True}}]}, False),
+        ({"inputs": [in_region]}, True),
+        ({"inputs": [plain], "outputs": [{"name": "o"}, {"name": "p", "parameters": region}]}, True),
+    ]
+    for doc, names_region in cases:
+        assert decode_request(orjson.dumps(doc), None, MODEL).shared_memory is names_region, doc
+
+
 def test_absent_optional_fields():
     request = decode_request(orjson.dumps(one_input()), None, MODEL)
     assert request.id is None

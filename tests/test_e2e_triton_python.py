@@ -560,11 +560,11 @@ def test_model_config_add_input_keeps_the_config_and_refuses_disagreement() -> N
 
 def test_exec_from_the_event_loop_thread_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     import asyncio
-
-    from server.backends import SERVER
+    import types
 
     async def main() -> None:
-        monkeypatch.setitem(SERVER, "loop", asyncio.get_running_loop())
+        host = types.SimpleNamespace(loop=asyncio.get_running_loop())  # a Host: what pb_utils uses of it
+        monkeypatch.setattr(pb_utils, "_host", host)
         with pytest.raises(pb_utils.TritonModelException, match="use `await request.async_exec"):
             pb_utils.InferenceRequest(model_name="m").exec()
 

@@ -12,6 +12,7 @@ import pytest
 import batcher.staging
 from batcher.device import OutputPool, _Buffer, torch_for_cupy
 from batcher.execution import Executor
+from batcher.scheduler import Job
 from batcher.staging import (
     DeviceStaging,
     HostStaging,
@@ -448,7 +449,8 @@ def test_a_device_staged_model_runs_in_as_many_worker_threads_as_instances(torch
 
     async def two_batches() -> list:
         loop_thread = threading.current_thread().name
-        results = await asyncio.gather(executor.run({"x": [rows(1)]}), executor.run({"x": [rows(2, 9)]}))
+        first, second = [Job({"x": rows(1)})], [Job({"x": rows(2, 9)})]
+        results = await asyncio.gather(executor.run(first), executor.run(second))
         assert loop_thread not in threads
         return results
 

@@ -1,33 +1,22 @@
-"""Backends: each loads one model version and executes one batch; they know nothing of protocols."""
+"""Backends: each loads one model version and executes one batch; they know nothing of protocols.
 
-import asyncio
+This module picks the backend a config names and loads it, importing it only then. The interfaces
+between server and backends are in server/backends/base.py: `Backend` (what the server reads of one)
+and `Host` (what a backend may use of the server, handed to it here at load).
+"""
+
+from __future__ import annotations
+
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from server.backends.base import Backend, Host
 
 SUPPORTED = ("python", "pytorch", "onnxruntime", "ensemble")
 
-# The server this process runs, for models that call other models (BLS, ensembles): its repository and
-# event loop, set once at startup by bind_server.
-SERVER: dict[str, Any] = {}
 
-
-def bind_server(repository: Any, loop: asyncio.AbstractEventLoop) -> None:
-    SERVER["repository"] = repository
-    SERVER["loop"] = loop
-
-
-class Backend(Protocol):
-    is_async: bool  # execute is `async def`
-    # A backend may also set `in_thread = True`: its execute blocks (a forward pass), so the batcher runs
-    # it in a worker thread instead of on the event loop. It may set `staging` (batcher/staging.py): the
-    # staging it built for itself, which then stages its batches (the pytorch backend's device is its).
-
-    def execute(self, inputs: dict[str, Any]) -> Any: ...
-
-    def close(self) -> None: ...
-
-
-def complete_config(version_dir: Path, config: dict) -> dict:
+def complete_config(version_dir: Path, config: dict, host: Host | None = None) -> dict:
     """The config as its backend completes it from the model in `version_dir`: an ONNX graph's inputs
     and outputs where the config leaves them out, a Triton python model's `auto_complete_config`."""
     backend = config.get("backend")
@@ -40,17 +29,18 @@ def complete_config(version_dir: Path, config: dict) -> dict:
         if model.is_file() and b"auto_complete_config" in model.read_bytes():
             from server.backends.triton_python import complete
 
-            return complete(version_dir, config)
+            return complete(version_dir, config, host)
     return config
 
 
-def load_backend(version_dir: Path, config: dict, version: int) -> Backend:
-    """The backend named by the config, loaded for one version folder. Raises with the reason on failure."""
+def load_backend(version_dir: Path, config: dict, version: int, host: Host | None = None) -> Backend:
+    """The backend named by the config, loaded for one version folder. Raises with the reason on failure.
+    `host`: the server loading it (None: a backend loaded alone, which then serves no ensemble nor BLS)."""
     name = config.get("backend") or config.get("platform")
     if name == "python":
         from server.backends.python import load_python
 
-        return load_python(version_dir, config, version)
+        return load_python(version_dir, config, version, host)
     if name in ("pytorch", "pytorch_libtorch"):
         from server.backends.pytorch import PyTorchBackend  # imports torch itself, only now
 
@@ -62,5 +52,5 @@ def load_backend(version_dir: Path, config: dict, version: int) -> Backend:
     if name == "ensemble":
         from server.backends.ensemble import EnsembleBackend
 
-        return EnsembleBackend(config)
+        return EnsembleBackend(config, host)
     raise ValueError(f"backend {name!r} is not supported (supported: {', '.join(SUPPORTED)})")

@@ -19,13 +19,18 @@ produced, every step reachable, no tensor produced twice, no cycle, and the ense
 within each step's. A fault fails the load with a message naming the step and tensor.
 """
 
+from __future__ import annotations
+
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from codec.datatypes import BY_CONFIG
 from codec.errors import ErrorKind, InferError
 from codec.tensor import InferRequest, RequestedOutput, Tensor
-from server.backends import SERVER
+from server.backends.base import Backend
+
+if TYPE_CHECKING:
+    from server.backends.base import Host
 
 CONCURRENCY = 1 << 20  # an ensemble waits on its steps, never on itself: no limit of its own
 
@@ -51,21 +56,21 @@ class _Step:
         return f"step {self.index} (model '{self.model}')"
 
 
-class EnsembleBackend:
+class EnsembleBackend(Backend):
     is_async = True
     instances = CONCURRENCY
 
-    def __init__(self, config: dict) -> None:
+    def __init__(self, config: dict, host: Host | None) -> None:
         self.name: str = config["name"]
-        repository = SERVER.get("repository")
-        if repository is None:
+        if host is None:
             raise EnsembleError("ensembles need the server's repository: none is bound")
+        self.host = host  # the step models, through their own schedulers
         entries = (config.get("ensemble_scheduling") or {}).get("step") or []
         if not entries:
             raise EnsembleError(f"ensemble '{self.name}' must have at least one step in ensemble_scheduling")
         self.steps = [_Step(i, entry) for i, entry in enumerate(entries)]
         self.outputs = [entry["name"] for entry in config["output"]]
-        _check(self.name, config, self.steps, entries, repository)
+        _check(self.name, config, self.steps, entries, host)
 
     async def execute(self, inputs: dict[str, Any]) -> dict[str, Any]:
         """Runs the steps, each as soon as its inputs exist; a chain runs without a task per step."""
@@ -105,7 +110,7 @@ class EnsembleBackend:
             for name, (source, datatype) in step.inputs.items()
         ]
         try:
-            version = SERVER["repository"].resolve(step.model, step.version)
+            version = self.host.resolve(step.model, step.version)
             response = await version.infer(
                 InferRequest(step.model, step.version, None, arrays, step.requested)
             )
@@ -117,7 +122,7 @@ class EnsembleBackend:
         """Nothing of its own to release: the step models are models of their own."""
 
 
-def _check(name: str, config: dict, steps: list[_Step], entries: list[dict], repository: Any) -> None:
+def _check(name: str, config: dict, steps: list[_Step], entries: list[dict], host: Host) -> None:
     """The load-time checks; fills each step's input datatypes."""
     what = f"ensemble '{name}'"
     batch = config.get("max_batch_size", 0)
@@ -129,7 +134,7 @@ def _check(name: str, config: dict, steps: list[_Step], entries: list[dict], rep
         if not step.model:
             raise EnsembleError(f"{what}, step {step.index} must name its model_name")
         try:
-            model_config = repository.resolve(step.model, step.version).config
+            model_config = host.resolve(step.model, step.version).config
         except InferError as e:
             raise EnsembleError(f"{where}: the model is not ready ({e.message})") from None
         inputs = {e["name"]: e for e in model_config["input"]}

@@ -27,13 +27,14 @@ import numpy as np
 from batcher.staging import HostStaging, gpu_group
 from codec.datatypes import BY_CONFIG, BY_ONNX
 from codec.errors import ErrorKind, InferError
+from server.backends.base import Backend
 
 log = logging.getLogger("tensorgate.onnxruntime")
 
 MODEL_FILE = "model.onnx"
 
 
-class OnnxRuntimeBackend:
+class OnnxRuntimeBackend(Backend):
     is_async = False
     in_thread = True  # session.run blocks for the whole graph: the batcher runs it in a worker thread
 

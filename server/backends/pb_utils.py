@@ -8,7 +8,8 @@ TritonModelException, the response sender of decoupled models, Logger, the confi
 constants. What Triton spreads over shared memory and a stub process runs here in the server's process:
 tensors are numpy arrays, always on the CPU (`is_cpu()` is True; `to_dlpack`/`from_dlpack` exchange
 them with torch or CuPy), and a BLS call goes through the called model's own scheduler and batcher
-without serializing anything.
+without serializing anything: the server the calls go to is the host the python backend loaded the
+model for (`attach_host`, at load; one per process, as Triton's stub serves one server).
 """
 
 import asyncio
@@ -16,7 +17,7 @@ import json
 import logging
 import struct
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,7 +26,9 @@ from codec.errors import ErrorKind, InferError
 from codec.tensor import InferRequest as _Request
 from codec.tensor import RequestedOutput as _RequestedOutput
 from codec.tensor import Tensor as _WireTensor
-from server.backends import SERVER
+
+if TYPE_CHECKING:
+    from server.backends.base import Host
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
@@ -41,6 +44,15 @@ _TRITON_TYPE_NUMBERS = {
 _V2_OF_NUMBER = {number: v2 for v2, number in _TRITON_TYPE_NUMBERS.items()}
 
 log = logging.getLogger("tensorgate.model")
+
+_host: "Host | None" = None  # where BLS calls go: the server's models and event loop
+
+
+def attach_host(host: "Host") -> None:
+    """The server's, not Triton's: called by the python backend as it loads a model (server/backends/
+    module.py), so that the model's BLS calls reach that server's models."""
+    global _host
+    _host = host
 
 
 # ------------------------------------------------------------------------------------------- errors
@@ -295,7 +307,7 @@ class InferenceRequest:
     def exec(self, decoupled: bool = False) -> Any:
         """Blocking BLS call, from a model's execute running in a worker thread. An error comes back as
         a response with `has_error()`; `decoupled=True` gives an iterator over the responses."""
-        loop = SERVER.get("loop")
+        loop = None if _host is None else _host.loop
         if loop is None:
             raise TritonModelException("BLS needs the server running: no repository is bound")
         try:
@@ -334,11 +346,10 @@ class InferenceRequest:
         return [response async for response in self._stream()]
 
     def _resolved(self) -> tuple[Any, _Request]:
-        repository = SERVER.get("repository")
-        if repository is None:
+        if _host is None:
             raise InferError(ErrorKind.UNAVAILABLE, "BLS needs the server running: no repository is bound")
         number = self._model_version
-        version = repository.resolve(self._model_name, "" if number < 0 else str(number))
+        version = _host.resolve(self._model_name, "" if number < 0 else str(number))
         tensors = [_WireTensor(t.name(), t._v2, t._array.shape, t._array) for t in self._inputs]
         outputs = [_RequestedOutput(name) for name in self._requested] or None
         parameters = json.loads(self._parameters) if self._parameters else {}
@@ -357,19 +368,19 @@ def received_request(
     model_version: int,
     inputs: dict[str, np.ndarray],
     dtypes: dict[str, str],
-    context: Any,
+    served: Any,
     sender: InferenceResponseSender | None = None,
 ) -> InferenceRequest:
     """The InferenceRequest a model's execute receives: its own tensors, id, parameters and the outputs
-    it asked for (all of the model's when it named none). `context` is the server's InferRequest."""
+    it asked for (all of the model's when it named none). `served` is the server's InferRequest."""
     request = InferenceRequest(model_name, model_version=model_version)
     request._inputs = [Tensor._of(name, array, dtypes[name]) for name, array in inputs.items()]
-    if context is not None:
-        request._request_id = context.id or ""
-        if context.parameters:
-            request._parameters = json.dumps(context.parameters)
-        if context.outputs is not None:
-            request._requested = [o.name for o in context.outputs]
+    if served is not None:
+        request._request_id = served.id or ""
+        if served.parameters:
+            request._parameters = json.dumps(served.parameters)
+        if served.outputs is not None:
+            request._requested = [o.name for o in served.outputs]
     request._sender = sender
     return request
 

@@ -25,24 +25,24 @@ model may omit `execute`; plain infer then answers 400. A model may define `hand
 answer grps customized HTTP (server/endpoints/customized.py).
 """
 
+from __future__ import annotations
+
 import inspect
-import sys
-import types
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from codec.errors import ErrorKind, InferError
+from server.backends.base import Backend, stream_only_error
+from server.backends.module import ModelModule
 
-CLASS_NAMES = ("TritonPythonModel", "Model")
-TRITON_UTILS = "triton_python_backend_utils"
-GRPS_MONITOR = "grps_framework.monitor.monitor"
+if TYPE_CHECKING:
+    from server.backends.base import Host
 
 
-def load_python(version_dir: Path, config: dict, version: int) -> Any:
+def load_python(version_dir: Path, config: dict, version: int, host: Host | None = None) -> Backend:
     """The model.py of a version folder: Triton's API when it imports `triton_python_backend_utils`
-    (server/backends/triton_python.py), else ours."""
-    module = ModelModule(version_dir, config, version)
+    (server/backends/triton_python.py), else ours. The module shared by both: server/backends/module.py."""
+    module = ModelModule(version_dir, config, version, host)
     try:
         if module.uses_triton_api:
             from server.backends.triton_python import TritonPythonBackend
@@ -54,49 +54,7 @@ def load_python(version_dir: Path, config: dict, version: int) -> Any:
         raise
 
 
-class ModelModule:
-    """A model.py run as a module of its own (`tensorgate_models.<model>.v<version>`), and its class."""
-
-    def __init__(self, version_dir: Path, config: dict, version: int) -> None:
-        path = version_dir / "model.py"
-        if not path.is_file():
-            raise FileNotFoundError(f"no model.py in {version_dir}")
-        from server.backends import pb_utils
-
-        _install_aliases()
-        self.name = f"tensorgate_models.{config['name']}.v{version}"
-        self.path = path
-        module = types.ModuleType(self.name)
-        module.__file__ = str(path)
-        previous = sys.modules.get(self.name)  # a version being reloaded keeps serving meanwhile
-        sys.modules[self.name] = module  # lets dataclasses/pickle inside model.py resolve the module
-        try:
-            # Compiled from the source every time: no __pycache__ written into the repository, and no
-            # stale bytecode when model.py changes within the same second at the same size.
-            exec(compile(path.read_bytes(), str(path), "exec"), module.__dict__)
-        except BaseException:
-            _restore_module(self.name, module, previous)
-            raise
-        self.module = module
-        self.uses_triton_api = any(  # `import ... as pb_utils`, or `from ... import InferenceResponse`
-            value is pb_utils or getattr(value, "__module__", None) == pb_utils.__name__
-            for value in vars(module).values()
-        )
-        self.model_class = _model_class(module, path)
-
-    def close(self) -> None:
-        _restore_module(self.name, self.module, None)
-
-    def unload(self, model: Any) -> None:
-        """The model's `finalize`, if it has one, then the module is forgotten."""
-        try:
-            if hasattr(model, "finalize"):
-                model.finalize()
-        finally:
-            self.close()
-
-
-class PythonBackend:
+class PythonBackend(Backend):
     def __init__(self, module: ModelModule, config: dict) -> None:
         self._module = module
         path = module.path
@@ -118,61 +76,6 @@ class PythonBackend:
 
     def close(self) -> None:
         self._module.unload(self.model)
-
-
-def _install_aliases() -> None:
-    """What model.py files written for other servers import, found here: Triton's
-    `triton_python_backend_utils` (ours, server/backends/pb_utils.py) and grps's
-    `grps_framework.monitor.monitor.app_monitor` (server/monitor.py)."""
-    from server import monitor
-    from server.backends import pb_utils
-
-    sys.modules.setdefault(TRITON_UTILS, pb_utils)
-    if GRPS_MONITOR not in sys.modules:
-        parts = GRPS_MONITOR.split(".")
-        for depth in range(1, len(parts)):
-            package = ".".join(parts[:depth])
-            if package not in sys.modules:
-                stub = types.ModuleType(package)
-                stub.__path__ = []  # a package: its submodules import
-                sys.modules[package] = stub
-        sys.modules[GRPS_MONITOR] = monitor
-
-
-def _model_class(module: Any, path: Path) -> type:
-    for name in CLASS_NAMES:
-        cls = getattr(module, name, None)
-        if isinstance(cls, type):
-            return cls
-    candidates = [
-        obj
-        for obj in vars(module).values()
-        if isinstance(obj, type)
-        and obj.__module__ == module.__name__
-        and (hasattr(obj, "execute") or hasattr(obj, "execute_stream"))
-    ]
-    if len(candidates) != 1:
-        raise TypeError(
-            f"{path} must define one model class (TritonPythonModel or Model) with execute() "
-            "or execute_stream()"
-        )
-    return candidates[0]
-
-
-def _restore_module(name: str, mine: types.ModuleType, previous: types.ModuleType | None) -> None:
-    """Unregisters `mine` unless a newer load of the same version has taken its place."""
-    if sys.modules.get(name) is mine:
-        if previous is None:
-            del sys.modules[name]
-        else:
-            sys.modules[name] = previous
-
-
-def stream_only_error(model: str) -> InferError:
-    return InferError(
-        ErrorKind.INVALID_ARGUMENT,
-        f"model '{model}' only streams its answers: use grps streaming or gRPC ModelStreamInfer",
-    )
 
 
 def _no_execute(model: str) -> Callable[[dict[str, Any]], Any]:

@@ -28,12 +28,13 @@ import numpy as np
 
 from batcher.staging import import_torch, make_staging
 from codec.errors import ErrorKind, InferError
+from server.backends.base import Backend
 
 MODEL_FILES = ("model.pt", "model.pt2")
 _INDEXED = re.compile(r".*__(\d+)")
 
 
-class PyTorchBackend:
+class PyTorchBackend(Backend):
     is_async = False
     in_thread = True  # execute blocks for the whole forward pass: the batcher runs it in a worker thread
 

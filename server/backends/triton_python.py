@@ -23,24 +23,31 @@ served to streaming clients (ModelStreamInfer, grps streaming) as our `execute_s
 plain infer is refused as for those.
 """
 
+from __future__ import annotations
+
 import asyncio
 import copy
 import inspect
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import server.backends.pb_utils as pb_utils
 from codec.datatypes import BY_CONFIG
 from codec.errors import ErrorKind, InferError
-from server.backends import pb_utils
-from server.backends.python import ModelModule, stream_only_error
+from server.backends.base import Backend, stream_only_error
+from server.backends.module import ModelModule
+
+if TYPE_CHECKING:
+    from batcher.scheduler import Job
+    from server.backends.base import Host
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
-class TritonPythonBackend:
-    per_request = True  # execute(parts, contexts): each request apart (batcher/execution.py)
+class TritonPythonBackend(Backend):
+    per_request = True  # execute(jobs): each request apart (batcher/execution.py)
 
     def __init__(self, module: ModelModule, config: dict, version: int) -> None:
         self._module = module
@@ -65,27 +72,19 @@ class TritonPythonBackend:
         if hasattr(self.model, "initialize"):
             self.model.initialize(_initialize_args(config, version, module))
 
-    def _requests(self, parts: dict[str, list[Any]], contexts: list[Any]) -> list[pb_utils.InferenceRequest]:
-        return [
-            pb_utils.received_request(
-                self.name,
-                self.version,
-                {name: arrays[i] for name, arrays in parts.items()},
-                self.dtypes,
-                context,
-            )
-            for i, context in enumerate(contexts)
-        ]
+    def _requests(self, jobs: list[Job]) -> list[pb_utils.InferenceRequest]:
+        name, version, dtypes = self.name, self.version, self.dtypes
+        return [pb_utils.received_request(name, version, job.inputs, dtypes, job.request) for job in jobs]
 
-    def _execute(self, parts: dict[str, list[Any]], contexts: list[Any]) -> list:
-        requests = self._requests(parts, contexts)
+    def _execute(self, jobs: list[Job]) -> list:
+        requests = self._requests(jobs)
         return self._answers(len(requests), self.model.execute(requests))
 
-    async def _execute_async(self, parts: dict[str, list[Any]], contexts: list[Any]) -> list:
-        requests = self._requests(parts, contexts)
+    async def _execute_async(self, jobs: list[Job]) -> list:
+        requests = self._requests(jobs)
         return self._answers(len(requests), await self.model.execute(requests))
 
-    def _refuse(self, parts: dict[str, list[Any]], contexts: list[Any]) -> list:
+    def _refuse(self, jobs: list[Job]) -> list:
         raise stream_only_error(self.name)
 
     def _answers(self, count: int, responses: Any) -> list:
@@ -114,7 +113,7 @@ class TritonPythonBackend:
             return pb_utils.as_infer_error(response.error())
         return {tensor.name(): tensor.as_numpy() for tensor in response.output_tensors()}
 
-    async def _execute_decoupled(self, inputs: dict[str, Any], context: Any = None) -> AsyncIterator[dict]:
+    async def _execute_decoupled(self, inputs: dict[str, Any], request: Any = None) -> AsyncIterator[dict]:
         """A decoupled model's answers to one request, as they are sent, until the FINAL flag."""
         loop = asyncio.get_running_loop()
         sent: asyncio.Queue = asyncio.Queue()
@@ -123,11 +122,11 @@ class TritonPythonBackend:
             loop.call_soon_threadsafe(sent.put_nowait, (response, flags))
 
         sender = pb_utils.InferenceResponseSender(deliver)
-        request = pb_utils.received_request(self.name, self.version, inputs, self.dtypes, context, sender)
+        received = pb_utils.received_request(self.name, self.version, inputs, self.dtypes, request, sender)
         if self.is_async:
-            running = asyncio.ensure_future(self.model.execute([request]))
+            running = asyncio.ensure_future(self.model.execute([received]))
         else:
-            running = loop.run_in_executor(None, self.model.execute, [request])
+            running = loop.run_in_executor(None, self.model.execute, [received])
 
         def finished(future: asyncio.Future) -> None:
             if not future.cancelled() and future.exception() is not None:
@@ -153,10 +152,10 @@ class TritonPythonBackend:
         self._module.unload(self.model)
 
 
-def complete(version_dir: Path, config: dict) -> dict:
+def complete(version_dir: Path, config: dict, host: Host | None = None) -> dict:
     """The config as the model's `auto_complete_config(auto_complete_model_config)` completes it (a
     model without one leaves it as it is)."""
-    module = ModelModule(version_dir, config, 0)
+    module = ModelModule(version_dir, config, 0, host)
     try:
         complete_config = getattr(module.model_class, "auto_complete_config", None)
         if not module.uses_triton_api or complete_config is None:

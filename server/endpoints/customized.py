@@ -19,6 +19,8 @@ A model's exception answers a grps FAILURE status (500) before the answer starte
 after it. Each request counts in the model's statistics (and so in the monitor).
 """
 
+from __future__ import annotations
+
 import asyncio
 import inspect
 import json
@@ -27,12 +29,14 @@ import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from time import perf_counter_ns
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 from codec.errors import InferError, invalid
-from server.grps import Grps
 from server.router import HttpRequest, HttpResponse, Router
+
+if TYPE_CHECKING:
+    from server.grps import Grps
 
 log = logging.getLogger("tensorgate.grps")
 
@@ -126,7 +130,7 @@ class CustomizedHttp:
 
     async def handle(self, request: HttpRequest) -> HttpResponse:
         version = self.grps.select(query_of(request).get("model", ""))
-        handler = getattr(version.backend, "handle_http", None)
+        handler = version.backend.handle_http if version.backend is not None else None
         if handler is None:
             raise invalid(f"model '{version.name}' has no handle_http: it cannot answer customized HTTP")
         http = HttpContext(request, self.control.wants(request))

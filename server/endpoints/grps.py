@@ -4,10 +4,12 @@ Over REST the HTTP status is the answer's `status.code`. A bin_data answer goes 
 (application/octet-stream), without status.
 """
 
+from __future__ import annotations
+
 import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 from codec import grps as wire
@@ -15,8 +17,10 @@ from codec import grps_answers as answers
 from codec.errors import ErrorKind, InferError, invalid
 from server.endpoints.customized import CustomizedHttp, StreamingControl
 from server.grps import Grps
-from server.repository import Repository
 from server.router import HttpRequest, HttpResponse, Router, body_response
+
+if TYPE_CHECKING:
+    from server.repository import Repository
 
 log = logging.getLogger("tensorgate.grps")
 

@@ -1,13 +1,18 @@
 """grps's monitor over REST: the page at `/` and the JSON it polls, `GET /grps/v1/monitor/metrics`
 (server/monitor.py keeps the metrics)."""
 
+from __future__ import annotations
+
 from importlib import resources
+from typing import TYPE_CHECKING
 
 import orjson
 
 from server.endpoints.grps import ROOT, error_response
-from server.monitor import Monitor
 from server.router import HttpRequest, HttpResponse, Router, body_response
+
+if TYPE_CHECKING:
+    from server.monitor import Monitor
 
 HTML = b"text/html; charset=utf-8"
 PAGE = resources.files("server.endpoints").joinpath("monitor_page.html").read_bytes()

@@ -7,15 +7,20 @@
 Bodies are optional. Load and unload answer 200 with an empty body, as Triton does.
 """
 
+from __future__ import annotations
+
 import base64
 import binascii
+from typing import TYPE_CHECKING
 
 import orjson
 
 from codec.errors import invalid
 from server.endpoints.v2 import error_response, json_response
-from server.repository import Repository
 from server.router import HttpRequest, HttpResponse, Router
+
+if TYPE_CHECKING:
+    from server.repository import Repository
 
 FILE_PREFIX = "file:"
 

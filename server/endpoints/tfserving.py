@@ -7,16 +7,22 @@ Two things a Triton config does not say are read from its `parameters`:
   name it too.
 """
 
+from __future__ import annotations
+
 import weakref
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from codec import tfserving
 from codec.errors import ErrorKind, InferError, invalid
 from codec.tensor import InferResponse
 from codec.tfserving import TensorInfo
-from server.model import UNLOADED, ModelState, ModelVersion, TensorSpec
-from server.repository import Repository
+from server.model import UNLOADED, ModelState
 from server.router import HttpRequest, HttpResponse, Router, body_response
+
+if TYPE_CHECKING:
+    from server.model import ModelVersion, TensorSpec
+    from server.repository import Repository
 
 VERBS = ("predict", "classify", "regress")
 # Every method gets the catch-all, so nothing under /v1/ is answered 405 or with another protocol's body.

@@ -1,17 +1,23 @@
 """KServe v2 REST endpoints: health, server and model metadata, model config, statistics, infer, and
 Triton's system and CUDA shared-memory extensions."""
 
+from __future__ import annotations
+
 import functools
+from typing import TYPE_CHECKING
 
 import orjson
 
 from codec import v2_http
 from codec.errors import InferError, http_status, invalid
 from server import __version__
-from server.repository import Repository
 from server.router import HttpRequest, HttpResponse, Router, body_response
-from server.shared_memory import CUDA, SYSTEM, SharedMemory, decode_handle
+from server.shared_memory import CUDA, SYSTEM, decode_handle
 from server.statistics import model_statistics
+
+if TYPE_CHECKING:
+    from server.repository import Repository
+    from server.shared_memory import SharedMemory
 
 EXTENSIONS = [
     "binary_tensor_data",
@@ -94,7 +100,10 @@ class V2Endpoints:
             request.headers.get(v2_http.HEADER_LENGTH_BYTES), len(request.body)
         )
         infer_request = v2_http.decode_request(request.body, header_length, name, version)
-        response = await self.shared_memory.infer(model_version, infer_request)
+        if infer_request.shared_memory:  # it names a region: read and written through the server's
+            response = await self.shared_memory.infer(model_version, infer_request)
+        else:
+            response = await model_version.infer(infer_request)
         encoded = v2_http.encode_response(response, infer_request)
         return HttpResponse(200, encoded.headers, encoded.chunks)
 

@@ -235,7 +235,11 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         try:
             request = v2_grpc_request.decode_request(message.data)
             version = self.repository.resolve(request.model_name, request.model_version)
-            parts = v2_grpc.encode_response_parts(await self.shared_memory.infer(version, request))
+            if request.shared_memory:  # it names a region: read and written through the server's
+                response = await self.shared_memory.infer(version, request)
+            else:
+                response = await version.infer(request)
+            parts = v2_grpc.encode_response_parts(response)
         except Exception as e:  # only the work: the transport answers errors of the stream itself
             raise _grpc_error(e, "ModelInfer") from None
         await call.send_message(RawMessage(parts=parts))

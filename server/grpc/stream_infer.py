@@ -126,7 +126,11 @@ class StreamInfer:
             version = self.repository.resolve(request.model_name, request.model_version)
             if version.streams:
                 return _Pending(request_id, final, iterator=version.infer_stream(request))
-            finished, outcome = eager.step(self.shared_memory.infer(version, request), self.loop)
+            if request.shared_memory:  # it names a region: read and written through the server's
+                running = self.shared_memory.infer(version, request)
+            else:
+                running = version.infer(request)
+            finished, outcome = eager.step(running, self.loop)
             if finished:  # a model executed inline: no task, no future
                 return _Pending(request_id, final, response=outcome)
             return _Pending(request_id, final, task=outcome)

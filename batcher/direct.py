@@ -1,0 +1,111 @@
+"""The direct path: a `Scheduler` (batcher/scheduler.py) for a model without `dynamic_batching`, each
+request executed alone. The other implementation is the dynamic batcher (batcher/dynamic.py).
+"""
+
+import asyncio
+from time import perf_counter_ns
+
+from batcher.execution import Executor, alone
+from batcher.inflight import InFlight
+from batcher.scheduler import Arrays, Job, Scheduler
+from batcher.stats import ModelStats
+from codec.errors import InferError
+
+
+class DirectScheduler(Scheduler):
+    """Executes each request alone.
+
+    A plain `execute` runs to completion on the event loop, so requests never overlap and there is
+    nothing to wait for. An `async def execute`, or a backend that runs in a worker thread, runs with at
+    most `instances` (instance_group count) requests in flight; the others wait their turn.
+    """
+
+    def __init__(self, executor: Executor, stats: ModelStats | None = None) -> None:
+        self.executor = executor
+        self.stats = stats if stats is not None else ModelStats()
+        # then run_now() is run() without a coroutine: numpy on the event loop
+        self.now = executor.inline and executor.host and not executor.per_request
+        self.pending = 0  # no queue: requests waiting for an instance are counted as executing
+        self._slots = asyncio.Semaphore(executor.instances)
+        self._in_flight = InFlight()  # requests executing or waiting for a slot: what drain() waits for
+
+    async def run(self, job: Job) -> Arrays:
+        """The model's outputs for one request; its priority and timeout matter only to the dynamic
+        batcher."""
+        if self.now:
+            return self.run_now(job.inputs, job.rows)
+        executor = self.executor
+        if not executor.inline:
+            return await self._run_waiting(job)
+        start = perf_counter_ns()
+        try:
+            outputs, input_ns, infer_ns, output_ns = executor.run_one(job)
+        except InferError:
+            self.stats.record_failure(1, perf_counter_ns() - start)
+            raise
+        self._record(job.rows, perf_counter_ns() - start, 0, input_ns, infer_ns, output_ns)
+        return outputs
+
+    def run_now(self, inputs: Arrays, rows: int = 1) -> Arrays:
+        """`run` without a coroutine, where `now` says it never waits: numpy on the event loop, the whole
+        time counted as compute_infer. The hot path of small models."""
+        start = perf_counter_ns()
+        try:
+            outputs = self.executor.execute(inputs)
+        except InferError:
+            self.stats.record_failure(1, perf_counter_ns() - start)
+            raise
+        except Exception as e:
+            self.stats.record_failure(1, perf_counter_ns() - start)
+            raise self.executor.failure(e) from None
+        self.stats.record_alone(rows, perf_counter_ns() - start)
+        return outputs
+
+    async def _run_waiting(self, job: Job) -> Arrays:
+        executor = self.executor
+        self._in_flight.enter()
+        handed_off = False  # once a worker thread has the request, its completion ends it
+        start = perf_counter_ns()
+        try:
+            await self._slots.acquire()
+            queue_ns = perf_counter_ns() - start
+            if executor.in_thread:
+                work = asyncio.get_running_loop().run_in_executor(executor.pool, executor.run_one, job)
+                work.add_done_callback(self._thread_done)
+                handed_off = True
+                # A caller that goes away does not stop the thread: its slot frees when the thread ends.
+                outputs, input_ns, infer_ns, output_ns = await asyncio.shield(work)
+            else:
+                try:
+                    outputs, input_ns, infer_ns, output_ns = await executor.run_async([job])
+                    if executor.per_request:
+                        outputs = alone(outputs)
+                finally:
+                    self._slots.release()
+        except InferError:
+            self.stats.record_failure(1, perf_counter_ns() - start)
+            raise
+        finally:
+            if not handed_off:
+                self._in_flight.leave()
+        self._record(job.rows, perf_counter_ns() - start, queue_ns, input_ns, infer_ns, output_ns)
+        return outputs
+
+    def _record(
+        self, rows: int, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int
+    ) -> None:
+        self.stats.record_batch(rows, input_ns, infer_ns, output_ns)
+        self.stats.record_success(1, total_ns, queue_ns, input_ns, infer_ns, output_ns)
+
+    def _thread_done(self, work: asyncio.Future) -> None:
+        if not work.cancelled():
+            work.exception()  # retrieved here: the caller may be gone
+        self._slots.release()
+        self._in_flight.leave()
+
+    async def drain(self) -> None:
+        """Waits until no request is executing or waiting to execute."""
+        await self._in_flight.wait_idle()
+
+    def close(self) -> None:
+        """Nothing to release: no timers, no queue."""
