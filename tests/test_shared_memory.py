@@ -18,6 +18,8 @@ from server.shared_memory import SharedMemory
 class Recorder:
     """Stands in for a model version: keeps the input arrays it is asked to infer on."""
 
+    executor = None  # a model on the host
+
     def __init__(self) -> None:
         self.inputs: dict[str, np.ndarray] = {}
 
