@@ -42,7 +42,7 @@ import numpy as np
 import proto.inference as pb
 from bench.grpc_load import INFER_PATH, STREAM_PATH, infer_request
 from bench.procs import ServerProcess, cpu_clock, memory_kib, reset_peak_rss, serve_argv
-from bench.transport import _H2LOAD, _H2LOAD_TIME, _run, save
+from bench.transport import _H2LOAD, _H2LOAD_TIME, BASELINE, _run, baseline_table, save
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCENARIOS = ("unary", "unary-http-port", "stream", "stream-pingpong", "binary")
@@ -101,7 +101,7 @@ def counters(server: ServerProcess, model: str) -> tuple[float, float]:
 def run_one(name: str, key: str, server: ServerProcess, args, files) -> dict:
     """One round of a load scenario on one server: messages answered, seconds, server CPU."""
     port = server.port if name == "unary-http-port" else server.grpc_port
-    before = counters(server, "simple") if key == "ours" else None
+    before = counters(server, "simple") if key != "grpclib-echo" else None
     cpu = cpu_clock(server.pid)
     client_cpu = None
     if name in ("unary", "unary-http-port"):
@@ -142,7 +142,7 @@ def run_one(name: str, key: str, server: ServerProcess, args, files) -> dict:
 
 
 def load_rounds(name: str, servers: dict[str, ServerProcess], args, files) -> dict:
-    order = ["ours"] if name == "unary-http-port" else list(servers)
+    order = [key for key in servers if key != "grpclib-echo"] if name == "unary-http-port" else list(servers)
     rounds: dict[str, list[dict]] = {key: [] for key in order}
     for round_no in range(args.rounds):
         for key in order if round_no % 2 == 0 else order[::-1]:
@@ -221,8 +221,8 @@ def report(results: dict, args) -> str:
                     f"| {name} | {key} | {value['rate']:,.0f} | {value['cpu_us']:.1f} µs | {client} | "
                     f"{', '.join(value['notes'])} |"
                 )
+    lines += ["", *baseline_table(results, SCENARIOS[:-1], "cpu_us", args)]
     lines += [
-        "",
         "## Targets",
         "",
         "| scenario | ratio | per-round range | target | met |",
@@ -267,6 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--binary-trips", type=int, default=10)
     parser.add_argument("--only", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
     parser.add_argument("--out", default="bench/results")
+    parser.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="a checkout of another commit: its server runs beside ours, same rounds",
+    )
     args = parser.parse_args(argv)
     if shutil.which("h2load") is None:
         parser.error("needs h2load (apt-get install nghttp2-client)")
@@ -282,16 +287,23 @@ def main(argv: list[str] | None = None) -> int:
             f.write(grpc_body([request]))
         with open(files["pipelined"], "wb") as f:
             f.write(grpc_body([request] * PIPELINED))
+        commands = SERVERS | ({BASELINE: SERVERS["ours"]} if args.baseline else {})
         servers = {
-            key: ServerProcess(command, cwd=ROOT, listens="gRPC" if key == "grpclib-echo" else "HTTP")
-            for key, command in SERVERS.items()
+            key: ServerProcess(
+                command,
+                cwd=args.baseline if key == BASELINE else ROOT,
+                listens="gRPC" if key == "grpclib-echo" else "HTTP",
+            )
+            for key, command in commands.items()
         }
         try:
             for name in SCENARIOS[:-1]:
                 if name in args.only:
                     results[name] = load_rounds(name, servers, args, files)
             if "binary" in args.only:
-                servers.pop("grpclib-echo").stop()
+                for key in ("grpclib-echo", BASELINE):
+                    if key in servers:
+                        servers.pop(key).stop()
                 results["binary"] = binary(servers["ours"], args, files)
         finally:
             for server in servers.values():

@@ -53,6 +53,7 @@ SERVERS = {
     "hypercorn": [*SERVE, "--http-server", "hypercorn"],
 }
 H2_SERVERS = ("ours-bare", "ours", "hypercorn")
+BASELINE = "baseline"  # with --baseline DIR: our server from another checkout, in the same rounds
 BINARY_SERVERS = ("ours", "hypercorn")
 TARGETS = (  # (scenario, server, baseline or None, minimum): the issue's targets
     ("json-h1", "ours", "uvicorn-bare", 0.5),
@@ -160,6 +161,28 @@ def summarize(rounds: list[dict]) -> dict:
         "cores": statistics.median(r["cores"] for r in rounds),
         "notes": sorted({r["note"] for r in rounds if r["note"]}),
     }
+
+
+def baseline_table(results: dict, scenarios: tuple[str, ...], cpu: str, args) -> list[str]:
+    """With --baseline: our server's CPU per request against the other checkout's, round by round."""
+    if not args.baseline:
+        return []
+    lines = [
+        f"## CPU per request: ours / baseline (`{args.baseline}`)",
+        "",
+        "| scenario | ours | baseline | ratio (median of rounds) | per-round range |",
+        "|---|---|---|---|---|",
+    ]
+    for name in scenarios:
+        rounds = results.get(name, {}).get("rounds", {})
+        if BASELINE not in rounds:
+            continue
+        ratios = [a[cpu] / b[cpu] for a, b in zip(rounds["ours"], rounds[BASELINE], strict=True) if b[cpu]]
+        lines.append(
+            f"| {name} | {results[name]['ours'][cpu]:.1f} µs | {results[name][BASELINE][cpu]:.1f} µs | "
+            f"{statistics.median(ratios):.3f}x | {min(ratios):.3f}-{max(ratios):.3f} |"
+        )
+    return [*lines, ""]
 
 
 def ratio_per_round(rounds: dict, key: str, base: str) -> tuple[float, float, float]:
@@ -330,6 +353,7 @@ def report(results: dict, args) -> str:
                     f"{', '.join(value['notes'])} |"
                 )
         lines.append("")
+    lines += baseline_table(results, ("json-h1", "json-h2"), "cpu_us", args)
     lines += [
         "## Targets",
         "",
@@ -384,6 +408,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle", type=int, default=5000, help="idle keep-alive connections held")
     parser.add_argument("--only", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
     parser.add_argument("--out", default="bench/results")
+    parser.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="a checkout of another commit: its server runs beside ours, same rounds",
+    )
     args = parser.parse_args(argv)
     missing = [tool for tool in ("wrk", "h2load", "curl") if shutil.which(tool) is None]
     if missing:
@@ -404,20 +433,26 @@ def main(argv: list[str] | None = None) -> int:
             )
         if any(name.startswith("binary") for name in args.only):
             files["binary"] = binary_body(args.binary_mib, directory)
-        servers = {key: ServerProcess(command, cwd=ROOT) for key, command in SERVERS.items()}
+        commands = SERVERS | ({BASELINE: SERVE} if args.baseline else {})
+        servers = {
+            key: ServerProcess(command, cwd=args.baseline if key == BASELINE else ROOT)
+            for key, command in commands.items()
+        }
         try:
             if "json-h1" in args.only:
-                results["json-h1"] = load_rounds("json-h1", servers, list(SERVERS), args, files)
+                results["json-h1"] = load_rounds("json-h1", servers, list(commands), args, files)
             if "json-h2" in args.only:
-                results["json-h2"] = load_rounds("json-h2", servers, list(H2_SERVERS), args, files)
+                order = [*H2_SERVERS, *([BASELINE] if args.baseline else [])]
+                results["json-h2"] = load_rounds("json-h2", servers, order, args, files)
             for name in ("binary-h1", "binary-h2"):
                 if name in args.only:
                     results[name] = {
                         key: binary(servers[key], name.endswith("h2"), args, files) for key in BINARY_SERVERS
                     }
             if "idle" in args.only:
-                for key in ("uvicorn-bare", "ours-bare", "hypercorn"):  # only ours shares the cores now
-                    servers.pop(key).stop()
+                for key in ("uvicorn-bare", "ours-bare", "hypercorn", BASELINE):  # only ours shares the cores
+                    if key in servers:
+                        servers.pop(key).stop()
                 results["idle"] = idle(servers["ours"], args, files)
         finally:
             for server in servers.values():

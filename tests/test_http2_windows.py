@@ -4,8 +4,6 @@ SETTINGS_INITIAL_WINDOW_SIZE to 0 gets each answer's HEADERS at once and its bod
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from e2e_helpers import EXAMPLES, ServerProcess
 from h2_wire import DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, RST_STREAM, WINDOW_UPDATE, H2Wire, frame
