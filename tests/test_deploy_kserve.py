@@ -24,7 +24,7 @@ import yaml
 from e2e_helpers import EXAMPLES, ROOT, ServerProcess, make_client
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from server.cli import build_parser
+from server.options import build_parser
 
 KSERVE = ROOT / "deploy" / "kserve"
 CRDS = KSERVE / "crds"

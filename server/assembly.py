@@ -1,0 +1,110 @@
+"""The server's parts assembled from the command line: each port's router, the gRPC services, and serving
+the ports. The same parts serve in one process (`--workers 1`, server/cli.py), in the engine (what the
+workers forward to it, server/engine.py) and in each front-end worker (server/frontend.py, which serves the
+inference routes itself and forwards the others)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from server import grpc
+from server.endpoints.customized import StreamingControl
+from server.endpoints.grps import GrpsEndpoints
+from server.endpoints.monitor import MonitorEndpoints
+from server.endpoints.repository import RepositoryEndpoints
+from server.endpoints.tfserving import TFServingEndpoints
+from server.endpoints.v2 import V2Endpoints, error_response
+from server.http.listener import Listener, Offline, address_of, bind, tls_context
+from server.metrics import metrics_router
+from server.options import http_settings
+from server.router import Router
+
+if TYPE_CHECKING:
+    from server.http.grpc_call import GrpcServices
+    from server.monitor import Monitor
+    from server.repository import Repository
+    from server.shared_memory import SharedMemory
+
+# Where we listen is always said, whatever --log-level: with port 0 it is the only way to learn the port.
+listen_log = logging.getLogger("tensorgate.listen")
+listen_log.setLevel(logging.INFO)
+
+PORTS = ("gRPC", "Metrics", "HTTP")  # bound and logged in this order: HTTP's line tells a waiting reader "up"
+
+
+@dataclass
+class Parts:
+    routers: dict[str, Router]  # by port name; the gRPC port serves no REST route
+    grpc_services: GrpcServices
+
+
+def build(
+    args: argparse.Namespace, repository: Repository, shared_memory: SharedMemory, monitor: Monitor | None
+) -> Parts:
+    """Every port's routes and the gRPC services over `repository` (ValueError: a customized grps path
+    that would take a built-in route's place)."""
+    router = Router(fallback_errors=error_response, max_body_bytes=args.max_request_bytes)
+    V2Endpoints(repository, shared_memory).install(router)
+    streaming = StreamingControl(
+        args.grps_streaming_ctrl_mode, args.grps_streaming_ctrl_key, args.grps_streaming_res_content_type
+    )
+    grps_endpoints = GrpsEndpoints(
+        repository, args.grps_default_model, streaming, args.grps_customized_predict_http
+    )
+    grps_endpoints.install(router)
+    MonitorEndpoints(monitor).install(router)
+    TFServingEndpoints(repository).install(router)
+    RepositoryEndpoints(repository).install(router)
+    grps_endpoints.install_customized(router)  # last: it must not take a built-in route's place
+    routers = {"gRPC": Router(error_response, args.max_request_bytes), "HTTP": router}
+    if args.allow_metrics:
+        routers["Metrics"] = metrics_router(repository, monitor)
+    services = grpc.services(repository, args.grps_default_model, args.grpc_max_message_bytes, shared_memory)
+    return Parts(routers, services)
+
+
+def bind_ports(args: argparse.Namespace) -> dict[str, list[socket.socket]]:
+    """The listening sockets of each port (the metrics port only with --allow-metrics), each logged."""
+    ports = {"gRPC": args.grpc_port, "Metrics": args.metrics_port, "HTTP": args.http_port}
+    bound = {name: bind(args.host, ports[name]) for name in PORTS if name != "Metrics" or args.allow_metrics}
+    for name, sockets in bound.items():
+        for sock in sockets:
+            listen_log.info("%s listening on %s", name, address_of(sock))
+    return bound
+
+
+async def serve_ports(
+    args: argparse.Namespace,
+    parts: Parts,
+    sockets: dict[str, list[socket.socket]],
+    shutdown_trigger: Callable[[], Awaitable[None]],
+    offline: Offline,
+) -> None:
+    """Serves every port until `shutdown_trigger` returns, then drains them. gRPC is served on its port
+    and, over HTTP/2, on HTTP's; it needs our transport: on hypercorn, the HTTP port serves REST only."""
+    settings = http_settings(args)
+    tls_files = (args.ssl_certfile, args.ssl_keyfile) if args.ssl_certfile else None
+
+    async def serve_port(name: str) -> None:
+        router = parts.routers[name]
+        if name != "gRPC" and args.http_server == "hypercorn":
+            from server.http.asgi import AsgiApp, serve_hypercorn
+
+            app = AsgiApp(router, settings.max_request_bytes)
+            files = tls_files if name == "HTTP" else None
+            await serve_hypercorn(app, sockets[name], shutdown_trigger, settings.graceful_timeout, files)
+            return
+        tls = tls_context(*tls_files) if tls_files and name == "HTTP" else None
+        services = parts.grpc_services if name != "Metrics" else None
+        listener = Listener(router, settings, sockets[name], tls, services, offline)
+        await listener.start()
+        await shutdown_trigger()
+        await listener.shutdown()
+
+    await asyncio.gather(*(serve_port(name) for name in sockets))

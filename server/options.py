@@ -1,0 +1,244 @@
+"""The command line: `tensorgate serve`'s flags, and the transport limits they set."""
+
+import argparse
+from pathlib import Path
+
+from server.endpoints.customized import CTRL_MODES
+from server.http.connection import HttpSettings
+from server.repository import CONTROL_MODES
+
+GRPC_MAX_MESSAGE = (1 << 31) - 1  # protobuf cannot encode a larger message
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tensorgate", description="A multi-protocol model server.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve a model repository")
+    serve.add_argument("--model-repository", type=Path, required=True, help="the model repository directory")
+    serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    serve.add_argument(
+        "--http-port", type=int, default=8000, help="HTTP port; 0 picks a free one (default 8000)"
+    )
+    serve.add_argument(
+        "--grpc-port", type=int, default=8001, help="gRPC port; 0 picks a free one (default 8001)"
+    )
+    serve.add_argument(
+        "--grpc-max-message-bytes",
+        type=int,
+        default=GRPC_MAX_MESSAGE,
+        help="largest gRPC message received or sent, in bytes (default 2 GiB - 1, protobuf's limit)",
+    )
+    serve.add_argument(
+        "--grps-default-model",
+        default=None,
+        help="grps: the model a request without `model` goes to (default: the only model, if one)",
+    )
+    serve.add_argument(
+        "--grps-customized-predict-http",
+        default=None,
+        metavar="PATH",
+        help="grps: serve customized HTTP on PATH, answered by a python model's handle_http (default: off)",
+    )
+    serve.add_argument(
+        "--grps-streaming-ctrl-mode",
+        choices=CTRL_MODES,
+        default="query_param",
+        help="grps: how a request asks for a streamed answer (default query_param: ?streaming=true)",
+    )
+    serve.add_argument(
+        "--grps-streaming-ctrl-key",
+        default="streaming",
+        help="grps: the query parameter, header or JSON body key that asks for streaming (default streaming)",
+    )
+    serve.add_argument(
+        "--grps-streaming-res-content-type",
+        default="application/octet-stream",
+        help="grps: the content type of streamed answers (default application/octet-stream)",
+    )
+    serve.add_argument(
+        "--monitor-log",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="grps: rewrite PATH every second with every monitor metric, as grps_monitor.log (default: off)",
+    )
+    serve.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=1 << 30,
+        help="largest request body accepted, in bytes (default 1 GiB); larger ones get 413",
+    )
+    serve.add_argument(
+        "--http-server",
+        choices=("tensorgate", "hypercorn"),
+        default="tensorgate",
+        help="the HTTP transport: tensorgate (our own, on httptools and our HTTP/2 frames) or hypercorn "
+        "(the reference ASGI server, same endpoints); default tensorgate",
+    )
+    serve.add_argument("--ssl-certfile", default=None, help="serve HTTP over TLS with this certificate (PEM)")
+    serve.add_argument("--ssl-keyfile", default=None, help="the private key of --ssl-certfile (PEM)")
+    limits = HttpSettings()
+    serve.add_argument(
+        "--http-max-head-bytes",
+        type=int,
+        default=limits.max_head_bytes,
+        help="largest request head (HTTP/1.1 line + headers, HTTP/2 header list); larger ones get 431 "
+        f"(default {limits.max_head_bytes})",
+    )
+    serve.add_argument(
+        "--http-head-timeout",
+        type=float,
+        default=limits.head_timeout,
+        help="seconds a request head may take to arrive; then 408 and close "
+        f"(default {limits.head_timeout:g})",
+    )
+    serve.add_argument(
+        "--http-body-timeout",
+        type=float,
+        default=limits.body_timeout,
+        help="seconds a request body may go without a byte arriving; then 408 (default "
+        f"{limits.body_timeout:g})",
+    )
+    serve.add_argument(
+        "--http-keep-alive-timeout",
+        type=float,
+        default=limits.keep_alive_timeout,
+        help=f"seconds an idle connection is kept open (default {limits.keep_alive_timeout:g})",
+    )
+    serve.add_argument(
+        "--http-max-connections",
+        type=int,
+        default=limits.max_connections,
+        help="open connections per port; more are answered 503 and closed "
+        f"(default {limits.max_connections})",
+    )
+    serve.add_argument(
+        "--http2-max-concurrent-streams",
+        type=int,
+        default=limits.h2_max_concurrent_streams,
+        help="HTTP/2 streams open at once per connection; more are refused (REFUSED_STREAM) "
+        f"(default {limits.h2_max_concurrent_streams})",
+    )
+    serve.add_argument(
+        "--http2-max-resets-per-second",
+        type=int,
+        default=limits.h2_max_resets_per_second,
+        help="HTTP/2 streams a client may reset per second before GOAWAY ENHANCE_YOUR_CALM (rapid reset) "
+        f"(default {limits.h2_max_resets_per_second})",
+    )
+    serve.add_argument(
+        "--http2-max-control-frames-per-second",
+        type=int,
+        default=limits.h2_max_control_frames_per_second,
+        help="HTTP/2 SETTINGS, PING, PRIORITY, WINDOW_UPDATE and empty DATA frames a client may send per "
+        "second, beyond ten for each write of answer frames it was sent that second (a client reading "
+        "answers sends some), before GOAWAY ENHANCE_YOUR_CALM "
+        f"(default {limits.h2_max_control_frames_per_second})",
+    )
+    serve.add_argument(
+        "--grpc-http2-min-recv-ping-interval-without-data",
+        type=int,
+        default=int(limits.h2_min_ping_interval * 1000),
+        metavar="MS",
+        help="HTTP/2 (gRPC) keepalive: milliseconds a client must leave between PINGs while no answer is "
+        "sent; sooner is a strike (default %(default)s, grpc-core's and Triton's)",
+    )
+    serve.add_argument(
+        "--grpc-http2-max-ping-strikes",
+        type=int,
+        default=limits.h2_max_ping_strikes,
+        help="HTTP/2 (gRPC) keepalive: strikes allowed before GOAWAY ENHANCE_YOUR_CALM 'too_many_pings' "
+        "(default %(default)s)",
+    )
+    serve.add_argument(
+        "--graceful-timeout",
+        type=float,
+        default=limits.graceful_timeout,
+        help="seconds requests in flight have to finish once SIGTERM arrives (default "
+        f"{limits.graceful_timeout:g})",
+    )
+    serve.add_argument(
+        "--model-control-mode",
+        type=str.lower,
+        choices=CONTROL_MODES,
+        default="none",
+        help="none: load every model at start, refuse load/unload; explicit: load the --load-model ones, "
+        "then obey the repository API; poll: follow the repository's changes (default none)",
+    )
+    serve.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="explicit mode: a model to load at start (repeatable; '*' loads all)",
+    )
+    serve.add_argument(
+        "--repository-poll-secs",
+        type=float,
+        default=15.0,
+        help="poll mode: seconds between scans of the repository (default 15)",
+    )
+    serve.add_argument(
+        "--strict-readiness",
+        type=_boolean,
+        nargs="?",
+        const=True,
+        default=True,
+        metavar="true|false",
+        help="ready only when every loaded model is ready (default true); false: ready once serving",
+    )
+    serve.add_argument(
+        "--metrics-port",
+        type=int,
+        default=8002,
+        help="Prometheus metrics port (GET /metrics); 0 picks a free one (default 8002)",
+    )
+    serve.add_argument(
+        "--allow-metrics",
+        type=_boolean,
+        nargs="?",
+        const=True,
+        default=True,
+        metavar="true|false",
+        help="serve Prometheus metrics on --metrics-port (default true)",
+    )
+    serve.add_argument(
+        "--allow-client-shm",
+        type=_boolean,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="true|false",
+        help="let clients register system and CUDA shared-memory regions (default false: a client could "
+        "make the server read or write any segment its user may open)",
+    )
+    serve.add_argument(
+        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default info"
+    )
+    return parser
+
+
+def _boolean(text: str) -> bool:
+    """A flag value as Triton's command line takes it: true/false, 1/0, yes/no, on/off."""
+    if text.lower() in ("true", "1", "yes", "on"):
+        return True
+    if text.lower() in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def http_settings(args: argparse.Namespace) -> HttpSettings:
+    return HttpSettings(
+        max_request_bytes=args.max_request_bytes,
+        max_head_bytes=args.http_max_head_bytes,
+        head_timeout=args.http_head_timeout,
+        body_timeout=args.http_body_timeout,
+        keep_alive_timeout=args.http_keep_alive_timeout,
+        max_connections=args.http_max_connections,
+        h2_max_concurrent_streams=args.http2_max_concurrent_streams,
+        h2_max_resets_per_second=args.http2_max_resets_per_second,
+        h2_max_control_frames_per_second=args.http2_max_control_frames_per_second,
+        h2_min_ping_interval=args.grpc_http2_min_recv_ping_interval_without_data / 1000,
+        h2_max_ping_strikes=args.grpc_http2_max_ping_strikes,
+        graceful_timeout=args.graceful_timeout,
+    )
