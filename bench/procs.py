@@ -105,29 +105,60 @@ def serve_argv(model_repository: str = "examples/model_repository") -> list[str]
             "--log-level", "warning"]  # fmt: skip
 
 
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants alive now (a server with --workers: the engine and its workers)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError):
+                continue  # gone meanwhile
+            children.setdefault(parent, []).append(int(entry))
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        todo += children.get(current, [])
+    return tree
+
+
 def cpu_clock(pid: int) -> float:
-    """CPU seconds (user + system) a process has used so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds (user + system) a process and its descendants have used so far."""
+    total = 0
+    for each in process_tree(pid):
+        try:
+            with open(f"/proc/{each}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def memory_kib(pid: int) -> dict[str, int]:
-    """VmRSS and VmHWM (peak RSS) of a process, in KiB, from /proc/<pid>/status."""
-    values: dict[str, int] = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                name, value = line.split(":", 1)
-                values[name] = int(value.split()[0])
+    """VmRSS and VmHWM (peak RSS) of a process and its descendants, summed, in KiB (/proc/<pid>/status)."""
+    values = {"VmRSS": 0, "VmHWM": 0}
+    for each in process_tree(pid):
+        try:
+            with open(f"/proc/{each}/status") as f:
+                for line in f:
+                    if line.startswith(("VmRSS:", "VmHWM:")):
+                        name, value = line.split(":", 1)
+                        values[name] += int(value.split()[0])
+        except OSError:
+            continue
     return values
 
 
 def reset_peak_rss(pid: int) -> bool:
-    """Reset VmHWM to the current RSS (Linux: write 5 to clear_refs). False where that is not allowed."""
+    """Reset VmHWM to the current RSS (Linux: write 5 to clear_refs), of a process and its descendants.
+    False where that is not allowed."""
     try:
-        with open(f"/proc/{pid}/clear_refs", "w") as f:
-            f.write("5")
+        for each in process_tree(pid):
+            with open(f"/proc/{each}/clear_refs", "w") as f:
+                f.write("5")
     except OSError:
         return False
     return True

@@ -109,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--http-max-connections",
         type=int,
         default=limits.max_connections,
-        help="open connections per port; more are answered 503 and closed "
+        help="open connections per port in each serving process (each worker's with --workers); more are "
+        "answered 503 and closed "
         f"(default {limits.max_connections})",
     )
     serve.add_argument(
@@ -215,6 +216,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default info"
     )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="front-end processes that hold the connections and run the transport, routes and codecs, "
+        "all on the same ports, beside one engine process that holds the models and their batchers "
+        "(default 1: one process does everything)",
+    )
+    serve.add_argument("--worker-of", help=argparse.SUPPRESS)  # set by the engine for each worker it starts
     return parser
 
 

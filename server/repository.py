@@ -156,6 +156,13 @@ class Model:
         return [{"name": self.name, "version": "", "state": state, "reason": self.reason}]
 
 
+def find_model(models: dict[str, Model], name: str) -> Model:
+    try:
+        return models[name]
+    except KeyError:
+        raise InferError(ErrorKind.NOT_FOUND, f"unknown model '{name}'") from None
+
+
 def version_folders(directory: Path) -> list[int]:
     return sorted(int(p.name) for p in directory.iterdir() if p.is_dir() and p.name.isdigit())
 
@@ -227,6 +234,8 @@ class Repository:
         self.models: dict[str, Model] = {}
         self._online = True
         self.online_watchers: list[Callable[[bool], None]] = []  # told of each change (the transport's)
+        self.generation = 0  # counts the changes of what is loaded
+        self.change_watchers: list[Callable[[], None]] = []  # told after each (the engine's workers)
         self._locks: dict[str, asyncio.Lock] = {}  # one per model name: its loads and unloads take turns
         self._failed: dict[str, Signature | None] = {}  # poll mode: a failed reload is not retried as is
         self._overrides: Path | None = None  # the server's folder for file overrides, made on first use
@@ -297,10 +306,7 @@ class Repository:
     # ------------------------------------------------------------------------------- lookups, health
 
     def model(self, name: str) -> Model:
-        try:
-            return self.models[name]
-        except KeyError:
-            raise InferError(ErrorKind.NOT_FOUND, f"unknown model '{name}'") from None
+        return find_model(self.models, name)
 
     def resolve(self, name: str, version: str = "") -> ModelVersion:
         return self.model(name).resolve(version)
@@ -387,6 +393,7 @@ class Repository:
             await model.retire()
             if not (self.path / name).is_dir():  # an uploaded model: nothing of it is left to index
                 self.models.pop(name, None)
+            self._changed()
             log.info("model '%s' unloaded", name)
 
     # ------------------------------------------------------------------------------------ poll mode
@@ -425,6 +432,7 @@ class Repository:
             model = self.models.pop(name, None)
             if model is not None:
                 await model.retire()
+                self._changed()
                 log.info("model '%s' removed from the repository: unloaded", name)
 
     def _scan(self) -> dict[str, Signature]:
@@ -465,7 +473,15 @@ class Repository:
         self, name: str, directory: Path, config: dict | None = None, owned: Path | None = None
     ) -> str:
         async with self._lock(name):
-            return await self._load(name, directory, config, owned)
+            try:
+                return await self._load(name, directory, config, owned)
+            finally:
+                self._changed()
+
+    def _changed(self) -> None:
+        self.generation += 1
+        for watcher in self.change_watchers:
+            watcher()
 
     def _owned(self, work: Coroutine[Any, Any, T]) -> Awaitable[T]:
         """Runs a load or unload as a task of the repository's own: a caller that goes away (a gRPC call
@@ -485,6 +501,7 @@ class Repository:
         if not keep_old:
             new.loading = True  # seen as LOADING by the index and by requests meanwhile
             self.models[name] = new
+            self._changed()
             if old is not None:
                 await old.retire()
         await asyncio.to_thread(new.load, self)

@@ -52,6 +52,15 @@ def body_response(body: bytes, content_type: bytes = b"application/json", status
 
 
 Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
+
+
+def front_end(handler: Callable[..., Awaitable[HttpResponse]]) -> Callable[..., Awaitable[HttpResponse]]:
+    """Marks an endpoint that a front-end worker serves itself (inference: decoded and answered there);
+    a worker forwards every other route to the engine (server/frontend.py)."""
+    handler.front_end = True  # type: ignore[attr-defined]
+    return handler
+
+
 ErrorResponder = Callable[[InferError], HttpResponse]
 
 
@@ -83,6 +92,10 @@ class Router:
 
     def add(self, method: str, template: str, handler: Handler, errors: ErrorResponder) -> None:
         self.routes.setdefault(method, []).append(Route(method, compile_path(template), handler, errors))
+        self._matched.clear()
+
+    def clear_cache(self) -> None:
+        """Forgets the matches made so far (after the routes were changed in place)."""
         self._matched.clear()
 
     def find(self, method: str, path: str) -> tuple[Route, dict[str, str]] | HttpResponse:

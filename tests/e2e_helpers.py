@@ -25,6 +25,10 @@ METRICS_LISTEN_RE = re.compile(rb"Metrics listening on 127\.0\.0\.1:(\d+)")
 # TENSORGATE_TEST_HTTP_SERVER=hypercorn adds `--http-server hypercorn` to every server started here.
 HTTP_SERVER = os.environ.get("TENSORGATE_TEST_HTTP_SERVER", "")
 HTTP_SERVER_ARGS = ("--http-server", HTTP_SERVER) if HTTP_SERVER else ()
+# ... and its end-to-end tests again with front-end workers beside an engine: TENSORGATE_TEST_WORKERS=2 adds
+# `--workers 2` to every server started here.
+WORKERS = int(os.environ.get("TENSORGATE_TEST_WORKERS", "1"))
+HTTP_SERVER_ARGS += ("--workers", str(WORKERS)) if WORKERS > 1 else ()
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 15.0
 LOG_TAIL = 20_000

@@ -407,3 +407,20 @@ def test_found_a_400_written_into_a_streamed_answer() -> None:
         (200, True, None),
         (400, True, b"close"),
     ]
+
+
+# found by `make test`'s http1 run on 2026-11-27, after the fix above: a request line without a version
+# (HTTP/0.9-like, so not keep-alive) answered 404 from its head, then its malformed chunked body got a
+# 400 after that answer's `connection: close`.
+AFTER_A_LAST_REQUEST = (
+    b"GPOST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\nhello"
+    b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n"
+    b"POST /xefuse[HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n4\r\n\x19bc\r\n0\r\n\r\n"
+)
+
+
+def test_found_a_400_after_the_last_request_was_answered() -> None:
+    """The client's last request (not keep-alive) is answered, and nothing after it."""
+    answers = transport.http1(AFTER_A_LAST_REQUEST)
+    assert [a.status for a in answers] == [200, 200, 200, 404]
+    assert answers[-1].headers.get(b"connection") == b"close"

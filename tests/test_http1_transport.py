@@ -24,6 +24,8 @@ from e2e_helpers import (
     split_binary_response,
 )
 
+from bench.procs import process_tree
+
 pytestmark = pytest.mark.ours
 
 A, B = list(range(16)), [1] * 16
@@ -308,7 +310,9 @@ def test_idle_keep_alive_connection_is_closed_after_its_timeout(start_server) ->
 
 
 def test_connections_past_the_limit_get_503_while_the_others_work(start_server) -> None:
-    server = start_server(EXAMPLES, extra_args=("--http-max-connections", "3"))
+    # The limit is each serving process's (each worker's with --workers N): one process here, so which
+    # of several workers accepts a connection does not decide which is refused.
+    server = start_server(EXAMPLES, extra_args=("--http-max-connections", "3", "--workers", "1"))
     held = [RawConnection(server.address, timeout=5) for _ in range(3)]
     try:
         for conn in held:  # each counted: it has been served once
@@ -335,7 +339,8 @@ def test_connections_past_the_limit_get_503_while_the_others_work(start_server) 
 
 
 def _open_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
+    """Open file descriptors of the server: every process of it (an engine and its workers)."""
+    return sum(len(os.listdir(f"/proc/{each}/fd")) for each in process_tree(pid))
 
 
 def test_connections_the_client_closes_are_closed_at_once(v2_server: ServerProcess) -> None:

@@ -17,7 +17,7 @@ from codec import grps_answers as answers
 from codec.errors import ErrorKind, InferError, invalid
 from server.endpoints.customized import CustomizedHttp, StreamingControl
 from server.grps import Grps
-from server.router import HttpRequest, HttpResponse, Router, body_response
+from server.router import HttpRequest, HttpResponse, Router, body_response, front_end
 
 if TYPE_CHECKING:
     from server.repository import Repository
@@ -96,6 +96,7 @@ class GrpsEndpoints:
             answers.answer_json(answers.Answer(wire.STR_DATA, self.grps.model_metadata(name)))
         )
 
+    @front_end
     async def predict(self, request: HttpRequest) -> HttpResponse:
         query = _query(request.query)
         content_type = request.headers.get(b"content-type", b"").split(b";")[0].strip().lower()

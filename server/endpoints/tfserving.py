@@ -18,7 +18,7 @@ from codec.errors import ErrorKind, InferError, invalid
 from codec.tensor import InferResponse
 from codec.tfserving import TensorInfo
 from server.model import UNLOADED, ModelState
-from server.router import HttpRequest, HttpResponse, Router, body_response
+from server.router import HttpRequest, HttpResponse, Router, body_response, front_end
 
 if TYPE_CHECKING:
     from server.model import ModelVersion, TensorSpec
@@ -153,6 +153,7 @@ class TFServingEndpoints:
 
     # ------------------------------------------------------------------------------------------ endpoints
 
+    @front_end
     async def predict(self, request: HttpRequest) -> HttpResponse:
         model_version, view = self._resolve(request)
         doc = tfserving.loads(request.body, "the request body")
@@ -163,9 +164,11 @@ class TFServingEndpoints:
         response = None if infer_request is None else await model_version.infer(infer_request)
         return body_response(tfserving.encode_predict(response, view.outputs, columnar))
 
+    @front_end
     async def classify(self, request: HttpRequest) -> HttpResponse:
         return await self._examples(request, tfserving.classify_outputs, tfserving.encode_classify)
 
+    @front_end
     async def regress(self, request: HttpRequest) -> HttpResponse:
         return await self._examples(request, tfserving.regress_output, tfserving.encode_regress)
 

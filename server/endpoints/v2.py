@@ -11,7 +11,7 @@ import orjson
 from codec import v2_http
 from codec.errors import InferError, http_status, invalid
 from server import __version__
-from server.router import HttpRequest, HttpResponse, Router, body_response
+from server.router import HttpRequest, HttpResponse, Router, body_response, front_end
 from server.shared_memory import CUDA, SYSTEM, decode_handle
 from server.statistics import model_statistics
 
@@ -93,6 +93,7 @@ class V2Endpoints:
         params = request.params
         return json_response(model_statistics(self.repository, params["model"], params["version"]))
 
+    @front_end
     async def infer(self, request: HttpRequest) -> HttpResponse:
         name, version = request.params["model"], request.params["version"]
         model_version = self.repository.resolve(name, version)

@@ -423,20 +423,27 @@ class H1Connection(BaseConnection):
     def _early_answer(self, response: HttpResponse) -> None:
         """An answer from the head alone (404, 405) while the body, if any, is still coming: it is read
         and dropped, and the connection serves the next request. Waits its turn behind pipelined ones."""
+        keep_alive = self.parser.should_keep_alive()
+        if not keep_alive:
+            self.last_read = True  # the client's last request: nothing after it is answered
         if self.task is not None or self.pending:
             request = _Request()
             request.route = _Fixed(response)  # type: ignore[assignment]
             request.method = self.request.method
-            self.pending.append((request, self.parser.should_keep_alive()))
+            self.pending.append((request, keep_alive))
             return
-        self._write_now(response, self.request.method, self.parser.should_keep_alive())
+        self._write_now(response, self.request.method, keep_alive)
 
     def _early_close(self, response: HttpResponse) -> None:
         """An answer after which the framing cannot be trusted (413 by declared length, malformed,
         ambiguous): sent, then the connection closes once the client stops sending. Behind answers still
         going out, it waits its turn (written at once, it would land inside them) and is the last."""
-        if self.transport is None or self.state == CLOSING or self.last_read:
+        if self.transport is None or self.state == CLOSING:
             return  # already answered
+        if self.last_read:  # the client's last request is answered, or will be: nothing more is
+            if self.task is None and not self.pending:
+                self._close()
+            return
         if self.task is not None or self.pending:
             request = _Request()
             request.route = _Fixed(response)  # type: ignore[assignment]

@@ -1,0 +1,396 @@
+"""The engine of `tensorgate serve --workers N`: one process holding the model repository, the models, their
+dynamic batchers and statistics, client shared-memory regions and the monitor, behind N front-end worker
+processes (server/frontend.py) that hold the connections.
+
+The engine binds every port and hands the listening sockets to its workers, which accept on them; it
+starts each worker with a Unix socket of its own (server/link.py) and serves what comes over it:
+inference requests as tensors (codec/ipc.py; a request that finishes without waiting is answered in the
+read callback, with no task), and every other route and gRPC method forwarded whole, answered by the same
+routers and services one process serves. It tells every worker its model table at start and after every
+change; a repository call answers only once every worker has the change.
+
+A worker that dies is replaced (its requests in flight fail with their connections; the others go on).
+Each worker dies with the engine (PR_SET_PDEATHSIG): a dead engine takes the whole server down, so the
+orchestrator sees it and restarts it. SIGTERM drains the workers first, then unloads the models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import socket
+import sys
+from typing import Any
+
+from grpclib.const import Handler, Status
+from grpclib.exceptions import GRPCError
+
+from codec import ipc
+from codec.errors import ErrorKind, InferError
+from server import assembly
+from server.http import eager
+from server.http.listener import raise_fd_limit
+from server.link import Credit, Inbox, Link
+from server.monitor import Monitor
+from server.repository import Repository
+from server.router import HttpRequest, HttpResponse
+from server.shared_memory import SharedMemory
+
+log = logging.getLogger("tensorgate.engine")
+
+RESTART_DELAY = 0.5  # seconds before a worker that died is replaced (a crash loop stays slow)
+SYNC_TIMEOUT = 10.0  # seconds a repository change waits for every worker to have it
+
+
+def model_table(repository: Repository) -> list:
+    """What a worker needs of each model to resolve requests (frontend.FrontEndRepository.apply)."""
+    return [
+        [
+            name,
+            str(model.directory),
+            model.config,
+            model.reason,
+            model.loading,
+            [
+                [n, v.state.value, v.reason, v.config, v.streams, v.stream_only]
+                for n, v in model.versions.items()
+            ],
+            [v.version for v in model.newest_first],
+        ]
+        for name, model in repository.models.items()
+    ]
+
+
+class Engine:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.repository = Repository(args.model_repository, args.model_control_mode, args.strict_readiness)
+        self.shared_memory = SharedMemory(args.allow_client_shm)
+        self.monitor = Monitor(self.repository, args.monitor_log, self.repository.app_monitor)
+        self.links: set[WorkerLink] = set()
+        self.stopping = False
+        self.stop = asyncio.Event()  # set at shutdown: the workers are told to drain
+        self.sequence = 0  # of the model tables sent
+        self.synced = 0  # the repository generation every worker has
+        self.parts: assembly.Parts | None = None
+
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        repository = self.repository
+        await repository.start(self.args.load_model)
+        assembly.settle_memory()
+        try:
+            self.parts = assembly.build(self.args, repository, self.shared_memory, self.monitor)
+        except ValueError as e:
+            log.error("%s", e)
+            await repository.unload_all()
+            raise SystemExit(2) from None
+        raise_fd_limit()
+        sockets = assembly.bind_ports(self.args)
+        self.monitor.start()
+        repository.change_watchers.append(lambda: loop.create_task(self.sync()))
+        repository.online_watchers.append(self._online)
+        poller = None
+        if self.args.model_control_mode == "poll":
+            poller = loop.create_task(repository.poll_forever(self.args.repository_poll_secs, stop))
+        self.serving = [loop.create_future() for _ in range(self.args.workers)]
+        workers = [loop.create_task(self._keep_worker(i, sockets)) for i in range(self.args.workers)]
+        up = loop.create_task(self._log_when_serving(sockets))
+        await stop.wait()
+        up.cancel()
+        self.stopping = True
+        self.stop.set()
+        for listening in sockets.values():  # new connections are refused from now on
+            for sock in listening:
+                sock.close()
+        if poller is not None:
+            await poller
+        self.parts.grpc_services.begin_shutdown()
+        await asyncio.gather(*workers)  # each drains its connections, within the graceful timeout
+        self.monitor.stop()
+        await repository.unload_all()
+        log.info("shut down")
+
+    # ---- workers
+
+    async def _keep_worker(self, index: int, sockets: dict[str, list[socket.socket]]) -> None:
+        """Runs worker `index` until the engine stops, replacing it whenever it dies."""
+        loop = asyncio.get_running_loop()
+        listening = ";".join(
+            f"{name}=" + ",".join(str(s.fileno()) for s in ss) for name, ss in sockets.items()
+        )
+        fds = [s.fileno() for ss in sockets.values() for s in ss]
+        while not self.stopping:
+            ours, theirs = socket.socketpair()
+            spec = f"{theirs.fileno()};{listening}"
+            process = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "server",
+                *self.args.argv,
+                "--worker-of",
+                spec,
+                pass_fds=[theirs.fileno(), *fds],
+            )
+            theirs.close()
+            link = WorkerLink(self, index)
+            await loop.create_unix_connection(lambda link=link: link.link, sock=ours)
+            self.links.add(link)
+            link.send_table(model_table(self.repository), self.sequence)
+            stopper = loop.create_task(self._stop_worker(process))
+            code = await process.wait()
+            stopper.cancel()
+            self.links.discard(link)
+            link.close()
+            if self.stopping:
+                if code:
+                    log.warning("worker %d exited with %d at shutdown", index, code)
+                return
+            log.error("worker %d (pid %d) exited with %d: starting another", index, process.pid, code)
+            await asyncio.sleep(RESTART_DELAY)
+
+    async def _log_when_serving(self, sockets: dict[str, list[socket.socket]]) -> None:
+        await asyncio.gather(*self.serving)
+        assembly.log_ports(sockets)  # every worker accepts: the server is up
+
+    async def _stop_worker(self, process: asyncio.subprocess.Process) -> None:
+        """At shutdown: SIGTERM (the worker drains its connections), SIGKILL past the graceful timeout."""
+        await self.stop.wait()
+        process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), self.args.graceful_timeout + 5)
+        except TimeoutError:
+            log.warning("worker pid %d did not stop in time: killed", process.pid)
+            process.kill()
+
+    async def sync(self) -> None:
+        """Sends every worker the model table, and waits until each has it."""
+        self.sequence += 1
+        generation = self.repository.generation
+        table = model_table(self.repository)
+        acks = [link.send_table(table, self.sequence) for link in list(self.links)]
+        if acks:
+            done, late = await asyncio.wait(acks, timeout=SYNC_TIMEOUT)
+            if late:
+                log.warning("%d workers did not confirm the new model table", len(late))
+        self.synced = max(self.synced, generation)
+
+    async def synced_answer(self) -> None:
+        """Before a forwarded call answers: every worker has the model table as it is now, so what the
+        client asks next, of any worker, sees what this answer saw (a model loading, loaded, gone)."""
+        if self.synced != self.repository.generation:
+            await self.sync()
+
+    def _online(self, online: bool) -> None:
+        for link in self.links:
+            link.link.send([ipc.EVENT, 0, "online", online])
+
+
+class WorkerLink:
+    """The engine's end of one worker's link: what the worker asks, served."""
+
+    def __init__(self, engine: Engine, index: int) -> None:
+        self.engine = engine
+        self.index = index
+        self.link = Link(self._message, self._lost)
+        self.tasks: dict[int, asyncio.Task] = {}
+        self.inboxes: dict[int, Inbox] = {}  # forwarded gRPC calls: the client's messages
+        self.credits: dict[int, Credit] = {}  # streamed answers: how far ahead of the worker they may go
+        self.acks: dict[int, asyncio.Future] = {}
+        self.loop = asyncio.get_running_loop()
+
+    def send_table(self, table: list, sequence: int) -> asyncio.Future:
+        future = self.acks.setdefault(sequence, self.loop.create_future())
+        self.link.send([ipc.EVENT, 0, "models", [table, sequence]])
+        return future
+
+    def close(self) -> None:
+        for task in self.tasks.values():
+            task.cancel()
+        self.link.close()
+
+    def _lost(self) -> None:
+        for task in list(self.tasks.values()):
+            task.cancel()
+        for future in self.acks.values():
+            if not future.done():
+                future.set_result(None)
+
+    def _message(self, message: list) -> None:
+        kind, call_id = message[0], message[1]
+        if kind == ipc.INFER:
+            self._infer(call_id, message[2])
+        elif kind == ipc.MESSAGE or kind == ipc.END:
+            inbox = self.inboxes.get(call_id)
+            if inbox is not None:
+                inbox.put(kind, message[2] if len(message) > 2 else None)
+        elif kind == ipc.MORE:
+            credit = self.credits.get(call_id)
+            if credit is not None:
+                credit.grant(message[2])
+        elif kind == ipc.CANCEL:
+            task = self.tasks.get(call_id)
+            if task is not None:
+                task.cancel()
+        elif kind == ipc.STREAM:
+            self._start(call_id, self._stream(call_id, message[2]))
+        elif kind == ipc.HTTP:
+            self._start(call_id, self._http(call_id, *message[2:]))
+        elif kind == ipc.GRPC:
+            self.inboxes[call_id] = Inbox()
+            self._start(call_id, self._grpc(call_id, message[2], message[3]))
+        elif kind == ipc.EVENT and message[2] == "ack":
+            future = self.acks.pop(message[3], None)
+            if future is not None and not future.done():
+                future.set_result(None)
+        elif kind == ipc.EVENT and message[2] == "serving":
+            serving = self.engine.serving[self.index]
+            if not serving.done():
+                serving.set_result(None)
+
+    def _start(self, call_id: int, work: Any) -> None:
+        self.credits[call_id] = Credit(ipc.AHEAD)
+        task = self.loop.create_task(work)
+        self.tasks[call_id] = task
+        task.add_done_callback(lambda _, call_id=call_id: self._forget(call_id))
+
+    def _forget(self, call_id: int) -> None:
+        self.tasks.pop(call_id, None)
+        self.inboxes.pop(call_id, None)
+        self.credits.pop(call_id, None)
+
+    async def _send_more(self, call_id: int, payload: Any) -> None:
+        """A message of a streamed answer, once the worker has taken all but AHEAD of those before it (a
+        client that stops reading stops the model's generator, as in one process)."""
+        await self.credits[call_id].spend()
+        self.link.send([ipc.MESSAGE, call_id, payload])
+
+    def _fail(self, call_id: int, error: InferError) -> None:
+        self.link.send([ipc.ERROR, call_id, [error.kind.value, error.message]])
+
+    # ---- inference
+
+    def _infer(self, call_id: int, item: list) -> None:
+        """A request, run at once; a task only if it has to wait (a batch, a worker thread)."""
+        engine = self.engine
+        try:
+            request = ipc.request_in(item)
+            version = engine.repository.resolve(request.model_name, request.model_version)
+            if request.shared_memory:
+                work = engine.shared_memory.infer(version, request)
+            else:
+                work = version.infer(request)
+            finished, outcome = eager.step(work, self.loop)
+        except InferError as e:
+            return self._fail(call_id, e)
+        except Exception as e:
+            log.exception("unexpected error serving an inference request")
+            return self._fail(call_id, InferError(ErrorKind.INTERNAL, f"internal error: {type(e).__name__}"))
+        if finished:
+            self.link.send([ipc.RESULT, call_id, ipc.response_out(outcome)])
+            return
+        self.tasks[call_id] = outcome
+        outcome.add_done_callback(lambda task, call_id=call_id: self._answered(call_id, task))
+
+    def _answered(self, call_id: int, task: asyncio.Task) -> None:
+        self.tasks.pop(call_id, None)
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is None:
+            self.link.send([ipc.RESULT, call_id, ipc.response_out(task.result())])
+        elif isinstance(error, InferError):
+            self._fail(call_id, error)
+        else:
+            log.error("unexpected error serving an inference request", exc_info=error)
+            self._fail(call_id, InferError(ErrorKind.INTERNAL, f"internal error: {type(error).__name__}"))
+
+    async def _stream(self, call_id: int, item: list) -> None:
+        engine = self.engine
+        try:
+            request = ipc.request_in(item)
+            version = engine.repository.resolve(request.model_name, request.model_version)
+            async for response in version.infer_stream(request):
+                await self._send_more(call_id, ipc.response_out(response))
+        except InferError as e:
+            return self._fail(call_id, e)
+        self.link.send([ipc.END, call_id])
+
+    # ---- forwarded routes and methods
+
+    async def _http(
+        self, call_id: int, port: str, method: str, path: str, query: bytes, headers: list, body: bytes
+    ) -> None:
+        engine = self.engine
+        router = engine.parts.routers[port]
+        found = router.find(method, path)
+        if isinstance(found, HttpResponse):
+            response = found
+        else:
+            route, params = found
+            request = HttpRequest(method, path, query, {k: v for k, v in headers}, body, params)
+            response = await router.call(route, request)
+        await engine.synced_answer()
+        head = [response.status, response.headers]
+        chunks = response.chunks
+        if isinstance(chunks, list):
+            self.link.send([ipc.RESULT, call_id, [*head, b"".join(chunks), response.trailers]])
+            return
+        self.link.send([ipc.RESULT, call_id, [*head, None, response.trailers]])
+        try:
+            async for chunk in chunks:
+                await self._send_more(call_id, bytes(chunk))
+        finally:
+            await chunks.aclose()
+        self.link.send([ipc.END, call_id, response.trailers])
+
+    async def _grpc(self, call_id: int, path: str, metadata: list) -> None:
+        engine = self.engine
+        handler = engine.parts.grpc_services.handlers.get(path)
+        status, message = Status.OK, None
+        try:
+            if handler is None:
+                raise GRPCError(Status.UNIMPLEMENTED, f"method {path} is not served here")
+            await handler.func(RelayedCall(self, call_id, handler, dict(metadata)))
+        except GRPCError as e:
+            status, message = e.status, e.message
+        except Exception:
+            log.exception("unexpected error serving %s", path)
+            status, message = Status.INTERNAL, f"internal error serving {path}"
+        await engine.synced_answer()
+        self.link.send([ipc.END, call_id, [status.value, message]])
+
+
+class RelayedCall:
+    """A gRPC call a worker forwards, as its handler sees it: the messages the worker relays in, and
+    what the handler sends relayed out (the part of grpc_call.GrpcCall servicers use)."""
+
+    def __init__(self, link: WorkerLink, call_id: int, handler: Handler, metadata: dict) -> None:
+        self.link = link
+        self.call_id = call_id
+        self.handler = handler
+        self.metadata = metadata
+        self.inbox = link.inboxes[call_id]
+
+    async def recv_message(self) -> Any:
+        kind, payload = await self.inbox.get()
+        if kind == ipc.END:
+            return None
+        return self.handler.request_type.FromString(payload)
+
+    async def send_message(self, message: Any) -> None:
+        await self.link._send_more(self.call_id, message.SerializeToString())
+
+    def __aiter__(self) -> RelayedCall:
+        return self
+
+    async def __anext__(self) -> Any:
+        message = await self.recv_message()
+        if message is None:
+            raise StopAsyncIteration
+        return message

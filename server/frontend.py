@@ -1,0 +1,393 @@
+"""A front-end worker (`tensorgate serve --workers N` runs N): our transport, the routers, the codecs and
+the inference endpoints on its own event loop and its own core, over listening sockets it shares with
+the other workers. The models, their batchers and statistics, client shared-memory regions and every
+other route are the engine's (server/engine.py), reached over a Unix socket (server/link.py).
+
+- Inference (v2 REST, ModelInfer and ModelStreamInfer, TF Serving predict / classify / regress, grps
+  predict) is decoded and answered here: the request crosses to the engine as tensors (codec/ipc.py),
+  its answer comes back as tensors, and a batch there mixes requests from every worker.
+- Every other route and gRPC method (metadata, health, statistics, the repository API, shared-memory
+  registration, metrics, the monitor page, grps' customized HTTP, ...) is forwarded whole, its answer
+  (streamed ones too) relayed: the engine answers it as the one server it is.
+- A worker resolves models in its copy of the engine's model table, which the engine sends at start and
+  after every change (a repository call answers only once every worker has the change).
+- A client that goes away, or a gRPC deadline, cancels its call in the engine too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import functools
+import logging
+import os
+import signal
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from grpclib.const import Handler, Status
+from grpclib.exceptions import GRPCError
+
+from codec import ipc
+from codec.errors import ErrorKind, InferError
+from codec.tensor import InferRequest, InferResponse
+from server import assembly
+from server.grpc.inference import RawMessage
+from server.http.grpc_call import GrpcCall
+from server.http.listener import Offline, raise_fd_limit
+from server.link import Inbox, Link
+from server.model import ModelState, ModelVersion
+from server.repository import Model, find_model
+from server.router import HttpRequest, HttpResponse, Route, Router
+
+log = logging.getLogger("tensorgate.worker")
+
+# The gRPC methods a worker serves itself; the others are forwarded to the engine.
+FRONT_END_METHODS = frozenset(
+    (
+        "/inference.GRPCInferenceService/ModelInfer",
+        "/inference.GRPCInferenceService/ModelStreamInfer",
+        "/grps.protos.v1.GrpsService/Predict",
+        "/grps.protos.v1.GrpsService/PredictStreaming",
+    )
+)
+PR_SET_PDEATHSIG = 1
+
+
+def error_of(payload: list) -> InferError:
+    kind, message = payload
+    return InferError(ErrorKind(kind), message)
+
+
+# ------------------------------------------------------------------------------ the engine, from here
+
+
+class EngineClient:
+    """This worker's end of its link to the engine: the calls it makes, and what the engine tells it."""
+
+    def __init__(self) -> None:
+        self.link = Link(self._message, self._lost)
+        self.calls: dict[int, asyncio.Future | Inbox] = {}
+        self.next_id = 0
+        self.repository = FrontEndRepository(self)
+        self.offline = Offline()
+        self.loop = asyncio.get_running_loop()
+        self.first_table = self.loop.create_future()  # set once the engine's model table is here
+        self.gone = asyncio.Event()  # the link closed: the engine is gone
+
+    def _call(self, target: asyncio.Future | Inbox) -> int:
+        self.next_id += 1
+        self.calls[self.next_id] = target
+        return self.next_id
+
+    def _cancel(self, call_id: int) -> None:
+        if self.calls.pop(call_id, None) is not None and self.link.transport is not None:
+            self.link.send([ipc.CANCEL, call_id])
+
+    # ---- inference
+
+    async def infer(self, version: ModelVersion, request: InferRequest) -> InferResponse:
+        future = self.loop.create_future()
+        call_id = self._call(future)
+        request.model_version = version.version_str  # the version this worker resolved
+        self.link.send([ipc.INFER, call_id, ipc.request_out(request)])
+        try:
+            return ipc.response_in(await future)
+        except asyncio.CancelledError:  # the client left, or a deadline passed: so does the request
+            self._cancel(call_id)
+            raise
+        finally:
+            self.calls.pop(call_id, None)
+
+    async def infer_stream(
+        self, version: ModelVersion, request: InferRequest
+    ) -> AsyncIterator[InferResponse]:
+        inbox = Inbox()
+        call_id = self._call(inbox)
+        request.model_version = version.version_str
+        self.link.send([ipc.STREAM, call_id, ipc.request_out(request)])
+        finished = False
+        try:
+            while True:
+                kind, payload = await inbox.get()
+                if kind == ipc.MESSAGE:
+                    self.link.send([ipc.MORE, call_id, 1])
+                    yield ipc.response_in(payload)
+                elif kind == ipc.END:
+                    finished = True
+                    return
+                else:
+                    finished = True
+                    raise error_of(payload)
+        finally:
+            if not finished:  # closed early: the client left
+                self._cancel(call_id)
+            self.calls.pop(call_id, None)
+
+    # ---- forwarded routes and methods
+
+    async def http(self, port: str, request: HttpRequest) -> HttpResponse:
+        """A route this worker does not serve itself, answered by the engine."""
+        inbox = Inbox()
+        call_id = self._call(inbox)
+        head = [ipc.HTTP, call_id, port, request.method, request.path, request.query]
+        # the body is as the router handed it: inflated already, if it came compressed
+        headers = [(k, v) for k, v in request.headers.items() if k != b"content-encoding"]
+        self.link.send([*head, headers, bytes(request.body)])
+        try:
+            kind, payload = await inbox.get()
+        except BaseException:  # cancelled: the client left
+            self._cancel(call_id)
+            raise
+        if kind == ipc.ERROR:
+            self.calls.pop(call_id, None)
+            raise error_of(payload)
+        status, headers, body, trailers = payload
+        headers = [tuple(pair) for pair in headers]
+        if body is not None:
+            self.calls.pop(call_id, None)
+            return HttpResponse(status, headers, [body], _pairs(trailers))
+        response = HttpResponse(status, headers, [], _pairs(trailers))
+        response.chunks = Relayed(self, call_id, inbox, response)
+        return response
+
+    async def grpc(self, path: str, call: GrpcCall) -> None:
+        """A gRPC method this worker does not serve itself: its messages relayed both ways."""
+        inbox = Inbox()
+        call_id = self._call(inbox)
+        self.link.send([ipc.GRPC, call_id, path, list(call.metadata.items())])
+        pump = self.loop.create_task(self._pump(call_id, call))
+        finished = False
+        try:
+            while True:
+                kind, payload = await inbox.get()
+                if kind == ipc.MESSAGE:
+                    await call.send_message(RawMessage(payload))
+                    self.link.send([ipc.MORE, call_id, 1])
+                    continue
+                finished = True
+                if kind == ipc.END:
+                    status, message = payload
+                    if status:
+                        raise GRPCError(Status(status), message)
+                    return
+                raise error_of(payload)
+        finally:
+            pump.cancel()
+            if not finished:
+                self._cancel(call_id)
+            self.calls.pop(call_id, None)
+
+    async def _pump(self, call_id: int, call: GrpcCall) -> None:
+        """The client's messages to the engine, as they come; then the end of them."""
+        async for message in call:
+            self.link.send([ipc.MESSAGE, call_id, bytes(message.data)])
+        self.link.send([ipc.END, call_id])
+
+    # ---- from the engine
+
+    def _message(self, message: list) -> None:
+        kind, call_id = message[0], message[1]
+        if kind == ipc.EVENT:
+            return self._event(message[2], message[3])
+        target = self.calls.get(call_id)
+        if target is None:
+            return  # a call cancelled meanwhile
+        if isinstance(target, Inbox):
+            target.put(kind, message[2] if len(message) > 2 else None)
+        elif kind == ipc.RESULT:
+            target.set_result(message[2])
+        else:
+            target.set_exception(error_of(message[2]))
+
+    def _event(self, name: str, payload: Any) -> None:
+        if name == "models":
+            table, sequence = payload
+            self.repository.apply(table)
+            self.link.send([ipc.EVENT, 0, "ack", sequence])
+            if not self.first_table.done():
+                self.first_table.set_result(None)
+        elif name == "online":
+            self.repository.online = payload
+            self.offline.set(not payload)
+
+    def _lost(self) -> None:
+        for target in self.calls.values():
+            error = InferError(ErrorKind.UNAVAILABLE, "the server's engine is gone")
+            if isinstance(target, Inbox):
+                target.put(ipc.ERROR, [error.kind.value, error.message])
+            elif not target.done():
+                target.set_exception(error)
+        self.calls.clear()
+        self.gone.set()
+
+
+class Relayed:
+    """A streamed answer of a forwarded route, chunk by chunk as the engine sends them; closing it early
+    (the client left) cancels the engine's side."""
+
+    def __init__(self, client: EngineClient, call_id: int, inbox: Inbox, response: HttpResponse) -> None:
+        self.client = client
+        self.call_id = call_id
+        self.inbox = inbox
+        self.response = response  # its trailers come at the end
+
+    def __aiter__(self) -> Relayed:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self.call_id not in self.client.calls:
+            raise StopAsyncIteration
+        kind, payload = await self.inbox.get()
+        if kind == ipc.MESSAGE:
+            self.client.link.send([ipc.MORE, self.call_id, 1])
+            return payload
+        self.client.calls.pop(self.call_id, None)
+        if kind == ipc.END:
+            if payload is not None:
+                self.response.trailers = _pairs(payload)
+            raise StopAsyncIteration
+        raise error_of(payload)
+
+    async def aclose(self) -> None:
+        self.client._cancel(self.call_id)
+
+
+def _pairs(items: list | None) -> list[tuple[bytes, bytes]] | None:
+    return None if items is None else [tuple(pair) for pair in items]
+
+
+# ------------------------------------------------------------------------------ the model table
+
+
+class RemoteVersion(ModelVersion):
+    """A model version as a worker knows it: its config (the codecs read it) and state; it runs in the
+    engine."""
+
+    def __init__(self, client: EngineClient, directory: Path, entry: list) -> None:
+        number, state, reason, config, streams, stream_only = entry
+        super().__init__(directory, config, number)
+        self.client = client
+        self.state = ModelState(state)
+        self.reason = reason
+        self._streams = streams
+        self.stream_only = stream_only
+
+    @property
+    def streams(self) -> bool:
+        return self._streams
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        return await self.client.infer(self, request)
+
+    def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        return self.client.infer_stream(self, request)
+
+
+class FrontEndRepository:
+    """The engine's model table as this worker last heard it: what its inference routes resolve."""
+
+    def __init__(self, client: EngineClient) -> None:
+        self.client = client
+        self.models: dict[str, Model] = {}
+        self.online = True
+
+    def model(self, name: str) -> Model:
+        return find_model(self.models, name)
+
+    def resolve(self, name: str, version: str = "") -> ModelVersion:
+        return self.model(name).resolve(version)
+
+    def apply(self, table: list) -> None:
+        models = {}
+        for name, directory, config, reason, loading, versions, newest_first in table:
+            model = Model(name, Path(directory), config)
+            model.reason, model.loading = reason, loading
+            model.versions = {e[0]: RemoteVersion(self.client, Path(directory), e) for e in versions}
+            model.newest_first = [model.versions[n] for n in newest_first]
+            models[name] = model
+        self.models = models
+
+
+class FrontEndSharedMemory:
+    """Client regions are the engine's: a request that names one is read and answered there."""
+
+    @staticmethod
+    async def infer(version: ModelVersion, request: InferRequest) -> InferResponse:
+        return await version.infer(request)
+
+
+# ------------------------------------------------------------------------------ forwarding
+
+
+def forward_routes(router: Router, port: str, client: EngineClient) -> None:
+    """Every route of `router` but the inference ones (marked `front_end`) answers through the engine."""
+    forward = functools.partial(client.http, port)
+    for method, routes in router.routes.items():
+        router.routes[method] = [
+            r if getattr(r.handler, "front_end", False) else Route(r.method, r.pattern, forward, r.errors)
+            for r in routes
+        ]
+    router.clear_cache()
+
+
+def forward_methods(parts: assembly.Parts, client: EngineClient) -> None:
+    handlers = parts.grpc_services.handlers
+    for path, handler in list(handlers.items()):
+        if path not in FRONT_END_METHODS:
+            forward = functools.partial(client.grpc, path)
+            handlers[path] = Handler(forward, handler.cardinality, RawMessage, RawMessage)
+
+
+# ------------------------------------------------------------------------------ the worker process
+
+
+def die_with_parent() -> None:
+    """The kernel kills this process when the engine that started it dies (Linux)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        log.warning("cannot ask to die with the engine (prctl): this worker may outlive it")
+
+
+def inherited_sockets(spec: str) -> tuple[socket.socket, dict[str, list[socket.socket]]]:
+    """`LINK;NAME=FD,FD;...` -> the link to the engine and each port's listening sockets."""
+    link, *ports = spec.split(";")
+    listening = {}
+    for port in ports:
+        name, fds = port.split("=")
+        listening[name] = [socket.socket(fileno=int(fd)) for fd in fds.split(",")]
+    return socket.socket(fileno=int(link)), listening
+
+
+async def serve(args: argparse.Namespace) -> None:
+    die_with_parent()
+    link_socket, listening = inherited_sockets(args.worker_of)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    client = EngineClient()
+    await loop.create_unix_connection(lambda: client.link, sock=link_socket)
+    await client.first_table
+    parts = assembly.build(args, client.repository, FrontEndSharedMemory(), None)  # type: ignore[arg-type]
+    for name, router in parts.routers.items():
+        forward_routes(router, name, client)
+    forward_methods(parts, client)
+    raise_fd_limit()
+
+    async def shutdown_trigger() -> None:
+        done, _ = await asyncio.wait(
+            [loop.create_task(stop.wait()), loop.create_task(client.gone.wait())],
+            return_when=asyncio.FIRST_COMPLETED,
+        )
+        if client.gone.is_set() and not stop.is_set():
+            log.error("worker %d: the engine is gone; stopping", os.getpid())
+        parts.grpc_services.begin_shutdown()
+
+    serving = lambda: client.link.send([ipc.EVENT, 0, "serving", None])  # noqa: E731
+    await assembly.serve_ports(args, parts, listening, shutdown_trigger, client.offline, serving)
+    client.link.close()

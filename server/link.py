@@ -1,0 +1,139 @@
+"""The socket between a front-end worker and the engine: length-prefixed messages (codec/ipc.py) both ways.
+
+One `Link` is one end of a Unix socketpair the engine made for one worker. Messages one event-loop pass
+sends go out together at its end, in one write: at tens of thousands of requests a second, a write per
+message was a system call per request on each side. A read hands every whole message in it to
+`on_message` in order, in the read callback itself (no task per message).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from codec.ipc import pack, unpack
+
+_LENGTH = struct.Struct("<I")
+READ_BUFFER = 256 << 10
+
+
+class Link(asyncio.BufferedProtocol):
+    def __init__(self, on_message: Callable[[Any], None], on_lost: Callable[[], None]) -> None:
+        self.on_message = on_message
+        self.on_lost = on_lost
+        self.transport: asyncio.Transport | None = None
+        self.loop = asyncio.get_running_loop()
+        self.out: list[bytes] = []
+        self.flush_pending = False
+        self.buffer = bytearray(READ_BUFFER)
+        self.view = memoryview(self.buffer)
+        self.start = self.end = 0
+
+    # ---- sending
+
+    def send(self, message: list) -> None:
+        """Queues a message for the end of this event-loop pass."""
+        data = pack(message)
+        if not self.flush_pending:
+            self.flush_pending = True
+            self.loop.call_soon(self.flush)
+        self.out.append(_LENGTH.pack(len(data)))
+        self.out.append(data)
+
+    def flush(self) -> None:
+        self.flush_pending = False
+        if self.out and self.transport is not None:
+            self.transport.write(b"".join(self.out))
+        self.out.clear()
+
+    # ---- asyncio protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.on_lost()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self.end == len(self.buffer):  # full: move the incomplete message to the front, or grow
+            size = self.end - self.start
+            if self.start == 0:
+                self.buffer = bytearray(2 * len(self.buffer))
+                self.buffer[:size] = self.view[:size]
+            else:
+                self.buffer[:size] = self.view[self.start : self.end]
+            self.view = memoryview(self.buffer)
+            self.start, self.end = 0, size
+        return self.view[self.end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.end += nbytes
+        view, pos, end = self.view, self.start, self.end
+        while end - pos >= 4:
+            (length,) = _LENGTH.unpack_from(view, pos)
+            if end - pos - 4 < length:
+                if length + 4 > len(self.buffer):  # a message larger than the buffer: room for it whole
+                    grown = bytearray(length + 4)
+                    grown[: end - pos] = view[pos:end]
+                    self.buffer, self.view = grown, memoryview(grown)
+                    self.start, self.end = 0, end - pos
+                    return
+                break
+            message = unpack(view[pos + 4 : pos + 4 + length])
+            pos += 4 + length
+            self.on_message(message)
+        if pos == end:
+            self.start = self.end = 0
+        else:
+            self.start = pos
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.flush()
+            self.transport.close()
+
+
+class Inbox:
+    """What a call receives, in order, until it ends: MESSAGEs, then END (or an error)."""
+
+    __slots__ = ("items", "waiter")
+
+    def __init__(self) -> None:
+        self.items: collections.deque[tuple[int, Any]] = collections.deque()
+        self.waiter: asyncio.Future | None = None
+
+    def put(self, kind: int, payload: Any) -> None:
+        self.items.append((kind, payload))
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def get(self) -> tuple[int, Any]:
+        while not self.items:
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+        return self.items.popleft()
+
+
+class Credit:
+    """How many more messages a stream may send before its consumer takes some (ipc.MORE)."""
+
+    __slots__ = ("left", "waiter")
+
+    def __init__(self, ahead: int) -> None:
+        self.left = ahead
+        self.waiter: asyncio.Future | None = None
+
+    async def spend(self) -> None:
+        while self.left <= 0:
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+        self.left -= 1
+
+    def grant(self, count: int) -> None:
+        self.left += count
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
