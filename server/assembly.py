@@ -71,9 +71,15 @@ def build(
 
 
 def bind_ports(args: argparse.Namespace) -> dict[str, list[socket.socket]]:
-    """The listening sockets of each port (the metrics port only with --allow-metrics)."""
+    """The listening sockets of each port (the metrics port only with --allow-metrics); with --workers,
+    bound so that the workers may listen on the same ports (SO_REUSEPORT)."""
     ports = {"gRPC": args.grpc_port, "Metrics": args.metrics_port, "HTTP": args.http_port}
-    return {name: bind(args.host, ports[name]) for name in PORTS if name != "Metrics" or args.allow_metrics}
+    shared = args.workers > 1
+    return {
+        name: bind(args.host, ports[name], shared)
+        for name in PORTS
+        if name != "Metrics" or args.allow_metrics
+    }
 
 
 def log_ports(sockets: dict[str, list[socket.socket]]) -> None:

@@ -1,19 +1,13 @@
-"""`tensorgate serve`: load the model repository, then serve every port until SIGINT/SIGTERM: in one
-process, or (`--workers N`) as an engine with N front-end workers (server/engine.py, server/frontend.py)."""
+"""`tensorgate serve`: load the model repository, then serve every port until SIGINT/SIGTERM: the engine
+(server/engine.py), which with `--workers N` starts N - 1 front-end workers beside it (server/frontend.py)."""
 
-import argparse
 import asyncio
 import logging
-import signal
 import sys
 
-from server import assembly
 from server.endpoints.customized import PATH_FORMAT
-from server.http.listener import Offline, raise_fd_limit
-from server.monitor import Monitor
+from server.engine import Engine
 from server.options import build_parser
-from server.repository import Repository
-from server.shared_memory import SharedMemory
 
 log = logging.getLogger("tensorgate")
 
@@ -65,51 +59,6 @@ def main(argv: list[str] | None = None) -> int:
             from server import frontend
 
             runner.run(frontend.serve(args))
-        elif args.workers > 1:
-            from server.engine import Engine
-
-            runner.run(Engine(args).serve())
         else:
-            runner.run(serve(args))
+            runner.run(Engine(args).serve())
     return 0
-
-
-async def serve(args: argparse.Namespace) -> None:
-    """One process: the repository, the models and every port (`--workers 1`)."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-
-    repository = Repository(args.model_repository, args.model_control_mode, args.strict_readiness)
-    await repository.start(args.load_model)
-    assembly.settle_memory()
-    shared_memory = SharedMemory(args.allow_client_shm)
-    monitor = Monitor(repository, args.monitor_log, repository.app_monitor)  # what models record, sampled
-    try:
-        parts = assembly.build(args, repository, shared_memory, monitor)
-    except ValueError as e:
-        log.error("%s", e)
-        await repository.unload_all()
-        raise SystemExit(2) from None
-    raise_fd_limit()
-    sockets = assembly.bind_ports(args)
-    monitor.start()
-    poller = None
-    if args.model_control_mode == "poll":
-        poller = asyncio.create_task(repository.poll_forever(args.repository_poll_secs, stop))
-
-    async def shutdown_trigger() -> None:
-        await stop.wait()
-        if poller is not None:
-            await poller  # returns once a poll under way is done
-        parts.grpc_services.begin_shutdown()  # open streams end; every port then drains
-
-    offline = Offline()  # every port's connections leave at their next idle moment while offline
-    repository.online_watchers.append(lambda online: offline.set(not online))
-    await assembly.serve_ports(
-        args, parts, sockets, shutdown_trigger, offline, lambda: assembly.log_ports(sockets)
-    )
-    monitor.stop()
-    await repository.unload_all()
-    log.info("shut down")

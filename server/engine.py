@@ -1,6 +1,7 @@
-"""The engine of `tensorgate serve --workers N`: one process holding the model repository, the models, their
-dynamic batchers and statistics, client shared-memory regions and the monitor, behind N front-end worker
-processes (server/frontend.py) that hold the connections.
+"""The engine: the one process of `tensorgate serve`, holding the model repository, the models, their dynamic
+batchers and statistics, client shared-memory regions and the monitor, and serving every port. With
+`--workers N` it is the first of N front ends: it starts N - 1 worker processes (server/frontend.py) that
+accept connections on the same ports beside it, each on its own core, and send it their inference.
 
 The engine binds every port and hands the listening sockets to its workers, which accept on them; it
 starts each worker with a Unix socket of its own (server/link.py) and serves what comes over it:
@@ -31,7 +32,7 @@ from codec import ipc
 from codec.errors import ErrorKind, InferError
 from server import assembly
 from server.http import eager
-from server.http.listener import raise_fd_limit
+from server.http.listener import Offline, raise_fd_limit, rebind
 from server.link import Credit, Inbox, Link
 from server.monitor import Monitor
 from server.repository import Repository
@@ -94,33 +95,53 @@ class Engine:
         sockets = assembly.bind_ports(self.args)
         self.monitor.start()
         repository.change_watchers.append(lambda: loop.create_task(self.sync()))
+        offline = Offline()  # every port's connections leave at their next idle moment while offline
+        repository.online_watchers.append(lambda online: offline.set(not online))
         repository.online_watchers.append(self._online)
         poller = None
         if self.args.model_control_mode == "poll":
             poller = loop.create_task(repository.poll_forever(self.args.repository_poll_secs, stop))
+
+        async def shutdown_trigger() -> None:
+            await stop.wait()
+            if poller is not None:
+                await poller  # returns once a poll under way is done
+            self.parts.grpc_services.begin_shutdown()  # open streams end; every port then drains
+
+        # This process serves the ports too (front end 0); each worker is one more front end.
         self.serving = [loop.create_future() for _ in range(self.args.workers)]
-        workers = [loop.create_task(self._keep_worker(i, sockets)) for i in range(self.args.workers)]
+        workers = [loop.create_task(self._keep_worker(i, sockets)) for i in range(1, self.args.workers)]
         up = loop.create_task(self._log_when_serving(sockets))
+        served = loop.create_task(
+            assembly.serve_ports(
+                self.args,
+                self.parts,
+                sockets,
+                shutdown_trigger,
+                offline,
+                lambda: self.serving[0].set_result(None),
+            )
+        )
         await stop.wait()
         up.cancel()
         self.stopping = True
-        self.stop.set()
-        for listening in sockets.values():  # new connections are refused from now on
-            for sock in listening:
-                sock.close()
-        if poller is not None:
-            await poller
-        self.parts.grpc_services.begin_shutdown()
-        await asyncio.gather(*workers)  # each drains its connections, within the graceful timeout
+        self.stop.set()  # the workers drain as this process does, each within the graceful timeout
+        await served
+        await asyncio.gather(*workers)
         self.monitor.stop()
         await repository.unload_all()
         log.info("shut down")
 
     # ---- workers
 
-    async def _keep_worker(self, index: int, sockets: dict[str, list[socket.socket]]) -> None:
-        """Runs worker `index` until the engine stops, replacing it whenever it dies."""
+    async def _keep_worker(self, index: int, ours: dict[str, list[socket.socket]]) -> None:
+        """Runs worker `index` until the engine stops, replacing it whenever it dies. It listens on sockets
+        of its own on the same ports (SO_REUSEPORT: the kernel spreads the connections over the
+        processes; one socket accepted by all would let the first to wake take them all). The engine
+        keeps them while the worker runs: connections the kernel gave a worker that died wait for the
+        next one."""
         loop = asyncio.get_running_loop()
+        sockets = {name: rebind(listening) for name, listening in ours.items()}
         listening = ";".join(
             f"{name}=" + ",".join(str(s.fileno()) for s in ss) for name, ss in sockets.items()
         )
@@ -142,7 +163,7 @@ class Engine:
             await loop.create_unix_connection(lambda link=link: link.link, sock=ours)
             self.links.add(link)
             link.send_table(model_table(self.repository), self.sequence)
-            stopper = loop.create_task(self._stop_worker(process))
+            stopper = loop.create_task(self._stop_worker(process, sockets))
             code = await process.wait()
             stopper.cancel()
             self.links.discard(link)
@@ -158,10 +179,16 @@ class Engine:
         await asyncio.gather(*self.serving)
         assembly.log_ports(sockets)  # every worker accepts: the server is up
 
-    async def _stop_worker(self, process: asyncio.subprocess.Process) -> None:
-        """At shutdown: SIGTERM (the worker drains its connections), SIGKILL past the graceful timeout."""
+    async def _stop_worker(
+        self, process: asyncio.subprocess.Process, sockets: dict[str, list[socket.socket]]
+    ) -> None:
+        """At shutdown: SIGTERM (the worker stops listening and drains its connections), SIGKILL past the
+        graceful timeout. The engine's copies of its sockets close at once: new connections are refused."""
         await self.stop.wait()
         process.send_signal(signal.SIGTERM)
+        for listening in sockets.values():
+            for sock in listening:
+                sock.close()
         try:
             await asyncio.wait_for(process.wait(), self.args.graceful_timeout + 5)
         except TimeoutError:

@@ -23,29 +23,47 @@ SWEEP_SECONDS = 1.0
 BACKLOG = 4096
 
 
-def bind(host: str, port: int) -> list[socket.socket]:
-    """Listening sockets for `host` (a name, an IPv4 or IPv6 address) and `port` (0: a free one)."""
-    sockets = []
+def bind(host: str, port: int, reuse_port: bool = False) -> list[socket.socket]:
+    """Listening sockets for `host` (a name, an IPv4 or IPv6 address) and `port` (0: a free one). With
+    `reuse_port`, other processes may listen on the same port (`rebind`), the kernel sharing the new
+    connections among them."""
+    sockets: list[socket.socket] = []
     for family, kind, proto, _, address in socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     ):
-        sock = socket.socket(family, kind, proto)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        if sockets:  # every address of the name on the same port, the first one's if it was free
+            address = (address[0], sockets[0].getsockname()[1], *address[2:])
         try:
-            sock.bind(address)
+            sockets.append(_listening(family, address, reuse_port, kind, proto))
         except OSError:
-            sock.close()
             for bound in sockets:
                 bound.close()
             raise
+    return sockets
+
+
+def rebind(sockets: list[socket.socket]) -> list[socket.socket]:
+    """More listening sockets on the addresses and ports of `sockets` (bound with reuse_port)."""
+    return [_listening(sock.family, sock.getsockname(), True) for sock in sockets]
+
+
+def _listening(
+    family: int, address: tuple, reuse_port: bool, kind: int = socket.SOCK_STREAM, proto: int = 0
+) -> socket.socket:
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(address)
         sock.listen(BACKLOG)  # now: a client may connect as soon as the port is logged
         sock.setblocking(False)
-        sockets.append(sock)
-        if port == 0:  # every address of the name on the same free port
-            port = sock.getsockname()[1]
-    return sockets
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def address_of(sock: socket.socket) -> str:
