@@ -8,11 +8,12 @@ import signal
 import sys
 from pathlib import Path
 
-from server import grpc
+from server import grpc, log_settings
 from server.endpoints.customized import CTRL_MODES, PATH_FORMAT, StreamingControl
 from server.endpoints.grps import GrpsEndpoints
 from server.endpoints.monitor import MonitorEndpoints
 from server.endpoints.repository import RepositoryEndpoints
+from server.endpoints.settings import SettingsEndpoints
 from server.endpoints.tfserving import TFServingEndpoints
 from server.endpoints.v2 import V2Endpoints, error_response
 from server.http.grpc_call import GrpcServices
@@ -25,26 +26,17 @@ from server.http.listener import (
     raise_fd_limit,
     tls_context,
 )
+from server.log_settings import LogControl
 from server.metrics import metrics_router
 from server.monitor import Monitor
 from server.repository import CONTROL_MODES, Repository
 from server.router import Router
 from server.shared_memory import SharedMemory
+from server.tracing import config as trace_config
+from server.tracing.settings import OPENTELEMETRY
+from server.tracing.tracer import Tracer
 
 log = logging.getLogger("tensorgate")
-
-# Control characters as escapes: \n, \r, \t, \x1b ...
-_ESCAPES = {c: repr(chr(c))[1:-1] for c in (*range(32), 127)}
-
-
-class OneLineFormatter(logging.Formatter):
-    """A log message is one line: its control characters (a client's text quoted in an error's reason)
-    are escaped, so no client can start a line of its own. Tracebacks keep their lines."""
-
-    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
-        record.message = record.message.translate(_ESCAPES)
-        return super().formatMessage(record)
-
 
 # Where we listen is always said, whatever --log-level: with port 0 it is the only way to learn the port.
 listen_log = logging.getLogger("tensorgate.listen")
@@ -254,8 +246,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="let clients register system and CUDA shared-memory regions (default false: a client could "
         "make the server read or write any segment its user may open)",
     )
+    log_settings.add_arguments(serve, _boolean)
     serve.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default info"
+        "--trace-config",
+        action="append",
+        default=[],
+        metavar="[MODE,]SETTING=VALUE",
+        help="Triton's trace settings (repeatable): rate=N (default 1000), level=TIMESTAMPS|TENSORS|OFF "
+        "(default OFF), count=N (default -1), mode=triton|opentelemetry, triton,file=PATH, "
+        "triton,log-frequency=N, opentelemetry,url=URL, opentelemetry,resource=KEY=VALUE, "
+        "opentelemetry,bsp_max_queue_size=N, opentelemetry,bsp_schedule_delay=MS, "
+        "opentelemetry,bsp_max_export_batch_size=N",
     )
     return parser
 
@@ -267,6 +268,18 @@ def _boolean(text: str) -> bool:
     if text.lower() in ("false", "0", "no", "off"):
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def make_tracer(entries: list[str]) -> Tracer:
+    """The tracer --trace-config asks for; ValueError says what is wrong (OpenTelemetry's packages
+    missing among it)."""
+    setting, otel = trace_config.parse(entries)
+    exporter = None
+    if setting.mode == OPENTELEMETRY:
+        from server.tracing.otel import OtelExporter
+
+        exporter = OtelExporter(otel)
+    return Tracer(setting, otel, exporter)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -284,9 +297,17 @@ def main(argv: list[str] | None = None) -> int:
     # Nothing the server imports writes bytecode: a model's helper modules would otherwise leave a
     # __pycache__ in the model repository (model.py itself is compiled from source, see backends/python).
     sys.dont_write_bytecode = True
-    handler = logging.StreamHandler()
-    handler.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
+    try:
+        log_control = LogControl(log_settings.settings_from(args))
+    except ValueError as e:
+        parser.error(str(e))
+    except OSError as e:
+        parser.error(f"cannot open --log-file {args.log_file}: {e.strerror}")
+    log_control.install()
+    try:
+        tracer = make_tracer(args.trace_config)
+    except ValueError as e:
+        parser.error(str(e))
     if not args.model_repository.is_dir():
         log.error("model repository %s is not a directory", args.model_repository)
         return 2
@@ -297,11 +318,11 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         runner = asyncio.Runner()
     with runner:
-        runner.run(serve(args))
+        runner.run(serve(args, log_control, tracer))
     return 0
 
 
-async def serve(args: argparse.Namespace) -> None:
+async def serve(args: argparse.Namespace, logs: LogControl, tracer: Tracer) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -317,7 +338,8 @@ async def serve(args: argparse.Namespace) -> None:
 
     router = Router(fallback_errors=error_response, max_body_bytes=args.max_request_bytes)
     shared_memory = SharedMemory(args.allow_client_shm)
-    V2Endpoints(repository, shared_memory).install(router)
+    V2Endpoints(repository, shared_memory, tracer).install(router)
+    SettingsEndpoints(repository, logs, tracer).install(router)
     streaming = StreamingControl(
         args.grps_streaming_ctrl_mode, args.grps_streaming_ctrl_key, args.grps_streaming_res_content_type
     )
@@ -338,7 +360,7 @@ async def serve(args: argparse.Namespace) -> None:
     settings = http_settings(args)
 
     grpc_services = grpc.services(
-        repository, args.grps_default_model, args.grpc_max_message_bytes, shared_memory
+        repository, args.grps_default_model, args.grpc_max_message_bytes, shared_memory, logs, tracer
     )
 
     raise_fd_limit()
@@ -391,6 +413,7 @@ async def serve(args: argparse.Namespace) -> None:
     )
     monitor.stop()
     await repository.unload_all()
+    tracer.close()  # traces not yet written go to their files
     log.info("shut down")
 
 
