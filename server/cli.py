@@ -10,6 +10,7 @@ from pathlib import Path
 
 from server import grpc, log_settings
 from server.endpoints.customized import CTRL_MODES, PATH_FORMAT, StreamingControl
+from server.endpoints.generate import GenerateEndpoints
 from server.endpoints.grps import GrpsEndpoints
 from server.endpoints.monitor import MonitorEndpoints
 from server.endpoints.repository import RepositoryEndpoints
@@ -340,6 +341,7 @@ async def serve(args: argparse.Namespace, logs: LogControl, tracer: Tracer) -> N
     shared_memory = SharedMemory(args.allow_client_shm)
     V2Endpoints(repository, shared_memory, tracer).install(router)
     SettingsEndpoints(repository, logs, tracer).install(router)
+    GenerateEndpoints(repository, tracer).install(router)
     streaming = StreamingControl(
         args.grps_streaming_ctrl_mode, args.grps_streaming_ctrl_key, args.grps_streaming_res_content_type
     )
