@@ -167,6 +167,9 @@ EXTENSIONS = [
     "statistics",
     "system_shared_memory",
     "cuda_shared_memory",
+    "trace",
+    "logging",
+    "generate",
 ]
 GRPS_OK = grps.Status(code=200, msg="OK", status=grps.StatusStatusFlag.SUCCESS)
 NOT_EXPLICIT = "not allowed in model control mode 'none'"

@@ -30,6 +30,9 @@ EXTENSIONS = [
     "statistics",
     "system_shared_memory",
     "cuda_shared_memory",
+    "trace",
+    "logging",
+    "generate",  # Triton's own metadata leaves it out; the extension's name in its docs
 ]
 
 
