@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from codec.errors import ErrorKind, InferError
 from codec.generate import JSON_CONTENT_TYPE, SSE_CONTENT_TYPE, decode_generate, generate_json, sse, sse_error
-from server.endpoints.v2 import error_response, traceparent
+from server.endpoints.v2 import error_response, sample
 from server.router import HttpRequest, HttpResponse, Router, body_response
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class GenerateEndpoints:
         specs = {n: (spec.dtype.v2, spec.shape) for n, spec in model_version.inputs.items()}
         infer_request = decode_generate(request.body, name, version, specs)
         if self.tracer.on:
-            infer_request.trace = self.tracer.sample(name, *traceparent(request.headers))
+            infer_request.trace = sample(self.tracer, name, request.headers)
         return model_version, infer_request
 
     async def generate(self, request: HttpRequest) -> HttpResponse:

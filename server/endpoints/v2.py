@@ -17,6 +17,7 @@ from server.statistics import model_statistics
 
 if TYPE_CHECKING:
     from codec.tensor import InferRequest
+    from codec.trace import Trace
     from server.model import ModelVersion
     from server.repository import Repository
     from server.shared_memory import SharedMemory
@@ -44,9 +45,12 @@ def error_response(error: InferError) -> HttpResponse:
     return json_response({"error": error.message}, http_status(error))
 
 
-def traceparent(headers: dict[bytes, bytes]) -> tuple[bytes | None, bytes | None]:
-    """A request's W3C trace context headers (OpenTelemetry's parent of its trace)."""
-    return headers.get(b"traceparent"), headers.get(b"tracestate")
+def sample(tracer: Tracer, model: str, headers: dict[bytes, bytes]) -> Trace | None:
+    """The trace of a request when the tracer takes it; in OpenTelemetry mode its W3C trace context
+    headers (the parent of its trace) go with it."""
+    if tracer.otel is None:
+        return tracer.sample(model)
+    return tracer.sample(model, headers.get(b"traceparent"), headers.get(b"tracestate"))
 
 
 class V2Endpoints:
@@ -113,7 +117,7 @@ class V2Endpoints:
         )
         infer_request = v2_http.decode_request(request.body, header_length, name, version)
         if self.tracer.on:
-            infer_request.trace = self.tracer.sample(name, *traceparent(request.headers))
+            infer_request.trace = sample(self.tracer, name, request.headers)
             if infer_request.trace is not None:
                 return await self._infer_traced(model_version, infer_request)
         if infer_request.shared_memory:  # it names a region: read and written through the server's

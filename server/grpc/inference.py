@@ -27,7 +27,7 @@ from server.repository import Repository
 from server.shared_memory import CUDA, SYSTEM, SharedMemory
 from server.statistics import model_statistics
 from server.tracing.settings import changes_from_grpc
-from server.tracing.tracer import Tracer, check_model
+from server.tracing.tracer import Tracer, check_model, sample_grpc
 
 log = logging.getLogger("tensorgate.grpc")
 
@@ -272,11 +272,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             request = v2_grpc_request.decode_request(message.data)
             version = self.repository.resolve(request.model_name, request.model_version)
             if self.tracer.on:
-                metadata = call.metadata
-                trace = self.tracer.sample(
-                    request.model_name, metadata.get("traceparent"), metadata.get("tracestate")
-                )
-                request.trace = trace
+                request.trace = sample_grpc(self.tracer, request.model_name, call.metadata)
             try:
                 if request.shared_memory:  # it names a region: read and written through the server's
                     response = await self.shared_memory.infer(version, request)

@@ -34,7 +34,7 @@ from server.http import eager
 from server.http.grpc_call import GrpcCall
 from server.repository import Repository
 from server.shared_memory import SharedMemory
-from server.tracing.tracer import Tracer
+from server.tracing.tracer import Tracer, sample_grpc
 
 log = logging.getLogger("tensorgate.grpc")
 
@@ -137,11 +137,7 @@ class StreamInfer:
             final = request.parameters.pop(ENABLE_FINAL, False) is True
             version = self.repository.resolve(request.model_name, request.model_version)
             if self.tracer.on:
-                metadata = self.call.metadata
-                trace = self.tracer.sample(
-                    request.model_name, metadata.get("traceparent"), metadata.get("tracestate")
-                )
-                request.trace = trace
+                request.trace = sample_grpc(self.tracer, request.model_name, self.call.metadata)
             if version.streams:
                 iterator = version.infer_stream(request)
                 return _Pending(request_id, final, iterator=iterator, trace=request.trace)

@@ -29,6 +29,7 @@ from server.tracing.settings import OPENTELEMETRY, TraceSetting, derive, with_co
 if TYPE_CHECKING:
     from server.repository import Repository
 
+NEVER = 1 << 62  # a countdown that does not run out
 log = logging.getLogger("tensorgate.trace")
 
 
@@ -36,11 +37,14 @@ class _State:
     """A setting in force and what it has counted: requests seen, traces still to take, taken and
     written, and the traces written to no file yet."""
 
-    __slots__ = ("setting", "seen", "count", "created", "collected", "buffer", "buffered")
+    __slots__ = ("setting", "left", "count", "created", "collected", "buffer", "buffered")
 
     def __init__(self, setting: TraceSetting) -> None:
         self.setting = setting
-        self.seen = 0
+        # requests until the next one traced (Triton counts requests and takes every rate-th): NEVER while
+        # the setting cannot sample (OFF, rate 0, no file) or its count has run out
+        sampling = setting.count != 0 and not setting.invalid_reason()
+        self.left = setting.rate if sampling else NEVER
         self.count = setting.count
         self.created = 0
         self.collected = 0
@@ -70,25 +74,26 @@ class Tracer:
     # --------------------------------------------------------------------------------- sampling
 
     def sample(self, model: str, traceparent: Any = None, tracestate: Any = None) -> Trace | None:
-        """A trace for this request, or None (most requests)."""
-        state = self.models.get(model) or self.global_state
-        setting = state.setting
-        if not setting.level:
+        """A trace for this request, or None (most requests: a countdown, and nothing else, decides).
+        The W3C context is looked at in OpenTelemetry mode only: front ends pass it in that mode."""
+        state = self.models.get(model, self.global_state) if self.models else self.global_state
+        state.left -= 1
+        if state.left > 0 and traceparent is None:
             return None
-        forced = False
-        if self.otel is not None and traceparent:
-            parent = _text(traceparent)
-            forced = valid_traceparent(parent)
+        return self._sample(state, traceparent, tracestate)
+
+    def _sample(self, state: _State, traceparent: Any, tracestate: Any) -> Trace | None:
+        setting = state.setting
+        parent = _text(traceparent) if self.otel is not None and setting.level else ""
+        forced = bool(parent) and valid_traceparent(parent)
         taken = False
-        if setting.rate:
-            if (state.count == 0 or setting.invalid_reason()) and not forced:
-                return None
-            state.seen += 1
-            taken = state.seen % setting.rate == 0
-            if taken and state.count > 0:
+        if state.left <= 0:  # the rate-th request since the last: taken while the count lasts
+            state.left = setting.rate
+            taken = True
+            if state.count > 0:
                 state.count -= 1
-            elif taken and state.count == 0:
-                taken = False
+                if state.count == 0:
+                    state.left = NEVER
         if not (taken or forced):
             return None
         state.created += 1
@@ -192,6 +197,13 @@ class Tracer:
         self._unindexed.clear()
         if self.exporter is not None:
             self.exporter.close()
+
+
+def sample_grpc(tracer: Tracer, model: str, metadata: dict[str, Any]) -> Trace | None:
+    """`Tracer.sample` for a gRPC call: its W3C trace context from its metadata, in OpenTelemetry mode."""
+    if tracer.otel is None:
+        return tracer.sample(model)
+    return tracer.sample(model, metadata.get("traceparent"), metadata.get("tracestate"))
 
 
 def check_model(repository: Repository, model: str) -> None:
