@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 from e2e_helpers import ServerProcess, assert_error
-from grpc_helpers import call, grpc_error, tensor
+from grpc_helpers import call, grpc_error, stream, tensor
 from grpclib.const import Status
 from trace_helpers import COMPUTE, assert_in_order, infer, traces, write_trace_repository
 
@@ -132,6 +132,12 @@ def test_a_traced_request_has_tritons_seven_timestamps(traced: ServerProcess, tm
     (over_grpc,) = traces(tmp_path / "trace.json.2").values()
     assert over_grpc["model_name"] == "double"
     assert_in_order(over_grpc)
+    # and each request of a ModelStreamInfer stream
+    answers = stream(traced, [request, request])
+    assert [answer.error_message for answer in answers] == ["", ""]
+    for index in (3, 4):
+        (streamed,) = traces(tmp_path / f"trace.json.{index}").values()
+        assert_in_order(streamed)
 
 
 def test_ensemble_steps_and_bls_calls_are_child_traces(traced: ServerProcess, tmp_path: Path) -> None:
