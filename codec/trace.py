@@ -45,6 +45,7 @@ class Trace:
     children: list[Trace] = field(default_factory=list)
     traceparent: str = ""  # the W3C trace context the client sent, when valid (OpenTelemetry's parent)
     tracestate: str = ""
+    sampled_by: str | None = None  # the setting that took it: "" the global one, else its model's
 
     @classmethod
     def new(cls, level: tuple[str, ...], traceparent: str = "", tracestate: str = "") -> Trace:

@@ -37,10 +37,11 @@ class _State:
     """A setting in force and what it has counted: requests seen, traces still to take, taken and
     written, and the traces written to no file yet."""
 
-    __slots__ = ("setting", "left", "count", "created", "collected", "buffer", "buffered")
+    __slots__ = ("setting", "model", "left", "count", "created", "collected", "buffer", "buffered")
 
-    def __init__(self, setting: TraceSetting) -> None:
+    def __init__(self, setting: TraceSetting, model: str = "") -> None:
         self.setting = setting
+        self.model = model  # "": the global setting
         # requests until the next one traced (Triton counts requests and takes every rate-th): NEVER while
         # the setting cannot sample (OFF, rate 0, no file) or its count has run out
         sampling = setting.count != 0 and not setting.invalid_reason()
@@ -65,7 +66,6 @@ class Tracer:
         self.global_state = _State(default)
         self.models: dict[str, _State] = {}
         self.following: set[str] = set()  # models whose setting follows the global one in some field
-        self._sampled: dict[int, _State] = {}  # trace id -> the setting that took it
         self._unindexed: dict[str, list[dict[str, Any]]] = {}  # trace file -> entries for it at shutdown
         self._indexes: dict[str, int] = {}  # trace file -> the next index of its numbered files
         self.on = False
@@ -98,16 +98,15 @@ class Tracer:
             return None
         state.created += 1
         trace = Trace.new(setting.level, parent if forced else "", _text(tracestate) if forced else "")
-        self._sampled[trace.id] = state
+        trace.sampled_by = state.model
         return trace
 
     def finish(self, trace: Trace | None) -> None:
         """The request of `trace` is answered: its trace is written (or exported)."""
-        if trace is None:
+        if trace is None or trace.sampled_by is None:
             return
-        state = self._sampled.pop(trace.id, None)
-        if state is None:
-            return
+        state = self.models.get(trace.sampled_by, self.global_state)  # its setting, or what replaced it
+        trace.sampled_by = None  # finished once
         if self.exporter is not None:
             self.exporter.export(trace)
             return
@@ -164,7 +163,7 @@ class Tracer:
             self.following.add(model)
         if current is not None:
             self._replace(current, setting)
-        self.models[model] = _State(setting)
+        self.models[model] = _State(setting, model)
 
     def _replace(self, old: _State, new: TraceSetting | None) -> None:
         """A setting is replaced: the traces it holds are written as it would have written them."""
