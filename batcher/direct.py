@@ -10,6 +10,7 @@ from batcher.inflight import InFlight
 from batcher.scheduler import Arrays, Job, Scheduler
 from batcher.stats import ModelStats
 from codec.errors import InferError
+from codec.trace import QUEUE_START
 
 
 class DirectScheduler(Scheduler):
@@ -33,17 +34,23 @@ class DirectScheduler(Scheduler):
         """The model's outputs for one request; its priority and timeout matter only to the dynamic
         batcher."""
         if self.now:
-            return self.run_now(job.inputs, job.rows)
+            if job.trace is None:
+                return self.run_now(job.inputs, job.rows)
+            return self._run_now_traced(job)
         executor = self.executor
         if not executor.inline:
             return await self._run_waiting(job)
         start = perf_counter_ns()
+        if job.trace is not None:
+            job.trace.stamp(QUEUE_START, start)
         try:
-            outputs, input_ns, infer_ns, output_ns = executor.run_one(job)
+            outputs, input_ns, infer_ns, output_ns, began = executor.run_one(job)
         except InferError:
             self.stats.record_failure(1, perf_counter_ns() - start)
             raise
         self._record(job.rows, perf_counter_ns() - start, 0, input_ns, infer_ns, output_ns)
+        if job.trace is not None:
+            job.trace.compute(began, input_ns, infer_ns, output_ns)
         return outputs
 
     def run_now(self, inputs: Arrays, rows: int = 1) -> Arrays:
@@ -61,11 +68,22 @@ class DirectScheduler(Scheduler):
         self.stats.record_alone(rows, perf_counter_ns() - start)
         return outputs
 
+    def _run_now_traced(self, job: Job) -> Arrays:
+        """`run_now` for a traced request (never the hot path): no queue, no staging, the whole time in
+        compute_infer, as the statistics count it."""
+        start = perf_counter_ns()
+        job.trace.stamp(QUEUE_START, start)
+        outputs = self.run_now(job.inputs, job.rows)
+        job.trace.compute(start, 0, perf_counter_ns() - start, 0)
+        return outputs
+
     async def _run_waiting(self, job: Job) -> Arrays:
         executor = self.executor
         self._in_flight.enter()
         handed_off = False  # once a worker thread has the request, its completion ends it
         start = perf_counter_ns()
+        if job.trace is not None:
+            job.trace.stamp(QUEUE_START, start)
         try:
             await self._slots.acquire()
             queue_ns = perf_counter_ns() - start
@@ -74,10 +92,10 @@ class DirectScheduler(Scheduler):
                 work.add_done_callback(self._thread_done)
                 handed_off = True
                 # A caller that goes away does not stop the thread: its slot frees when the thread ends.
-                outputs, input_ns, infer_ns, output_ns = await asyncio.shield(work)
+                outputs, input_ns, infer_ns, output_ns, began = await asyncio.shield(work)
             else:
                 try:
-                    outputs, input_ns, infer_ns, output_ns = await executor.run_async([job])
+                    outputs, input_ns, infer_ns, output_ns, began = await executor.run_async([job])
                     if executor.per_request:
                         outputs = alone(outputs)
                 finally:
@@ -89,6 +107,8 @@ class DirectScheduler(Scheduler):
             if not handed_off:
                 self._in_flight.leave()
         self._record(job.rows, perf_counter_ns() - start, queue_ns, input_ns, infer_ns, output_ns)
+        if job.trace is not None:
+            job.trace.compute(began, input_ns, infer_ns, output_ns)
         return outputs
 
     def _record(

@@ -30,6 +30,7 @@ from batcher.scheduler import Arrays, Job, Scheduler
 from batcher.stats import ModelStats
 from codec.datatypes import BY_CONFIG
 from codec.errors import ErrorKind, InferError, invalid
+from codec.trace import QUEUE_START
 
 _by_name = itemgetter(0)
 
@@ -92,6 +93,7 @@ class DynamicBatcher(Scheduler):
         self._timer_at: int | None = None
         self._tasks: set[asyncio.Task] = set()
         self._formed: deque[_Batch] = deque()  # preserve_ordering: batches not yet answered, in order
+        self._traced = 0  # traced requests not yet answered: only then does a batch look for their traces
 
     # ------------------------------------------------------------------------------------------ requests
 
@@ -120,7 +122,11 @@ class DynamicBatcher(Scheduler):
         job.deadline_ns = 0  # none
         job.future = loop.create_future()
         job.where = OUT
+        if job.trace is not None:
+            job.trace.stamp(QUEUE_START, job.arrival_ns)
         self.queues.push(job, job.priority, job.timeout_us)
+        if job.trace is not None:
+            self._traced += 1
         self._unanswered.enter()
         self._kick()
         try:
@@ -130,6 +136,9 @@ class DynamicBatcher(Scheduler):
                 self._unanswered.leave()
                 self._kick()
             raise
+        finally:
+            if job.trace is not None:
+                self._traced -= 1
 
     async def drain(self) -> None:
         """Waits until every queued request is answered and no batch is executing."""
@@ -257,7 +266,11 @@ class DynamicBatcher(Scheduler):
         self._free += 1
         jobs = batch.jobs
         if result is not None:
-            outputs, input_ns, infer_ns, output_ns = result
+            outputs, input_ns, infer_ns, output_ns, began = result
+            if self._traced:
+                for job in jobs:
+                    if job.trace is not None:
+                        job.trace.compute(began, input_ns, infer_ns, output_ns)
             try:
                 batch.outcome = self._split(jobs, outputs)
             except InferError as e:

@@ -29,8 +29,9 @@ from codec.errors import ErrorKind, InferError
 
 log = logging.getLogger("tensorgate.batcher")
 
-# host outputs, and the ns spent staging inputs, executing, and bringing outputs back
-Result = tuple[Arrays, int, int, int]
+# host outputs, the ns spent staging inputs, executing, and bringing outputs back, and when the execution
+# started (perf_counter_ns: a traced request's COMPUTE_START, codec/trace.py)
+Result = tuple[Arrays, int, int, int, int]
 
 
 class Executor:
@@ -62,7 +63,7 @@ class Executor:
             if self.per_request:
                 start = perf_counter_ns()
                 produced = self.execute(jobs)
-                return produced, 0, perf_counter_ns() - start, 0
+                return produced, 0, perf_counter_ns() - start, 0, start
             batch, start, staged = self._gather(jobs)
             produced = self.execute(batch)
             self.staging.finished()
@@ -75,14 +76,14 @@ class Executor:
     def run_one(self, job: Job) -> Result:
         """Blocking: one request executed alone."""
         if self.per_request:
-            produced, input_ns, infer_ns, output_ns = self.run_batch([job])
-            return alone(produced), input_ns, infer_ns, output_ns
+            produced, input_ns, infer_ns, output_ns, start = self.run_batch([job])
+            return alone(produced), input_ns, infer_ns, output_ns, start
         if not self.host:
             return self.run_batch([job])
         try:
             start = perf_counter_ns()
             produced = self.execute(job.inputs)
-            return produced, 0, perf_counter_ns() - start, 0
+            return produced, 0, perf_counter_ns() - start, 0, start
         except InferError:
             raise
         except Exception as e:
@@ -94,7 +95,7 @@ class Executor:
             if self.per_request:
                 start = perf_counter_ns()
                 produced = await self.execute(jobs)
-                return produced, 0, perf_counter_ns() - start, 0
+                return produced, 0, perf_counter_ns() - start, 0, start
             batch, start, staged = self._gather(jobs)
             return self._finish(await self.execute(batch), start, staged)
         except InferError:
@@ -131,7 +132,7 @@ class Executor:
         """Called once execute has run: the outputs on the host, and the input/infer/output times."""
         executed = perf_counter_ns()
         outputs = self._to_host(produced)
-        return outputs, staged - start, executed - staged, perf_counter_ns() - executed
+        return outputs, staged - start, executed - staged, perf_counter_ns() - executed, start
 
     def _to_host(self, produced: Any) -> Any:
         # Anything but a dict is left for the caller to reject with its own message.

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from codec.trace import Trace
+
 Arrays = dict[str, Any]
 
 
@@ -19,7 +21,8 @@ class Job:
     batch dimension first when the model batches), its `rows` (its batch size, 1 without batching), the
     request parameters `priority` and `timeout_us` (microseconds in the queue) that the dynamic batcher
     heeds, and the request itself (codec.tensor.InferRequest), which a per-request backend reads beside
-    its arrays (Triton's python API, server/backends/triton_python.py).
+    its arrays (Triton's python API, server/backends/triton_python.py), and the request's trace when it
+    was sampled (codec/trace.py): the scheduler stamps QUEUE_START and the executor's timestamps into it.
 
     The other slots are the dynamic batcher's, set while the job waits in its queue (batcher/queue.py):
     a job is the one object per request from the server to the batch that answers it.
@@ -31,6 +34,7 @@ class Job:
         "priority",
         "timeout_us",
         "request",
+        "trace",
         # the dynamic batcher's
         "size",  # what the job counts for against max_batch_size (zero rows count as one, as in Triton)
         "signature",  # what jobs must share to share a batch (batcher/dynamic.py `signature`)
@@ -42,13 +46,20 @@ class Job:
     )
 
     def __init__(
-        self, inputs: Arrays, rows: int = 1, priority: int = 0, timeout_us: int = 0, request: Any = None
+        self,
+        inputs: Arrays,
+        rows: int = 1,
+        priority: int = 0,
+        timeout_us: int = 0,
+        request: Any = None,
+        trace: Trace | None = None,
     ) -> None:
         self.inputs = inputs
         self.rows = rows
         self.priority = priority
         self.timeout_us = timeout_us
         self.request = request
+        self.trace = trace
 
 
 class Scheduler(Protocol):

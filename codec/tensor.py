@@ -10,6 +10,7 @@ import numpy as np
 from codec.bytes_tensor import decode_bytes, encode_bytes
 from codec.datatypes import BY_V2, DataType
 from codec.errors import invalid
+from codec.trace import Trace
 
 # Tensors up to this size are answered as a copy of their bytes: one call, where a view costs three
 # (~0.05 against ~0.4 us), and a KiB copied costs less than that difference.
@@ -76,6 +77,9 @@ class InferRequest:
     # An input or a requested output names a shared-memory region (set by the codec that decodes it): the
     # endpoint then serves it through the server's regions, and any other request goes to the model.
     shared_memory: bool = False
+    # Triton's trace extension: what the server records of this request when it was sampled (None when
+    # not; codec/trace.py). Stamped by the model version, the scheduler and the executor.
+    trace: Trace | None = None
 
 
 @dataclass(slots=True)

@@ -117,6 +117,12 @@ def _parameters(raw: Any, what: str) -> dict:
     return raw  # orjson's own: nothing else holds it
 
 
+def json_tensor(raw: dict, model_name: str) -> Tensor:
+    """An input given as v2 JSON ({"name", "datatype", "shape", "data"}) as a Tensor, checked as
+    decode_request checks it (the generate extension builds its inputs this way)."""
+    return _decode_input(raw, _NO_BINARY, 0, model_name)[0]
+
+
 def _decode_input(raw: Any, binary: memoryview, offset: int, model_name: str) -> tuple[Tensor, int]:
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
         raise invalid(f"model '{model_name}': every input needs a string 'name'")
@@ -268,7 +274,7 @@ def encode_response(response: InferResponse, request: InferRequest) -> EncodedRe
             raw_chunks.append(raw)
             entry["parameters"] = {**tensor.parameters, "binary_data_size": len(raw)}
         else:  # no parameters, as Triton: its C++ client reads binary_data_size from any output that has them
-            entry["data"] = _to_json(tensor, response.model_name)
+            entry["data"] = output_json(tensor, response.model_name)
             floats = floats or tensor.datatype[:2] in ("FP", "BF")
         outputs_json.append(entry)
 
@@ -298,7 +304,8 @@ def encode_response(response: InferResponse, request: InferRequest) -> EncodedRe
     return EncodedResponse(headers, [header, *raw_chunks])
 
 
-def _to_json(tensor: Tensor, model_name: str) -> Any:
+def output_json(tensor: Tensor, model_name: str) -> Any:
+    """An output's elements for JSON: a flat list of strings (BYTES) or a flat numeric array."""
     if tensor.datatype == "BF16":
         raise invalid(
             f"model '{model_name}', output '{tensor.name}': BF16 can only be returned as binary data"

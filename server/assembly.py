@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING
 
 from server import grpc
 from server.endpoints.customized import StreamingControl
+from server.endpoints.generate import GenerateEndpoints
 from server.endpoints.grps import GrpsEndpoints
 from server.endpoints.monitor import MonitorEndpoints
 from server.endpoints.repository import RepositoryEndpoints
+from server.endpoints.settings import SettingsEndpoints
 from server.endpoints.tfserving import TFServingEndpoints
 from server.endpoints.v2 import V2Endpoints, error_response
 from server.http.listener import Listener, Offline, address_of, bind, tls_context
@@ -28,9 +30,11 @@ from server.router import Router
 
 if TYPE_CHECKING:
     from server.http.grpc_call import GrpcServices
+    from server.log_settings import LogControl
     from server.monitor import Monitor
     from server.repository import Repository
     from server.shared_memory import SharedMemory
+    from server.tracing.tracer import Tracer
 
 # Where we listen is always said, whatever --log-level: with port 0 it is the only way to learn the port.
 listen_log = logging.getLogger("tensorgate.listen")
@@ -46,12 +50,19 @@ class Parts:
 
 
 def build(
-    args: argparse.Namespace, repository: Repository, shared_memory: SharedMemory, monitor: Monitor | None
+    args: argparse.Namespace,
+    repository: Repository,
+    shared_memory: SharedMemory,
+    monitor: Monitor | None,
+    logs: LogControl,
+    tracer: Tracer,
 ) -> Parts:
     """Every port's routes and the gRPC services over `repository` (ValueError: a customized grps path
     that would take a built-in route's place)."""
     router = Router(fallback_errors=error_response, max_body_bytes=args.max_request_bytes)
-    V2Endpoints(repository, shared_memory).install(router)
+    V2Endpoints(repository, shared_memory, tracer).install(router)
+    SettingsEndpoints(repository, logs, tracer).install(router)
+    GenerateEndpoints(repository, tracer).install(router)
     streaming = StreamingControl(
         args.grps_streaming_ctrl_mode, args.grps_streaming_ctrl_key, args.grps_streaming_res_content_type
     )
@@ -66,7 +77,9 @@ def build(
     routers = {"gRPC": Router(error_response, args.max_request_bytes), "HTTP": router}
     if args.allow_metrics:
         routers["Metrics"] = metrics_router(repository, monitor)
-    services = grpc.services(repository, args.grps_default_model, args.grpc_max_message_bytes, shared_memory)
+    services = grpc.services(
+        repository, args.grps_default_model, args.grpc_max_message_bytes, shared_memory, logs, tracer
+    )
     return Parts(routers, services)
 
 

@@ -5,23 +5,28 @@ import asyncio
 import logging
 import sys
 
+from server import log_settings
 from server.endpoints.customized import PATH_FORMAT
 from server.engine import Engine
+from server.log_settings import LogControl
 from server.options import build_parser
+from server.tracing import config as trace_config
+from server.tracing.settings import OPENTELEMETRY
+from server.tracing.tracer import Tracer
 
 log = logging.getLogger("tensorgate")
 
-# Control characters as escapes: \n, \r, \t, \x1b ...
-_ESCAPES = {c: repr(chr(c))[1:-1] for c in (*range(32), 127)}
 
+def make_tracer(entries: list[str]) -> Tracer:
+    """The tracer --trace-config asks for; ValueError says what is wrong (OpenTelemetry's packages
+    missing among it)."""
+    setting, otel = trace_config.parse(entries)
+    exporter = None
+    if setting.mode == OPENTELEMETRY:
+        from server.tracing.otel import OtelExporter
 
-class OneLineFormatter(logging.Formatter):
-    """A log message is one line: its control characters (a client's text quoted in an error's reason)
-    are escaped, so no client can start a line of its own. Tracebacks keep their lines."""
-
-    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
-        record.message = record.message.translate(_ESCAPES)
-        return super().formatMessage(record)
+        exporter = OtelExporter(otel)
+    return Tracer(setting, otel, exporter)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,9 +47,17 @@ def main(argv: list[str] | None = None) -> int:
     # Nothing the server imports writes bytecode: a model's helper modules would otherwise leave a
     # __pycache__ in the model repository (model.py itself is compiled from source, see backends/python).
     sys.dont_write_bytecode = True
-    handler = logging.StreamHandler()
-    handler.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
+    try:
+        log_control = LogControl(log_settings.settings_from(args))
+    except ValueError as e:
+        parser.error(str(e))
+    except OSError as e:
+        parser.error(f"cannot open --log-file {args.log_file}: {e.strerror}")
+    log_control.install()
+    try:
+        tracer = make_tracer(args.trace_config)
+    except ValueError as e:
+        parser.error(str(e))
     if not args.model_repository.is_dir():
         log.error("model repository %s is not a directory", args.model_repository)
         return 2
@@ -58,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.worker_of is not None:
             from server import frontend
 
-            runner.run(frontend.serve(args))
+            runner.run(frontend.serve(args, log_control))
         else:
-            runner.run(Engine(args).serve())
+            runner.run(Engine(args, log_control, tracer).serve())
     return 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import signal
 import socket
@@ -34,10 +35,12 @@ from server import assembly
 from server.http import eager
 from server.http.listener import Offline, raise_fd_limit, rebind
 from server.link import Credit, Inbox, Link
+from server.log_settings import LogControl, LogSettings
 from server.monitor import Monitor
 from server.repository import Repository
 from server.router import HttpRequest, HttpResponse
 from server.shared_memory import SharedMemory
+from server.tracing.tracer import Tracer
 
 log = logging.getLogger("tensorgate.engine")
 
@@ -65,8 +68,10 @@ def model_table(repository: Repository) -> list:
 
 
 class Engine:
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, logs: LogControl, tracer: Tracer) -> None:
         self.args = args
+        self.logs = logs
+        self.tracer = tracer
         self.repository = Repository(args.model_repository, args.model_control_mode, args.strict_readiness)
         self.shared_memory = SharedMemory(args.allow_client_shm)
         self.monitor = Monitor(self.repository, args.monitor_log, self.repository.app_monitor)
@@ -86,7 +91,9 @@ class Engine:
         await repository.start(self.args.load_model)
         assembly.settle_memory()
         try:
-            self.parts = assembly.build(self.args, repository, self.shared_memory, self.monitor)
+            self.parts = assembly.build(
+                self.args, repository, self.shared_memory, self.monitor, self.logs, self.tracer
+            )
         except ValueError as e:
             log.error("%s", e)
             await repository.unload_all()
@@ -98,6 +105,7 @@ class Engine:
         offline = Offline()  # every port's connections leave at their next idle moment while offline
         repository.online_watchers.append(lambda online: offline.set(not online))
         repository.online_watchers.append(self._online)
+        self.logs.watchers.append(self._logs)
         poller = None
         if self.args.model_control_mode == "poll":
             poller = loop.create_task(repository.poll_forever(self.args.repository_poll_secs, stop))
@@ -130,6 +138,7 @@ class Engine:
         await asyncio.gather(*workers)
         self.monitor.stop()
         await repository.unload_all()
+        self.tracer.close()  # traces not yet written go to their files
         log.info("shut down")
 
     # ---- workers
@@ -216,6 +225,12 @@ class Engine:
     def _online(self, online: bool) -> None:
         for link in self.links:
             link.link.send([ipc.EVENT, 0, "online", online])
+
+    def _logs(self, settings: LogSettings) -> None:
+        """The log settings a client changed: every worker's log follows."""
+        changes = {k: v for k, v in dataclasses.asdict(settings).items() if k != "log_file"}
+        for link in self.links:
+            link.link.send([ipc.EVENT, 0, "logs", changes])
 
 
 class WorkerLink:
@@ -312,6 +327,10 @@ class WorkerLink:
                 work = engine.shared_memory.infer(version, request)
             else:
                 work = version.infer(request)
+            if engine.tracer.on:  # the engine samples every worker's requests: one count, one file
+                request.trace = engine.tracer.sample(request.model_name)
+                if request.trace is not None:
+                    work = _traced(work, engine.tracer, request.trace)
             finished, outcome = eager.step(work, self.loop)
         except InferError as e:
             return self._fail(call_id, e)
@@ -391,6 +410,13 @@ class WorkerLink:
             status, message = Status.INTERNAL, f"internal error serving {path}"
         await engine.synced_answer()
         self.link.send([ipc.END, call_id, [status.value, message]])
+
+
+async def _traced(work: Any, tracer: Tracer, trace: Any) -> Any:
+    try:
+        return await work
+    finally:
+        tracer.finish(trace)
 
 
 class RelayedCall:

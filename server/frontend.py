@@ -39,9 +39,12 @@ from server.grpc.inference import RawMessage
 from server.http.grpc_call import GrpcCall
 from server.http.listener import Offline, raise_fd_limit
 from server.link import Inbox, Link
+from server.log_settings import LogControl
 from server.model import ModelState, ModelVersion
 from server.repository import Model, find_model
 from server.router import HttpRequest, HttpResponse, Route, Router
+from server.tracing import config as trace_config
+from server.tracing.tracer import Tracer
 
 log = logging.getLogger("tensorgate.worker")
 
@@ -77,6 +80,7 @@ class EngineClient:
         self.loop = asyncio.get_running_loop()
         self.first_table = self.loop.create_future()  # set once the engine's model table is here
         self.gone = asyncio.Event()  # the link closed: the engine is gone
+        self.logs: LogControl | None = None  # this process's log, following the engine's settings
 
     def _call(self, target: asyncio.Future | Inbox) -> int:
         self.next_id += 1
@@ -213,6 +217,8 @@ class EngineClient:
         elif name == "online":
             self.repository.online = payload
             self.offline.set(not payload)
+        elif name == "logs" and self.logs is not None:
+            self.logs.update(payload)
 
     def _lost(self) -> None:
         for target in self.calls.values():
@@ -363,7 +369,7 @@ def inherited_sockets(spec: str) -> tuple[socket.socket, dict[str, list[socket.s
     return socket.socket(fileno=int(link)), listening
 
 
-async def serve(args: argparse.Namespace) -> None:
+async def serve(args: argparse.Namespace, logs: LogControl) -> None:
     die_with_parent()
     link_socket, listening = inherited_sockets(args.worker_of)
     loop = asyncio.get_running_loop()
@@ -371,9 +377,19 @@ async def serve(args: argparse.Namespace) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     client = EngineClient()
+    client.logs = logs
     await loop.create_unix_connection(lambda: client.link, sock=link_socket)
     await client.first_table
-    parts = assembly.build(args, client.repository, FrontEndSharedMemory(), None)  # type: ignore[arg-type]
+    # The engine samples every request for tracing (one count, one file): this process traces none.
+    untraced = Tracer(trace_config.parse([])[0])
+    parts = assembly.build(
+        args,
+        client.repository,
+        FrontEndSharedMemory(),
+        None,
+        logs,
+        untraced,  # type: ignore[arg-type]
+    )
     for name, router in parts.routers.items():
         forward_routes(router, name, client)
     forward_methods(parts, client)

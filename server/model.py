@@ -20,6 +20,16 @@ from batcher.stats import ModelStats
 from codec.datatypes import BY_CONFIG, DataType
 from codec.errors import ErrorKind, InferError, invalid
 from codec.tensor import InferRequest, InferResponse, Tensor, as_dtype
+from codec.trace import (
+    BACKEND_OUTPUT,
+    COMPUTE_END,
+    COMPUTE_START,
+    QUEUE_INPUT,
+    QUEUE_START,
+    REQUEST_END,
+    REQUEST_START,
+    Trace,
+)
 from server.backends import load_backend
 from server.backends.base import stream_only_error
 
@@ -138,6 +148,8 @@ class ModelVersion:
         return self.state is ModelState.READY
 
     async def infer(self, request: InferRequest) -> InferResponse:
+        if request.trace is not None:
+            return await self._infer_traced(request, request.trace)
         if self.state is not ModelState.READY or self.scheduler is None:
             raise InferError(
                 ErrorKind.UNAVAILABLE, f"model '{self.name}' version {self.version} is not ready"
@@ -156,6 +168,37 @@ class ModelVersion:
             produced = await scheduler.run(Job(arrays, rows, priority, timeout, request))
         outputs = [self._response_tensor(name, produced) for name in wanted]
         return InferResponse(self.name, self.version_str, outputs, request.id)
+
+    async def _infer_traced(self, request: InferRequest, trace: Trace) -> InferResponse:
+        """`infer` for a sampled request: its REQUEST_START / REQUEST_END (its scheduler stamps the rest)
+        and, at level TENSORS, its inputs and outputs (never the hot path)."""
+        self._begin_trace(trace, request)
+        try:
+            if self.state is not ModelState.READY or self.scheduler is None:
+                raise InferError(
+                    ErrorKind.UNAVAILABLE, f"model '{self.name}' version {self.version} is not ready"
+                )
+            if self.stream_only:
+                raise stream_only_error(self.name)
+            arrays, rows = self._inputs_and_rows(request)
+            wanted = self._wanted_outputs(request)
+            priority, timeout = self._scheduling(request.parameters) if request.parameters else (0, 0)
+            produced = await self.scheduler.run(Job(arrays, rows, priority, timeout, request, trace))
+            outputs = [self._response_tensor(name, produced) for name in wanted]
+            if trace.records_tensors:
+                for tensor in outputs:
+                    trace.tensor(BACKEND_OUTPUT, tensor.name, tensor.datatype, tensor.data)
+            return InferResponse(self.name, self.version_str, outputs, request.id)
+        finally:
+            trace.stamp(REQUEST_END, perf_counter_ns())
+
+    def _begin_trace(self, trace: Trace, request: InferRequest) -> None:
+        trace.model_name, trace.model_version, trace.request_id = self.name, self.version, request.id or ""
+        trace.stamp(REQUEST_START, perf_counter_ns())
+        if trace.records_tensors:
+            for tensor in request.inputs:
+                if tensor.data is not None:
+                    trace.tensor(QUEUE_INPUT, tensor.name, tensor.datatype, tensor.data)
 
     def _inputs_and_rows(self, request: InferRequest) -> tuple[dict[str, Any], int]:
         """The arrays the model executes on, and the request's batch size (1 without batching)."""
@@ -260,11 +303,11 @@ class ModelVersion:
         arrays, rows = self._inputs_and_rows(request)
         wanted = self._wanted_outputs(request)
         if backend.per_request:
-            return self._stream(backend.execute_stream(arrays, request), wanted, request.id, rows)
-        return self._stream(backend.execute_stream(arrays), wanted, request.id, rows)
+            return self._stream(backend.execute_stream(arrays, request), wanted, request, rows)
+        return self._stream(backend.execute_stream(arrays), wanted, request, rows)
 
     async def _stream(
-        self, produced_stream: AsyncIterator[Any], wanted: list[str], request_id: str | None, rows: int
+        self, produced_stream: AsyncIterator[Any], wanted: list[str], request: InferRequest, rows: int
     ) -> AsyncIterator[InferResponse]:
         """The answers of one streamed request, counted in the statistics as one request executed alone
         from its start to its last answer (perf_analyzer reads them); a failed or abandoned one fails."""
@@ -275,11 +318,19 @@ class ModelVersion:
             )
         self._open_streams.enter()
         start = perf_counter_ns()
+        trace, request_id = request.trace, request.id
+        if trace is not None:  # a stream has no queue: it computes from its start to its last answer
+            self._begin_trace(trace, request)
+            trace.stamp(QUEUE_START, start)
+            trace.stamp(COMPUTE_START, start)
         finished = False
         try:
             async with aclosing(produced_stream):
                 async for produced in produced_stream:
                     outputs = [self._response_tensor(name, produced) for name in wanted]
+                    if trace is not None and trace.records_tensors:
+                        for tensor in outputs:
+                            trace.tensor(BACKEND_OUTPUT, tensor.name, tensor.datatype, tensor.data)
                     yield InferResponse(self.name, self.version_str, outputs, request_id)
             finished = True
         except InferError:
@@ -288,6 +339,10 @@ class ModelVersion:
             raise self.executor.failure(e) from None
         finally:
             self._open_streams.leave()
+            if trace is not None:
+                end = perf_counter_ns()
+                trace.stamp(COMPUTE_END, end)
+                trace.stamp(REQUEST_END, end)
             if finished:
                 self.stats.record_alone(rows, perf_counter_ns() - start)
             else:

@@ -3,6 +3,7 @@
 import argparse
 from pathlib import Path
 
+from server import log_settings
 from server.endpoints.customized import CTRL_MODES
 from server.http.connection import HttpSettings
 from server.repository import CONTROL_MODES
@@ -213,8 +214,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="let clients register system and CUDA shared-memory regions (default false: a client could "
         "make the server read or write any segment its user may open)",
     )
+    log_settings.add_arguments(serve, _boolean)
     serve.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default info"
+        "--trace-config",
+        action="append",
+        default=[],
+        metavar="[MODE,]SETTING=VALUE",
+        help="Triton's trace settings (repeatable): rate=N (default 1000), level=TIMESTAMPS|TENSORS|OFF "
+        "(default OFF), count=N (default -1), mode=triton|opentelemetry, triton,file=PATH, "
+        "triton,log-frequency=N, opentelemetry,url=URL, opentelemetry,resource=KEY=VALUE, "
+        "opentelemetry,bsp_max_queue_size=N, opentelemetry,bsp_schedule_delay=MS, "
+        "opentelemetry,bsp_max_export_batch_size=N",
     )
     serve.add_argument(
         "--workers",

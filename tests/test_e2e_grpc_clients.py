@@ -167,6 +167,9 @@ EXTENSIONS = [
     "statistics",
     "system_shared_memory",
     "cuda_shared_memory",
+    "trace",
+    "logging",
+    "generate",
 ]
 GRPS_OK = grps.Status(code=200, msg="OK", status=grps.StatusStatusFlag.SUCCESS)
 NOT_EXPLICIT = "not allowed in model control mode 'none'"
@@ -250,8 +253,8 @@ EXPECTED: dict[str, Any] = {
     "CudaSharedMemoryStatus-17": [pb.CudaSharedMemoryStatusResponse()],
     "CudaSharedMemoryRegister-18": (3, SHM_OFF),
     "CudaSharedMemoryUnregister-19": (3, SHM_OFF),
-    "TraceSetting-20": (12, "TraceSetting is not supported"),  # UNIMPLEMENTED
-    "LogSettings-21": (12, "LogSettings is not supported"),
+    "TraceSetting-20": lambda answer: trace_off(answer),
+    "LogSettings-21": lambda answer: log_defaults(answer),
     "Predict-22": [grps.GrpsMessage(status=GRPS_OK, str_data="héllo")],  # simple_identity echoes
     "PredictStreaming-23": [grps.GrpsMessage(status=GRPS_OK, str_data=word) for word in WORDS],
     "CheckLiveness-24": [grps.GrpsMessage(status=GRPS_OK)],
@@ -260,6 +263,17 @@ EXPECTED: dict[str, Any] = {
     "ModelMetadata-27": grps_model_metadata,
     "Online-28": [grps.GrpsMessage(status=GRPS_OK)],
 }
+
+
+def trace_off(answer: pb.TraceSettingResponse) -> None:
+    """The example server traces nothing: no --trace-config."""
+    settings = {name: list(value.value) for name, value in answer.settings.items()}
+    assert settings["trace_level"] == ["OFF"] and settings["trace_mode"] == ["triton"], settings
+
+
+def log_defaults(answer: pb.LogSettingsResponse) -> None:
+    settings = answer.settings
+    assert settings["log_info"].bool_param is True and settings["log_format"].string_param == "default"
 
 
 def assert_expected(call_id: str, got: Outcome) -> None:

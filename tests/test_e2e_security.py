@@ -182,7 +182,7 @@ def test_client_text_cannot_forge_log_lines(start_server, repo: Path) -> None:
 
 # Config overrides whose failed reload logged the client's text as it came, newlines and all (found while
 # adding the positive control above): every log message is now escaped where it is formatted
-# (server/cli.py, OneLineFormatter).
+# (server/log_settings.py, TritonFormatter, in both of Triton's layouts).
 UNESCAPED = {
     "default_model_filename": {"backend": "onnxruntime", "default_model_filename": f"{EVIL}.onnx"},
     "ensemble step": {

@@ -321,19 +321,6 @@ def test_repository_load_and_unload_in_explicit_mode(start_server, repo: Path) -
     assert states == {"disk": "UNAVAILABLE", "uploaded": "READY"}
 
 
-UNSUPPORTED = [  # the shared-memory RPCs are served (tests/test_e2e_shared_memory.py)
-    ("trace_setting", pb.TraceSettingRequest, "TraceSetting"),
-    ("log_settings", pb.LogSettingsRequest, "LogSettings"),
-]
-
-
-def test_unsupported_rpcs_are_unimplemented(v2_server: ServerProcess) -> None:
-    for rpc, request, what in UNSUPPORTED:
-        message = grpc_error(v2_server, lambda s, r=rpc, q=request: getattr(s, r)(q()), Status.UNIMPLEMENTED)
-        assert message == f"{what} is not supported by this server"
-    assert call(v2_server, lambda s: s.server_live()).live, "the server went on"
-
-
 # ------------------------------------------------------------------------ message size, shutdown
 
 GROW_MODEL = """

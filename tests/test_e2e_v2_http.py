@@ -41,11 +41,14 @@ def test_server_metadata(client: httpx.Client) -> None:
     assert sorted(doc["extensions"]) == [
         "binary_tensor_data",
         "cuda_shared_memory",
+        "generate",
+        "logging",
         "model_configuration",
         "model_repository",
         "model_repository(unload_dependents)",
         "statistics",
         "system_shared_memory",
+        "trace",
     ]
 
 

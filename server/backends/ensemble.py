@@ -30,6 +30,8 @@ from codec.tensor import InferRequest, RequestedOutput, Tensor
 from server.backends.base import Backend
 
 if TYPE_CHECKING:
+    from batcher.scheduler import Job
+    from codec.trace import Trace
     from server.backends.base import Host
 
 CONCURRENCY = 1 << 20  # an ensemble waits on its steps, never on itself: no limit of its own
@@ -59,6 +61,7 @@ class _Step:
 class EnsembleBackend(Backend):
     is_async = True
     instances = CONCURRENCY
+    per_request = True  # execute(jobs): each request apart, with its trace (its steps' are its children)
 
     def __init__(self, config: dict, host: Host | None) -> None:
         self.name: str = config["name"]
@@ -72,8 +75,21 @@ class EnsembleBackend(Backend):
         self.outputs = [entry["name"] for entry in config["output"]]
         _check(self.name, config, self.steps, entries, host)
 
-    async def execute(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        """Runs the steps, each as soon as its inputs exist; a chain runs without a task per step."""
+    async def execute(self, jobs: list[Job]) -> list[dict[str, Any] | InferError]:
+        """Each request's outputs, or the error that answers it alone."""
+        if len(jobs) == 1:
+            return [await self._answer(jobs[0])]
+        return list(await asyncio.gather(*(self._answer(job) for job in jobs)))
+
+    async def _answer(self, job: Job) -> dict[str, Any] | InferError:
+        try:
+            return await self._run_steps(job.inputs, job.trace)
+        except InferError as e:
+            return e
+
+    async def _run_steps(self, inputs: dict[str, Any], trace: Trace | None) -> dict[str, Any]:
+        """Runs the steps, each as soon as its inputs exist; a chain runs without a task per step. A traced
+        request's steps are traced as its children."""
         tensors = dict(inputs)
         waiting = list(self.steps)
         running: dict[asyncio.Future, _Step] = {}
@@ -83,10 +99,10 @@ class EnsembleBackend(Backend):
                 for step in ready:
                     waiting.remove(step)
                 if len(ready) == 1 and not running:
-                    tensors.update(await self._run(ready[0], tensors))
+                    tensors.update(await self._run(ready[0], tensors, trace))
                     continue
                 for step in ready:
-                    running[asyncio.ensure_future(self._run(step, tensors))] = step
+                    running[asyncio.ensure_future(self._run(step, tensors, trace))] = step
                 if not running:
                     names = ", ".join(step.label() for step in waiting)
                     raise InferError(
@@ -103,17 +119,18 @@ class EnsembleBackend(Backend):
                 future.cancel()
         return {name: tensors[name] for name in self.outputs}
 
-    async def _run(self, step: _Step, tensors: dict[str, Any]) -> dict[str, Any]:
+    async def _run(self, step: _Step, tensors: dict[str, Any], trace: Trace | None) -> dict[str, Any]:
         """One step: a request to its model (through its scheduler), its outputs under ensemble names."""
         arrays = [
             Tensor(name, datatype, tensors[source].shape, tensors[source])
             for name, (source, datatype) in step.inputs.items()
         ]
+        request = InferRequest(step.model, step.version, None, arrays, step.requested)
+        if trace is not None:
+            request.trace = trace.child()
         try:
             version = self.host.resolve(step.model, step.version)
-            response = await version.infer(
-                InferRequest(step.model, step.version, None, arrays, step.requested)
-            )
+            response = await version.infer(request)
         except InferError as e:
             raise InferError(e.kind, f"in ensemble '{self.name}', {step.label()}: {e.message}") from None
         return {step.outputs[tensor.name]: tensor.data for tensor in response.outputs}

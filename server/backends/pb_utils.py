@@ -234,6 +234,21 @@ class InferenceResponseSender:
 # ------------------------------------------------------------------------------------------- requests
 
 
+class InferenceTrace:
+    """A request's trace, as `request.trace()` gives it: handed to a BLS request
+    (`InferenceRequest(..., trace=request.trace())`), the call is traced as a child of this request's
+    trace (when the request is traced at all)."""
+
+    def __init__(self, trace: Any = None) -> None:
+        self._trace = trace  # codec.trace.Trace, or None for a request that is not traced
+
+    def get_context(self, mode: str = "opentelemetry") -> str | None:
+        """The W3C context the client sent with the traced request, as JSON (Triton's form), else None."""
+        if self._trace is None or not self._trace.traceparent:
+            return None
+        return json.dumps({"traceparent": self._trace.traceparent})
+
+
 class InferenceRequest:
     """A request: one that `execute` receives, or one a model builds to call another model (BLS)."""
 
@@ -248,7 +263,8 @@ class InferenceRequest:
         flags: int = 0,
         timeout: int = 0,
         parameters: dict | str | None = None,
-        **_ignored: Any,  # preferred_memory, trace: meaningless in one process
+        trace: InferenceTrace | None = None,
+        **_ignored: Any,  # preferred_memory: meaningless in one process
     ) -> None:
         self._model_name = model_name
         self._inputs = list(inputs or [])
@@ -260,6 +276,7 @@ class InferenceRequest:
         self._timeout = timeout
         self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters or {})
         self._sender: InferenceResponseSender | None = None
+        self._trace = trace if trace is not None else InferenceTrace()
 
     # what a model reads of a request it received
     def inputs(self) -> list[Tensor]:
@@ -289,6 +306,10 @@ class InferenceRequest:
     def parameters(self) -> str:
         """The request's parameters as a JSON string, as Triton gives them."""
         return self._parameters
+
+    def trace(self) -> InferenceTrace:
+        """This request's trace: pass it to a BLS request to trace that call as its child."""
+        return self._trace
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
@@ -353,8 +374,11 @@ class InferenceRequest:
         tensors = [_WireTensor(t.name(), t._v2, t._array.shape, t._array) for t in self._inputs]
         outputs = [_RequestedOutput(name) for name in self._requested] or None
         parameters = json.loads(self._parameters) if self._parameters else {}
-        return version, _Request(self._model_name, version.version_str, self._request_id or None, tensors,
-                                 outputs, parameters)  # fmt: skip
+        request = _Request(self._model_name, version.version_str, self._request_id or None, tensors, outputs,
+                           parameters)  # fmt: skip
+        if self._trace._trace is not None:
+            request.trace = self._trace._trace.child()
+        return version, request
 
 
 def _error_response(error: InferError) -> InferenceResponse:
@@ -377,6 +401,8 @@ def received_request(
     request._inputs = [Tensor._of(name, array, dtypes[name]) for name, array in inputs.items()]
     if served is not None:
         request._request_id = served.id or ""
+        if served.trace is not None:
+            request._trace = InferenceTrace(served.trace)
         if served.parameters:
             request._parameters = json.dumps(served.parameters)
         if served.outputs is not None:

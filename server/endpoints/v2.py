@@ -16,8 +16,12 @@ from server.shared_memory import CUDA, SYSTEM, decode_handle
 from server.statistics import model_statistics
 
 if TYPE_CHECKING:
+    from codec.tensor import InferRequest
+    from codec.trace import Trace
+    from server.model import ModelVersion
     from server.repository import Repository
     from server.shared_memory import SharedMemory
+    from server.tracing.tracer import Tracer
 
 EXTENSIONS = [
     "binary_tensor_data",
@@ -27,6 +31,9 @@ EXTENSIONS = [
     "statistics",
     "system_shared_memory",
     "cuda_shared_memory",
+    "trace",
+    "logging",
+    "generate",  # Triton's own metadata leaves it out; the extension's name in its docs
 ]
 
 
@@ -38,10 +45,19 @@ def error_response(error: InferError) -> HttpResponse:
     return json_response({"error": error.message}, http_status(error))
 
 
+def sample(tracer: Tracer, model: str, headers: dict[bytes, bytes]) -> Trace | None:
+    """The trace of a request when the tracer takes it; in OpenTelemetry mode its W3C trace context
+    headers (the parent of its trace) go with it."""
+    if tracer.otel is None:
+        return tracer.sample(model)
+    return tracer.sample(model, headers.get(b"traceparent"), headers.get(b"tracestate"))
+
+
 class V2Endpoints:
-    def __init__(self, repository: Repository, shared_memory: SharedMemory) -> None:
+    def __init__(self, repository: Repository, shared_memory: SharedMemory, tracer: Tracer) -> None:
         self.repository = repository
         self.shared_memory = shared_memory
+        self.tracer = tracer  # Triton's trace extension: `on` while any request may be traced
 
     def install(self, router: Router) -> None:
         model = "/v2/models/{model}[/versions/{version}]"
@@ -101,10 +117,25 @@ class V2Endpoints:
             request.headers.get(v2_http.HEADER_LENGTH_BYTES), len(request.body)
         )
         infer_request = v2_http.decode_request(request.body, header_length, name, version)
+        if self.tracer.on:
+            infer_request.trace = sample(self.tracer, name, request.headers)
+            if infer_request.trace is not None:
+                return await self._infer_traced(model_version, infer_request)
         if infer_request.shared_memory:  # it names a region: read and written through the server's
             response = await self.shared_memory.infer(model_version, infer_request)
         else:
             response = await model_version.infer(infer_request)
+        encoded = v2_http.encode_response(response, infer_request)
+        return HttpResponse(200, encoded.headers, encoded.chunks)
+
+    async def _infer_traced(self, model_version: ModelVersion, infer_request: InferRequest) -> HttpResponse:
+        try:
+            if infer_request.shared_memory:
+                response = await self.shared_memory.infer(model_version, infer_request)
+            else:
+                response = await model_version.infer(infer_request)
+        finally:
+            self.tracer.finish(infer_request.trace)
         encoded = v2_http.encode_response(response, infer_request)
         return HttpResponse(200, encoded.headers, encoded.chunks)
 

@@ -8,8 +8,10 @@ from server.grpc.health import HealthService
 from server.grpc.inference import InferenceService
 from server.grpc.reflection import DESCRIPTORS, Descriptors, Reflection, ReflectionV1, ReflectionV1Alpha
 from server.http.grpc_call import GrpcServices
+from server.log_settings import LogControl
 from server.repository import Repository
 from server.shared_memory import SharedMemory
+from server.tracing.tracer import Tracer
 
 
 def services(
@@ -17,13 +19,15 @@ def services(
     grps_default_model: str | None,
     max_message_bytes: int,
     shared_memory: SharedMemory,
+    logs: LogControl,
+    tracer: Tracer,
 ) -> GrpcServices:
     """The services served on --grpc-port and, over HTTP/2, on --http-port."""
     health = HealthService(repository)
     reflection = Reflection(Descriptors(DESCRIPTORS.read_bytes()))
     served = GrpcServices(
         [
-            InferenceService(repository, shared_memory),
+            InferenceService(repository, shared_memory, logs, tracer),
             GrpsService(repository, grps_default_model),
             health,
             ReflectionV1(reflection),

@@ -22,9 +22,12 @@ from server import __version__
 from server.endpoints.v2 import EXTENSIONS
 from server.grpc.stream_infer import SHUTTING_DOWN, StreamInfer
 from server.http.grpc_call import GrpcCall
+from server.log_settings import LogControl
 from server.repository import Repository
 from server.shared_memory import CUDA, SYSTEM, SharedMemory
 from server.statistics import model_statistics
+from server.tracing.settings import changes_from_grpc
+from server.tracing.tracer import Tracer, check_model, sample_grpc
 
 log = logging.getLogger("tensorgate.grpc")
 
@@ -75,14 +78,23 @@ def rpc(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     return wrapper
 
 
-def _unimplemented(what: str) -> GRPCError:
-    return GRPCError(Status.UNIMPLEMENTED, f"{what} is not supported by this server")
+def _choice(value: pb.LogSettingsRequestSettingValue) -> Any:
+    """The value a LogSettings setting carries (its oneof), None when it carries none."""
+    if value.bool_param is not None:
+        return value.bool_param
+    if value.uint32_param is not None:
+        return value.uint32_param
+    return value.string_param
 
 
 class InferenceService(pb.GrpcInferenceServiceBase):
-    def __init__(self, repository: Repository, shared_memory: SharedMemory) -> None:
+    def __init__(
+        self, repository: Repository, shared_memory: SharedMemory, logs: LogControl, tracer: Tracer
+    ) -> None:
         self.repository = repository
         self.shared_memory = shared_memory
+        self.logs = logs  # Triton's logging extension (LogSettings)
+        self.tracer = tracer  # Triton's trace extension (TraceSetting, and the requests it samples)
         self._streams: set[StreamInfer] = set()  # open ModelStreamInfer calls, stopped on shutdown
         self._closing = False
 
@@ -220,13 +232,37 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         self.shared_memory.unregister(CUDA, message.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
-    # ------------------------------------------------------------------- what this server does not do
+    # ------------------------------------------------------------------------------- logging, trace
 
-    async def trace_setting(self, message: Any) -> Any:
-        raise _unimplemented("TraceSetting")
+    @rpc
+    async def log_settings(self, message: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
+        if message.settings:
+            self.logs.update({name: _choice(value) for name, value in message.settings.items()})
+        answer = pb.LogSettingsResponseSettingValue
+        settings = {}
+        for name, value in self.logs.settings.as_dict().items():
+            if type(value) is bool:
+                settings[name] = answer(bool_param=value)
+            elif type(value) is int:
+                settings[name] = answer(uint32_param=value)
+            else:
+                settings[name] = answer(string_param=value)
+        return pb.LogSettingsResponse(settings=settings)
 
-    async def log_settings(self, message: Any) -> Any:
-        raise _unimplemented("LogSettings")
+    @rpc
+    async def trace_setting(self, message: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
+        model = message.model_name
+        if model:
+            check_model(self.repository, model)
+        if message.settings:
+            changes = changes_from_grpc({k: list(v.value) for k, v in message.settings.items()})
+            self.tracer.update(model, changes)
+        answer = pb.TraceSettingResponseSettingValue
+        settings = {
+            name: answer(value=value if isinstance(value, list) else [value])
+            for name, value in self.tracer.answer(model).items()
+        }
+        return pb.TraceSettingResponse(settings=settings)
 
     # ---------------------------------------------------------------------------------- ModelInfer
 
@@ -235,10 +271,16 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         try:
             request = v2_grpc_request.decode_request(message.data)
             version = self.repository.resolve(request.model_name, request.model_version)
-            if request.shared_memory:  # it names a region: read and written through the server's
-                response = await self.shared_memory.infer(version, request)
-            else:
-                response = await version.infer(request)
+            if self.tracer.on:
+                request.trace = sample_grpc(self.tracer, request.model_name, call.metadata)
+            try:
+                if request.shared_memory:  # it names a region: read and written through the server's
+                    response = await self.shared_memory.infer(version, request)
+                else:
+                    response = await version.infer(request)
+            finally:
+                if request.trace is not None:
+                    self.tracer.finish(request.trace)
             parts = v2_grpc.encode_response_parts(response)
         except Exception as e:  # only the work: the transport answers errors of the stream itself
             raise _grpc_error(e, "ModelInfer") from None
@@ -249,7 +291,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     async def _model_stream_infer(self, call: GrpcCall) -> None:
         if self._closing:
             raise GRPCError(Status.UNAVAILABLE, SHUTTING_DOWN)
-        stream = StreamInfer(self.repository, call, RawMessage, self.shared_memory)
+        stream = StreamInfer(self.repository, call, RawMessage, self.shared_memory, self.tracer)
         self._streams.add(stream)
         try:
             await stream.run()

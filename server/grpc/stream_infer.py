@@ -29,10 +29,12 @@ from grpclib.const import Status
 from codec import v2_grpc, v2_grpc_request
 from codec.errors import InferError
 from codec.tensor import InferResponse
+from codec.trace import Trace
 from server.http import eager
 from server.http.grpc_call import GrpcCall
 from server.repository import Repository
 from server.shared_memory import SharedMemory
+from server.tracing.tracer import Tracer, sample_grpc
 
 log = logging.getLogger("tensorgate.grpc")
 
@@ -44,10 +46,16 @@ SHUTTING_DOWN = "the server is shutting down: this stream takes no more requests
 
 class StreamInfer:
     def __init__(
-        self, repository: Repository, call: GrpcCall, raw_message: type, shared_memory: SharedMemory
+        self,
+        repository: Repository,
+        call: GrpcCall,
+        raw_message: type,
+        shared_memory: SharedMemory,
+        tracer: Tracer,
     ) -> None:
         self.repository = repository
         self.shared_memory = shared_memory
+        self.tracer = tracer  # a request it samples is finished once answered
         self.call = call
         self.raw_message = raw_message  # the handler's message type: bytes to send
         self.pending: collections.deque[_Pending] = collections.deque()  # started, not yet answered
@@ -67,7 +75,9 @@ class StreamInfer:
                 self.answering.cancel()
             self.ended = True
             while self.pending:
-                await self.pending.popleft().discard()
+                item = self.pending.popleft()
+                await item.discard()
+                self.tracer.finish(item.trace)
         if error is not None:
             raise error
 
@@ -104,6 +114,8 @@ class StreamInfer:
                 else:
                     await self._answer(item)
                 self.pending.popleft()
+                if item.trace is not None:
+                    self.tracer.finish(item.trace)
                 if self.call.held:
                     self.call.resume()  # may start more requests, queued behind those here
         except Exception as e:  # StreamReset, or a bug: the call ends with it
@@ -124,16 +136,19 @@ class StreamInfer:
             request_id = request.id
             final = request.parameters.pop(ENABLE_FINAL, False) is True
             version = self.repository.resolve(request.model_name, request.model_version)
+            if self.tracer.on:
+                request.trace = sample_grpc(self.tracer, request.model_name, self.call.metadata)
             if version.streams:
-                return _Pending(request_id, final, iterator=version.infer_stream(request))
+                iterator = version.infer_stream(request)
+                return _Pending(request_id, final, iterator=iterator, trace=request.trace)
             if request.shared_memory:  # it names a region: read and written through the server's
                 running = self.shared_memory.infer(version, request)
             else:
                 running = version.infer(request)
             finished, outcome = eager.step(running, self.loop)
             if finished:  # a model executed inline: no task, no future
-                return _Pending(request_id, final, response=outcome)
-            return _Pending(request_id, final, task=outcome)
+                return _Pending(request_id, final, response=outcome, trace=request.trace)
+            return _Pending(request_id, final, task=outcome, trace=request.trace)
         except InferError as e:
             return _Pending(request_id, False, error=e.message)
         except Exception:
@@ -177,7 +192,7 @@ def _message_of(error: BaseException) -> str:
 class _Pending:
     """One stream request on its way to its answer(s)."""
 
-    __slots__ = ("request_id", "final", "response", "task", "iterator", "error")
+    __slots__ = ("request_id", "final", "response", "task", "iterator", "error", "trace")
 
     def __init__(
         self,
@@ -188,6 +203,7 @@ class _Pending:
         task: asyncio.Task | None = None,
         iterator: AsyncIterator | None = None,
         error: str | None = None,
+        trace: Trace | None = None,
     ) -> None:
         self.request_id = request_id
         self.final = final
@@ -195,6 +211,7 @@ class _Pending:
         self.task = task
         self.iterator = iterator
         self.error = error
+        self.trace = trace  # finished (written) once the request is answered
 
     def answer(self) -> bytes:
         """The ModelStreamInferResponse of a request with one answer, once known: the answer, or its

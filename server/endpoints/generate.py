@@ -1,0 +1,134 @@
+"""Triton's generate extension over REST: POST /v2/models/{m}[/versions/{v}]/generate (one JSON answer) and
+/generate_stream (Server-Sent Events, one `data:` event per answer). The mapping of requests and answers
+is codec/generate.py.
+
+- A model that streams (a decoupled Triton model, or ours with only `execute_stream`) answers
+  /generate once or fails: Triton's 'generate expects model to produce exactly 1 response'. A model with
+  a plain execute answers /generate_stream with one event.
+- An error before the first answer is the usual JSON error with its status; after it, an error event
+  (`data: {"error": ...}`) ends the stream, its status already sent as 200.
+- A client that goes away cancels its request: a queued one leaves its queue, a streaming model's
+  generator is closed (the transport closes the event stream, which closes it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import TYPE_CHECKING
+
+from codec.errors import ErrorKind, InferError
+from codec.generate import JSON_CONTENT_TYPE, SSE_CONTENT_TYPE, decode_generate, generate_json, sse, sse_error
+from server.endpoints.v2 import error_response, sample
+from server.router import HttpRequest, HttpResponse, Router, body_response
+
+if TYPE_CHECKING:
+    from codec.tensor import InferRequest, InferResponse
+    from codec.trace import Trace
+    from server.model import ModelVersion
+    from server.repository import Repository
+    from server.tracing.tracer import Tracer
+
+log = logging.getLogger("tensorgate.generate")
+
+ONE_RESPONSE = (
+    "generate expects model to produce exactly 1 response, use generate stream for model that "
+    "generates various number of responses"
+)
+
+
+class GenerateEndpoints:
+    def __init__(self, repository: Repository, tracer: Tracer) -> None:
+        self.repository = repository
+        self.tracer = tracer
+
+    def install(self, router: Router) -> None:
+        model = "/v2/models/{model}[/versions/{version}]"
+        router.add("POST", model + "/generate", self.generate, error_response)
+        router.add("POST", model + "/generate_stream", self.generate_stream, error_response)
+
+    def _request(self, request: HttpRequest) -> tuple[ModelVersion, InferRequest]:
+        name, version = request.params["model"], request.params["version"]
+        model_version = self.repository.resolve(name, version)
+        specs = {n: (spec.dtype.v2, spec.shape) for n, spec in model_version.inputs.items()}
+        infer_request = decode_generate(request.body, name, version, specs)
+        if self.tracer.on:
+            infer_request.trace = sample(self.tracer, name, request.headers)
+        return model_version, infer_request
+
+    async def generate(self, request: HttpRequest) -> HttpResponse:
+        model_version, infer_request = self._request(request)
+        try:
+            if model_version.stream_only:
+                responses = await _collect(model_version.infer_stream(infer_request))
+                if len(responses) != 1:
+                    raise InferError(ErrorKind.INTERNAL, ONE_RESPONSE)
+                response = responses[0]
+            else:
+                response = await model_version.infer(infer_request)
+        finally:
+            self.tracer.finish(infer_request.trace)
+        return body_response(generate_json(response), JSON_CONTENT_TYPE)
+
+    async def generate_stream(self, request: HttpRequest) -> HttpResponse:
+        model_version, infer_request = self._request(request)
+        trace = infer_request.trace
+        if not model_version.streams:
+            try:
+                response = await model_version.infer(infer_request)
+            finally:
+                self.tracer.finish(trace)
+            return _events(_once(response))
+        try:
+            stream = model_version.infer_stream(infer_request)
+        except BaseException:
+            self.tracer.finish(trace)
+            raise
+        try:  # an error before the first answer is answered as any error, with its status
+            first = await anext(stream)
+        except StopAsyncIteration:
+            first = None
+        except BaseException:
+            await stream.aclose()
+            self.tracer.finish(trace)
+            raise
+        return _events(self._rest(first, stream, trace))
+
+    async def _rest(
+        self, first: InferResponse | None, stream: AsyncIterator[InferResponse], trace: Trace | None
+    ) -> AsyncIterator[InferResponse]:
+        try:
+            async with aclosing(stream):  # closing the events closes the model's generator
+                if first is not None:
+                    yield first
+                async for response in stream:
+                    yield response
+        finally:
+            self.tracer.finish(trace)
+
+
+def _events(responses: AsyncIterator[InferResponse]) -> HttpResponse:
+    return HttpResponse(200, [(b"content-type", SSE_CONTENT_TYPE)], _sse(responses))
+
+
+async def _sse(responses: AsyncIterator[InferResponse]) -> AsyncIterator[bytes]:
+    """One event per answer; a failure ends the stream with an error event."""
+    async with aclosing(responses):
+        try:
+            async for response in responses:
+                yield sse(generate_json(response))
+        except InferError as e:
+            yield sse_error(e)
+        except Exception:
+            log.exception("unexpected error streaming a generate answer")
+            yield sse_error(InferError(ErrorKind.INTERNAL, "internal error streaming the answer"))
+
+
+async def _once(response: InferResponse) -> AsyncIterator[InferResponse]:
+    yield response
+
+
+async def _collect(stream: AsyncIterator[InferResponse]) -> list[InferResponse]:
+    async with aclosing(stream):
+        return [response async for response in stream]
