@@ -58,6 +58,7 @@ FRONT_END_METHODS = frozenset(
     )
 )
 PR_SET_PDEATHSIG = 1
+ENGINE_GONE = signal.SIGUSR2  # what the kernel sends a worker when its engine dies
 
 
 def error_of(payload: list) -> InferError:
@@ -352,11 +353,18 @@ def forward_methods(parts: assembly.Parts, client: EngineClient) -> None:
 
 
 def die_with_parent() -> None:
-    """The kernel kills this process when the engine that started it dies (Linux)."""
+    """The kernel sends this process ENGINE_GONE when the engine that started it dies (Linux): a signal
+    nobody else sends, so `serve` knows to say so and exit at once (SIGTERM and SIGINT drain)."""
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, ENGINE_GONE, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl")
     except (OSError, AttributeError):
         log.warning("cannot ask to die with the engine (prctl): this worker may outlive it")
+
+
+def _engine_gone(engine: int) -> None:
+    log.error("worker %d: the engine (pid %d) is gone; exiting", os.getpid(), engine)
+    os._exit(1)
 
 
 def inherited_sockets(spec: str) -> tuple[socket.socket, dict[str, list[socket.socket]]]:
@@ -370,9 +378,13 @@ def inherited_sockets(spec: str) -> tuple[socket.socket, dict[str, list[socket.s
 
 
 async def serve(args: argparse.Namespace, logs: LogControl) -> None:
-    die_with_parent()
-    link_socket, listening = inherited_sockets(args.worker_of)
+    engine = os.getppid()
     loop = asyncio.get_running_loop()
+    loop.add_signal_handler(ENGINE_GONE, _engine_gone, engine)
+    die_with_parent()
+    if os.getppid() != engine:  # it died before the request took effect
+        _engine_gone(engine)
+    link_socket, listening = inherited_sockets(args.worker_of)
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
@@ -396,14 +408,17 @@ async def serve(args: argparse.Namespace, logs: LogControl) -> None:
     raise_fd_limit()
 
     async def shutdown_trigger() -> None:
-        done, _ = await asyncio.wait(
+        await asyncio.wait(
             [loop.create_task(stop.wait()), loop.create_task(client.gone.wait())],
             return_when=asyncio.FIRST_COMPLETED,
         )
         if client.gone.is_set() and not stop.is_set():
-            log.error("worker %d: the engine is gone; stopping", os.getpid())
+            _engine_gone(engine)
         parts.grpc_services.begin_shutdown()
 
-    serving = lambda: client.link.send([ipc.EVENT, 0, "serving", None])  # noqa: E731
+    def serving() -> None:
+        log.info("worker %d serving", os.getpid())
+        client.link.send([ipc.EVENT, 0, "serving", None])
+
     await assembly.serve_ports(args, parts, listening, shutdown_trigger, client.offline, serving)
     client.link.close()

@@ -1,0 +1,175 @@
+"""`--workers N` (issue 26): front-end processes on the same ports beside the engine that holds the models.
+A batch mixes requests that came in on different processes; a worker that dies is replaced while the
+others serve; the server goes down with its engine, every worker with it, saying why; SIGTERM leaves no
+process behind. Which process holds a connection is read from /proc (the socket's inode), not guessed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from e2e_helpers import EXAMPLES, ServerProcess, write_model
+
+from bench.procs import process_tree
+
+pytestmark = pytest.mark.ours
+
+BATCH_CONFIG = """
+name: "pair"
+backend: "python"
+max_batch_size: 2
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 20000000 }
+"""
+DOUBLE = "class Model:\n    def execute(self, inputs):\n        return {'OUTPUT0': inputs['INPUT0'] * 2}\n"
+
+
+def owner(server: ServerProcess, client: socket.socket) -> int:
+    """The pid of the server process that accepted `client`'s connection."""
+    port = client.getsockname()[1]
+    inodes = {}
+    for pid in process_tree(server.proc.pid):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes[target[8:-1]] = pid
+    with open("/proc/net/tcp") as table:
+        for line in table.readlines()[1:]:
+            fields = line.split()
+            local, remote, inode = fields[1], fields[2], fields[9]
+            if int(local.split(":")[1], 16) == server.port and int(remote.split(":")[1], 16) == port:
+                if inode in inodes:
+                    return inodes[inode]
+    raise AssertionError(f"no server process holds the connection from port {port}")
+
+
+def request(sock: socket.socket, server: ServerProcess, path: str, body: bytes = b"") -> tuple[int, bytes]:
+    """One HTTP/1.1 request on `sock`; its status and body (the answers here are small and whole)."""
+    head = f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: {len(body)}\r\n\r\n" if body else ""
+    head = head or f"GET {path} HTTP/1.1\r\nhost: x\r\n\r\n"
+    sock.sendall(head.encode() + body)
+    data = b""
+    while b"\r\n\r\n" not in data or len(data) < data.index(b"\r\n\r\n") + 4 + _length(data):
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed: {data!r}"
+        data += chunk
+    status = int(data.split(b" ", 2)[1])
+    return status, data[data.index(b"\r\n\r\n") + 4 :]
+
+
+def _length(data: bytes) -> int:
+    for line in data.split(b"\r\n\r\n")[0].split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return int(line.split(b":")[1])
+    return 0
+
+
+def connections_on_every_process(server: ServerProcess, count: int) -> dict[int, socket.socket]:
+    """A connection held by each of the server's `count` processes (the kernel spreads new connections
+    over them; enough are opened that each gets one)."""
+    held: dict[int, socket.socket] = {}
+    spare = []
+    for _ in range(200):
+        sock = socket.create_connection(server.address, timeout=10)
+        assert request(sock, server, "/v2/health/live")[0] == 200  # accepted and served
+        pid = owner(server, sock)
+        if pid in held:
+            spare.append(sock)
+        else:
+            held[pid] = sock
+        if len(held) == count:
+            break
+    for sock in spare:
+        sock.close()
+    assert len(held) == count, f"connections landed on {len(held)} of {count} processes"
+    return held
+
+
+def test_a_batch_mixes_requests_from_every_front_end(start_server, repo: Path) -> None:
+    write_model(repo, "pair", BATCH_CONFIG, {1: DOUBLE})
+    server = start_server(repo, extra_args=("--workers", "2"))
+    held = connections_on_every_process(server, 2)
+    assert server.proc.pid in held, "the engine serves connections too"
+    results = {}
+
+    def infer(pid: int, sock: socket.socket, value: int) -> None:
+        body = json.dumps(
+            {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 1], "data": [value]}]}
+        )
+        results[pid] = request(sock, server, "/v2/models/pair/infer", body.encode())
+
+    threads = [
+        threading.Thread(target=infer, args=(pid, sock, i + 1)) for i, (pid, sock) in enumerate(held.items())
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    answers = sorted(json.loads(body)["outputs"][0]["data"][0] for status, body in results.values())
+    assert answers == [2, 4]
+    stats = httpx.get(f"{server.base_url}/v2/models/pair/stats", timeout=10).json()["model_stats"][0]
+    # both requests in one execution: it was not the 20 s queue delay that let either go
+    assert (stats["inference_count"], stats["execution_count"]) == (2, 1), stats
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in stats["batch_stats"]] == [(2, 1)]
+    for sock in held.values():
+        sock.close()
+
+
+def workers_of(server: ServerProcess) -> set[int]:
+    return set(process_tree(server.proc.pid)) - {server.proc.pid}
+
+
+def test_a_worker_that_dies_is_replaced_while_the_others_serve(start_server) -> None:
+    server = start_server(EXAMPLES, extra_args=("--workers", "3"))
+    before = workers_of(server)
+    assert len(before) == 2
+    victim = min(before)
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while len(workers_of(server) - before) < 1 or victim in workers_of(server):
+        assert time.monotonic() < deadline, "the dead worker was not replaced"
+        with httpx.Client(base_url=server.base_url, timeout=10) as client:  # the others serve meanwhile
+            assert client.get("/v2/health/live").status_code == 200
+        time.sleep(0.05)
+    assert f"exited with {-signal.SIGKILL}: starting another" in server.log_text()
+    held = connections_on_every_process(server, 3)  # every process serves, the new worker too
+    body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2], "data": [1, 2]}]})
+    for sock in held.values():
+        status, answer = request(sock, server, "/v2/models/identity_fp32/infer", body.encode())
+        assert status == 200 and json.loads(answer)["outputs"][0]["data"] == [1.0, 2.0]
+        sock.close()
+
+
+def test_the_server_goes_down_with_its_engine(start_server) -> None:
+    server = start_server(EXAMPLES, extra_args=("--workers", "2"))
+    workers = workers_of(server)
+    assert len(workers) == 1
+    server.proc.kill()  # the engine, as the OOM killer would
+    assert server.proc.wait(10) == -signal.SIGKILL
+    deadline = time.monotonic() + 10
+    while any(os.path.exists(f"/proc/{pid}") for pid in workers):
+        assert time.monotonic() < deadline, "a worker outlived its engine"
+        time.sleep(0.02)
+    assert "the engine (pid" in server.log_text() and "is gone; exiting" in server.log_text()
+    with pytest.raises(OSError):
+        socket.create_connection(server.address, timeout=2)
+    server.killed = True  # its exit was the point; the fixture must not call it a failure
+
+
+def test_sigterm_drains_every_process_and_leaves_none(start_server) -> None:
+    server = start_server(EXAMPLES, extra_args=("--workers", "3"))
+    everyone = set(process_tree(server.proc.pid))
+    assert len(everyone) == 3
+    assert server.stop() == 0
+    assert not [pid for pid in everyone if os.path.exists(f"/proc/{pid}")], "a process outlived the server"
