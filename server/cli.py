@@ -33,8 +33,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what the engine starts its workers with
-    if args.workers < 1:
-        parser.error("--workers must be at least 1")
     if "*" in args.load_model and len(args.load_model) > 1:
         parser.error("Wildcard model name '*' must be the ONLY --load-model if specified at all")
     if args.model_control_mode == "poll" and args.repository_poll_secs <= 0:

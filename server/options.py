@@ -1,6 +1,8 @@
 """The command line: `tensorgate serve`'s flags, and the transport limits they set."""
 
 import argparse
+import math
+import os
 from pathlib import Path
 
 from server import log_settings
@@ -228,15 +230,44 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--workers",
-        type=int,
+        type=_workers,
         default=1,
-        metavar="N",
-        help="front-end processes that hold the connections and run the transport, routes and codecs, "
-        "all on the same ports, beside one engine process that holds the models and their batchers "
-        "(default 1: one process does everything)",
+        metavar="N|auto",
+        help="front-end processes serving the same ports, each on its own core: the engine (which also holds "
+        "the models and their batchers) and N - 1 workers beside it; auto: one per CPU the process may "
+        "use (its cgroup's CPU limit, rounded up, and its affinity) (default 1: one process)",
     )
     serve.add_argument("--worker-of", help=argparse.SUPPRESS)  # set by the engine for each worker it starts
     return parser
+
+
+def _workers(text: str) -> int:
+    if text == "auto":
+        return available_cpus()
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number or auto, got {text!r}") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return count
+
+
+def available_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """The CPUs this process may use: its affinity, capped by its cgroup's CPU limit (a container's
+    `resources.limits.cpu`, cgroup v2's cpu.max or v1's cfs quota), rounded up."""
+    count = len(os.sched_getaffinity(0))
+    try:
+        quota, period = (cgroup / "cpu.max").read_text().split()
+    except (OSError, ValueError):
+        try:
+            quota = (cgroup / "cpu" / "cpu.cfs_quota_us").read_text().strip()
+            period = (cgroup / "cpu" / "cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            return count
+    if quota in ("max", "-1"):
+        return count
+    return max(1, min(count, math.ceil(int(quota) / int(period))))
 
 
 def _boolean(text: str) -> bool:
