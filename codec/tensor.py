@@ -76,6 +76,10 @@ class InferRequest:
     # An input or a requested output names a shared-memory region (set by the codec that decodes it): the
     # endpoint then serves it through the server's regions, and any other request goes to the model.
     shared_memory: bool = False
+    # Triton's sequence extension (codec/sequence.py): the request's correlation ID (0 / "": none) and its
+    # SEQUENCE_START (1) / SEQUENCE_END (2) flags, read from the parameters of those names by the codec.
+    sequence_id: int | str = 0
+    sequence_flags: int = 0
 
 
 @dataclass(slots=True)
