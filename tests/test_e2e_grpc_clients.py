@@ -167,6 +167,8 @@ EXTENSIONS = [
     "statistics",
     "system_shared_memory",
     "cuda_shared_memory",
+    "sequence",
+    "sequence(string_id)",
 ]
 GRPS_OK = grps.Status(code=200, msg="OK", status=grps.StatusStatusFlag.SUCCESS)
 NOT_EXPLICIT = "not allowed in model control mode 'none'"

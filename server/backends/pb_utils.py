@@ -353,8 +353,10 @@ class InferenceRequest:
         tensors = [_WireTensor(t.name(), t._v2, t._array.shape, t._array) for t in self._inputs]
         outputs = [_RequestedOutput(name) for name in self._requested] or None
         parameters = json.loads(self._parameters) if self._parameters else {}
-        return version, _Request(self._model_name, version.version_str, self._request_id or None, tensors,
-                                 outputs, parameters)  # fmt: skip
+        request = _Request(self._model_name, version.version_str, self._request_id or None, tensors, outputs,
+                           parameters)  # fmt: skip
+        request.sequence_id, request.sequence_flags = self._correlation_id, self._flags  # a stateful model's
+        return version, request
 
 
 def _error_response(error: InferError) -> InferenceResponse:
@@ -377,6 +379,7 @@ def received_request(
     request._inputs = [Tensor._of(name, array, dtypes[name]) for name, array in inputs.items()]
     if served is not None:
         request._request_id = served.id or ""
+        request._correlation_id, request._flags = served.sequence_id, served.sequence_flags
         if served.parameters:
             request._parameters = json.dumps(served.parameters)
         if served.outputs is not None:

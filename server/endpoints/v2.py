@@ -27,6 +27,8 @@ EXTENSIONS = [
     "statistics",
     "system_shared_memory",
     "cuda_shared_memory",
+    "sequence",  # Triton's sequence extension: sequence_id, sequence_start, sequence_end
+    "sequence(string_id)",  # sequence_id may be a string
 ]
 
 
