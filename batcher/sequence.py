@@ -140,11 +140,7 @@ class SequenceBatcher(Scheduler):
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         now = self.clock.now_ns()
-        try:
-            sequence = self._route(job, now)
-        except InferError:
-            self.stats.record_failure(1, 0)
-            raise
+        sequence = self._route(job, now)  # a refusal here is not counted, as Triton's failed enqueues
         job.future = loop.create_future()
         job.sequence = sequence
         job.arrival_ns = now
