@@ -407,3 +407,15 @@ def test_found_a_400_written_into_a_streamed_answer() -> None:
         (200, True, None),
         (400, True, b"close"),
     ]
+
+
+# --- found by `python -m fuzz --runs 3000` (2026-11-27, once issue 28 moved its coverage), fixed in h1.py
+
+CLOSE_THEN_BAD_BODY = b"\x07POST /nothere HTTP/1.0\r\ntransfer-encoding: ochnked\r\n\r\n0\r\nabc0\r\n\r\n"
+
+
+def test_found_a_400_after_an_early_answer_that_said_close_while_its_body_came() -> None:
+    """http1: an HTTP/1.0 request answered from its head alone (404, `connection: close`) whose body,
+    still coming, turned out malformed got a 400 written after that last answer; the early answer of a
+    client's last request now ends what is read, as `connection: close` says."""
+    assert [a.status for a in transport.http1(CLOSE_THEN_BAD_BODY)] == [404]

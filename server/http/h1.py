@@ -429,7 +429,10 @@ class H1Connection(BaseConnection):
             request.method = self.request.method
             self.pending.append((request, self.parser.should_keep_alive()))
             return
-        self._write_now(response, self.request.method, self.parser.should_keep_alive())
+        if not self.parser.should_keep_alive():  # it says connection: close: the last answer, nothing after
+            self._early_close(response)
+            return
+        self._write_now(response, self.request.method, True)
 
     def _early_close(self, response: HttpResponse) -> None:
         """An answer after which the framing cannot be trusted (413 by declared length, malformed,
