@@ -399,12 +399,24 @@ def test_an_idle_sequence_is_released_and_its_next_request_refused(server: Serve
         elapsed = time.monotonic() - began
         assert waited.json()["outputs"][0]["data"] == [7]
         assert IDLE_US / 1e6 * 0.9 <= elapsed < 15, elapsed
-        message = assert_error(client.post(infer, json=rest_body(61, 1)), 400)
-        assert message == (
+        expected = (
             "inference request for sequence 61 to model 'idle_slot' must specify the START flag on the first "
             f"request of the sequence (sequence 61 was released after {IDLE_US} us without a request: "
             "max_sequence_idle_microseconds)"
         )
+        assert assert_error(client.post(infer, json=rest_body(61, 1)), 400) == expected
+
+    async def over_grpc() -> tuple[tuple, str]:
+        channel = Channel("127.0.0.1", server.grpc_port)
+        stub = Stub(channel)
+        request = grpc_request("idle_slot", 61, 1)
+        with pytest.raises(GRPCError) as refused:
+            await stub.model_infer(request, timeout=10)
+        streamed = [m.error_message async for m in stub.model_stream_infer([request], timeout=10)]
+        channel.close()
+        return (refused.value.status, refused.value.message), streamed[0]
+
+    assert asyncio.run(over_grpc()) == ((Status.INVALID_ARGUMENT, expected), expected)
 
 
 def pending(server: ServerProcess, model: str) -> float:
