@@ -74,6 +74,7 @@ def make(
     corrid: str = "TYPE_UINT64",
     state: bool = True,
     tmp: Path | None = None,
+    torch_staging: bool = False,
 ) -> tuple[SequenceBatcher, ManualClock]:
     text = f"""
 name: "m"
@@ -85,9 +86,14 @@ instance_group [ {{ count: {instances} }} ]
 sequence_batching {{ {sequence} {CONTROLS % corrid} {STATE if state else ""} }}
 """
     config = normalize_config(parse_pbtxt(text), "m")
+    staging = None
+    if torch_staging:
+        from batcher.staging import TorchHostStaging
+
+        staging = TorchHostStaging(config)
     executor = Executor(
         model.execute, label="model 'm' version 1", is_async=asyncio.iscoroutinefunction(model.execute),
-        instances=instances,
+        instances=instances, staging=staging,
     )  # fmt: skip
     clock = ManualClock()
     states = initial_states(config, tmp or Path("/nonexistent"))
@@ -448,3 +454,27 @@ async def test_drain_refuses_the_backlog_and_answers_what_holds_a_slot() -> None
     await settle()
     assert draining.done() and answer(live) == 1 and answer(queued) == 3
     batcher.close()
+
+
+@async_test
+async def test_control_and_state_tensors_reach_a_torch_model() -> None:
+    """A model staged as torch tensors (array_module torch; the GPU staging's host twin) gets the control
+    and state inputs as tensors, and its state output comes back to the host for the next request."""
+    torch = pytest.importorskip("torch")
+    seen = []
+
+    class TorchAccumulator(Accumulator):
+        def execute(self, inputs: dict) -> dict:
+            seen.append({name: type(value).__name__ for name, value in inputs.items()})
+            total = inputs["STATE_IN"] + inputs["INPUT"] * inputs["READY"].to(torch.int64)
+            return {"OUTPUT": total, "STATE_OUT": total}
+
+    batcher, _ = make(TorchAccumulator(), "direct { }", torch_staging=True)
+    got = []
+    for value, flags in ((3, START), (4, 0), (5, END)):
+        task = submit(batcher, 8, value, flags)
+        await settle()
+        got.append(answer(task))
+    assert got == [3, 7, 12]
+    assert set(seen[0].values()) == {"Tensor"}
+    assert set(seen[0]) == {"INPUT", "START", "END", "READY", "CORRID", "STATE_IN"}
