@@ -17,6 +17,7 @@ formed. The clock is injected: tests drive time by hand with `batcher.clock.Manu
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from operator import itemgetter
 from typing import Any
 
@@ -94,6 +95,10 @@ class DynamicBatcher(Scheduler):
         self._tasks: set[asyncio.Task] = set()
         self._formed: deque[_Batch] = deque()  # preserve_ordering: batches not yet answered, in order
         self._traced = 0  # traced requests not yet answered: only then does a batch look for their traces
+        # Called with each request's answer (its outputs or its InferError) before its future gets it,
+        # whether or not its caller still waits; answers what the future gets. The sequence batcher's
+        # (batcher/sequence_oldest.py): it keeps each sequence's state and sends the sequence's next request.
+        self.on_answer: Callable[[Job, Arrays | InferError], Arrays | InferError] | None = None
 
     # ------------------------------------------------------------------------------------------ requests
 
@@ -139,6 +144,32 @@ class DynamicBatcher(Scheduler):
         finally:
             if job.trace is not None:
                 self._traced -= 1
+
+    def enqueue(self, job: Job) -> None:
+        """`run` without the wait, for a caller that made `job.future` itself and awaits it (the sequence
+        batcher): the job is queued at its priority; `withdraw` takes it back while it is queued."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        if self.batched:
+            job.size = max(1, job.rows)
+            job.signature = signature(job.inputs)
+        else:
+            job.size = 1
+            job.signature = None
+        job.arrival_ns = self.clock.now_ns()
+        job.deadline_ns = 0
+        job.where = OUT
+        self.queues.push(job, job.priority, job.timeout_us)
+        self._unanswered.enter()
+        self._kick()
+
+    def withdraw(self, job: Job) -> bool:
+        """Takes back a job `enqueue` queued, unless its batch was formed (False: it executes)."""
+        if not self.queues.remove(job):
+            return False
+        self._unanswered.leave()
+        self._kick()
+        return True
 
     async def drain(self) -> None:
         """Waits until every queued request is answered and no batch is executing."""
@@ -223,8 +254,11 @@ class DynamicBatcher(Scheduler):
     def _reject(self, jobs: list[Job], now: int) -> None:
         self.stats.record_failure(len(jobs), sum(now - w.arrival_ns for w in jobs))
         for job in jobs:
+            error: Any = InferError(ErrorKind.UNAVAILABLE, TIMED_OUT)
+            if self.on_answer is not None:
+                error = self.on_answer(job, error)
             if not job.future.done():
-                job.future.set_exception(InferError(ErrorKind.UNAVAILABLE, TIMED_OUT))
+                job.future.set_exception(error)
         self._unanswered.leave(len(jobs))
 
     # ------------------------------------------------------------------------------------------ execution
@@ -312,53 +346,22 @@ class DynamicBatcher(Scheduler):
             self._kick()
 
     def _split(self, jobs: list[Job], outputs: Any) -> list[Arrays]:
-        """Each request's rows of the batch outputs, as views."""
-        label = self.executor.label
-        if self.executor.per_request:
-            if not isinstance(outputs, list) or len(outputs) != len(jobs):
-                got = len(outputs) if isinstance(outputs, list) else type(outputs).__name__
-                raise InferError(
-                    ErrorKind.INTERNAL, f"{label} answered {got} responses for {len(jobs)} requests"
-                )
-            return outputs
-        if not isinstance(outputs, dict):
-            raise InferError(
-                ErrorKind.INTERNAL, f"{label} returned {type(outputs).__name__}, not a dict of outputs"
-            )
-        if not self.batched:
-            return [outputs]
-        total = sum(w.rows for w in jobs)
-        arrays = {}
-        for name, output in outputs.items():
-            if self._dtypes and name not in self._dtypes:
-                continue  # not a configured output: never answered
-            if not isinstance(output, np.ndarray):
-                output = np.asarray(output, dtype=self._dtypes.get(name))
-            if output.ndim == 0 or output.shape[0] != total:
-                got = "a scalar" if output.ndim == 0 else f"{output.shape[0]} rows"
-                raise InferError(
-                    ErrorKind.INTERNAL,
-                    f"{label} returned {got} for output '{name}' where its batch has {total} rows "
-                    f"(from {len(jobs)} requests): an output must have one row per input row",
-                )
-            arrays[name] = output
-        if len(jobs) == 1:
-            return [arrays]
-        answers, start = [], 0
-        for job in jobs:
-            end = start + job.rows
-            answers.append({name: array[start:end] for name, array in arrays.items()})
-            start = end
-        return answers
+        return split_outputs(self.executor, self.batched, self._dtypes, jobs, outputs)
 
     def _answer(self, batch: _Batch) -> None:
         outcome = batch.outcome
+        hook = self.on_answer
         if isinstance(outcome, InferError):
             for job in batch.jobs:
+                error: Any = InferError(outcome.kind, outcome.message)
+                if hook is not None:
+                    error = hook(job, error)
                 if not job.future.done():  # done: its caller went away
-                    job.future.set_exception(InferError(outcome.kind, outcome.message))
+                    job.future.set_exception(error)
         else:
             for job, answer in zip(batch.jobs, outcome, strict=True):
+                if hook is not None:
+                    answer = hook(job, answer)
                 if job.future.done():
                     continue
                 if isinstance(answer, InferError):
@@ -366,3 +369,45 @@ class DynamicBatcher(Scheduler):
                 else:
                     job.future.set_result(answer)
         self._unanswered.leave(len(batch.jobs))
+
+
+def split_outputs(
+    executor: Executor, batched: bool, dtypes: dict, jobs: list[Job], outputs: Any
+) -> list[Arrays]:
+    """Each request's rows of a batch's outputs, as views (a per-request backend's answers as they are);
+    outputs not among `dtypes` (the configured ones, name -> numpy dtype) are left out."""
+    label = executor.label
+    if executor.per_request:
+        if not isinstance(outputs, list) or len(outputs) != len(jobs):
+            got = len(outputs) if isinstance(outputs, list) else type(outputs).__name__
+            raise InferError(ErrorKind.INTERNAL, f"{label} answered {got} responses for {len(jobs)} requests")
+        return outputs
+    if not isinstance(outputs, dict):
+        raise InferError(
+            ErrorKind.INTERNAL, f"{label} returned {type(outputs).__name__}, not a dict of outputs"
+        )
+    if not batched:
+        return [outputs]
+    total = sum(w.rows for w in jobs)
+    arrays = {}
+    for name, output in outputs.items():
+        if dtypes and name not in dtypes:
+            continue  # not a configured output: never answered
+        if not isinstance(output, np.ndarray):
+            output = np.asarray(output, dtype=dtypes.get(name))
+        if output.ndim == 0 or output.shape[0] != total:
+            got = "a scalar" if output.ndim == 0 else f"{output.shape[0]} rows"
+            raise InferError(
+                ErrorKind.INTERNAL,
+                f"{label} returned {got} for output '{name}' where its batch has {total} rows "
+                f"(from {len(jobs)} requests): an output must have one row per input row",
+            )
+        arrays[name] = output
+    if len(jobs) == 1:
+        return [arrays]
+    answers, start = [], 0
+    for job in jobs:
+        end = start + job.rows
+        answers.append({name: array[start:end] for name, array in arrays.items()})
+        start = end
+    return answers

@@ -2,9 +2,9 @@
 (Enqueue, InflightInferenceCount, Stop): the `Scheduler` interface, and `Job`, one request as a
 scheduler takes it.
 
-Two implementations: `batcher.direct.DirectScheduler` without `dynamic_batching` (each request executes
-alone) and `batcher.dynamic.DynamicBatcher` with it. The server (server/model.py) reads nothing else of
-either.
+Three implementations: `batcher.direct.DirectScheduler` without `dynamic_batching` (each request executes
+alone), `batcher.dynamic.DynamicBatcher` with it, and `batcher.sequence.SequenceBatcher` with
+`sequence_batching` (stateful models). The server (server/model.py) reads nothing else of any.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ class Job:
         "level",  # its priority level
         "future",  # what its caller awaits
         "where",  # QUEUED, DELAYED or OUT (batcher/queue.py)
+        # the sequence batcher's (batcher/sequence.py)
+        "sequence",  # the sequence it belongs to
     )
 
     def __init__(

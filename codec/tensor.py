@@ -80,6 +80,10 @@ class InferRequest:
     # Triton's trace extension: what the server records of this request when it was sampled (None when
     # not; codec/trace.py). Stamped by the model version, the scheduler and the executor.
     trace: Trace | None = None
+    # Triton's sequence extension (codec/sequence.py): the request's correlation ID (0 / "": none) and its
+    # SEQUENCE_START (1) / SEQUENCE_END (2) flags, read from the parameters of those names by the codec.
+    sequence_id: int | str = 0
+    sequence_flags: int = 0
 
 
 @dataclass(slots=True)

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from codec import sequence
 from codec.datatypes import BY_V2, DataType
 from codec.errors import invalid
 from codec.protowire import (
@@ -192,9 +193,13 @@ def _decode_request(data: bytes) -> InferRequest:
     what = f"the inference request for model '{model_name}'"
     if not inputs:
         raise invalid(f"{what} must have a non-empty 'inputs' list")
+    plain = not (request_id or parameters or outputs)  # a skeleton may be kept (checked before the pops)
+    sequence_id, sequence_flags = sequence.from_grpc(parameters) if parameters else (0, 0)
     if any(entry.parameters for entry in inputs) and any(in_shared_memory(e.parameters) for e in inputs):
-        return _request_with_shared_memory(data, view, inputs, raw, model_name, model_version, request_id,
-                                           outputs, parameters)  # fmt: skip
+        request = _request_with_shared_memory(data, view, inputs, raw, model_name, model_version, request_id,
+                                              outputs, parameters)  # fmt: skip
+        request.sequence_id, request.sequence_flags = sequence_id, sequence_flags
+        return request
     if raw and len(raw) != len(inputs):
         raise invalid(
             f"the number of inputs ({len(inputs)}) does not match the number of raw_input_contents "
@@ -203,11 +208,11 @@ def _decode_request(data: bytes) -> InferRequest:
     tensors = [
         _tensor(data, view, entry, raw[i] if raw else None, model_name) for i, entry in enumerate(inputs)
     ]
-    if raw and raw_last and not (request_id or parameters or outputs) and type(data) is bytes:
+    if raw and raw_last and plain and type(data) is bytes:
         _keep_skeleton(data, skeleton_end, model_name, model_version, inputs)
     shm = bool(outputs) and any(in_shared_memory(o.parameters) for o in outputs)  # outputs into regions
     return InferRequest(model_name, model_version, request_id or None, tensors, outputs or None, parameters,
-                        False, shm)  # fmt: skip
+                        False, shm, sequence_id, sequence_flags)  # fmt: skip
 
 
 def _request_with_shared_memory(

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from codec import json_text
+from codec import json_text, sequence
 from codec.datatypes import BY_V2, TABLE, DataType
 from codec.errors import invalid
 from codec.tensor import (
@@ -80,6 +80,7 @@ def decode_request(
     binary_output = parameters.pop("binary_data_output", False)
     if not isinstance(binary_output, bool):
         raise invalid(f"{what}: parameter 'binary_data_output' must be a boolean")
+    sequence_id, sequence_flags = sequence.from_json(parameters) if parameters else (0, 0)
 
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
@@ -105,8 +106,9 @@ def decode_request(
         shared_memory = shared_memory or any(in_shared_memory(o.parameters) for o in outputs)
 
     return InferRequest(
-        model_name, model_version, request_id, inputs, outputs, parameters, binary_output, shared_memory
-    )
+        model_name, model_version, request_id, inputs, outputs, parameters, binary_output, shared_memory,
+        sequence_id, sequence_flags,
+    )  # fmt: skip
 
 
 def _parameters(raw: Any, what: str) -> dict:

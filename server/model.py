@@ -15,6 +15,7 @@ from batcher.dynamic import DynamicBatcher
 from batcher.execution import Executor
 from batcher.inflight import InFlight
 from batcher.scheduler import Job
+from batcher.sequence import SequenceBatcher
 from batcher.staging import instance_count, make_staging
 from batcher.stats import ModelStats
 from codec.datatypes import BY_CONFIG, DataType
@@ -32,6 +33,7 @@ from codec.trace import (
 )
 from server.backends import load_backend
 from server.backends.base import stream_only_error
+from server.sequence_config import initial_states
 
 if TYPE_CHECKING:
     from batcher.scheduler import Scheduler
@@ -87,7 +89,8 @@ class ModelVersion:
         self.state = ModelState.UNAVAILABLE
         self.reason = ""
         self.backend: Backend | None = None
-        self.scheduler: Scheduler | None = None  # DynamicBatcher with dynamic_batching, else DirectScheduler
+        # SequenceBatcher with sequence_batching, DynamicBatcher with dynamic_batching, else DirectScheduler
+        self.scheduler: Scheduler | None = None
         self.executor: Executor | None = None
         self.stream_only = False  # the backend has execute_stream and no execute
         self.stats = ModelStats()  # Triton's statistics for this version (batcher/stats.py)
@@ -119,13 +122,34 @@ class ModelVersion:
             self.state = ModelState.UNAVAILABLE
             self.reason = f"failed to load '{self.name}' version {self.version}: {type(e).__name__}: {e}"
             return
-        if "dynamic_batching" in self.config:
+        if "sequence_batching" in self.config:
+            try:
+                self.scheduler = self._sequence_batcher(backend)
+            except (OSError, ValueError, InferError) as e:  # an initial_state file; a streaming model
+                self.executor.close()
+                with contextlib.suppress(Exception):
+                    backend.close()
+                self.backend = self.executor = None
+                self.state = ModelState.UNAVAILABLE
+                self.reason = f"failed to load '{self.name}' version {self.version}: {e}"
+                return
+        elif "dynamic_batching" in self.config:
             self.scheduler = DynamicBatcher(self.executor, self.config, self.stats)
         else:
             self.scheduler = DirectScheduler(self.executor, self.stats)
         self.stream_only = backend.stream_only
         self.state = ModelState.READY
         self.reason = ""
+
+    def _sequence_batcher(self, backend: Backend) -> SequenceBatcher:
+        """The scheduler of a stateful model, its initial states read from `<model>/initial_state/`."""
+        if backend.execute_stream is not None:
+            raise ValueError(
+                f"model '{self.name}' streams its answers (execute_stream or decoupled), which "
+                "sequence_batching does not schedule"
+            )
+        states = initial_states(self.config, self.version_dir.parent)
+        return SequenceBatcher(self.executor, self.config, self.stats, states)
 
     async def unload(self) -> None:
         self.state = ModelState.UNLOADING

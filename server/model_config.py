@@ -7,10 +7,12 @@ map fields as objects with string keys.
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from codec.datatypes import BY_CONFIG, BY_V2
+from server import sequence_config
 
 
 class ConfigError(ValueError):
@@ -476,6 +478,11 @@ def _normalize(raw: Any, model: str) -> dict:
         out["instance_group"] = _instance_groups(cfg.get("instance_group"), name)
     if cfg.get("dynamic_batching") is not None:
         out["dynamic_batching"] = _dynamic_batching(cfg["dynamic_batching"], max_batch_size)
+    if cfg.get("sequence_batching") is not None:
+        given = {**cfg, "name": name, "max_batch_size": max_batch_size}
+        out["sequence_batching"] = _sequence(
+            lambda: sequence_config.normalize(cfg["sequence_batching"], given)
+        )
     out["parameters"] = parameters
     for key, value in cfg.items():  # everything else (schedulers, warmup, unknown fields) as given
         out.setdefault(key, value)
@@ -483,10 +490,21 @@ def _normalize(raw: Any, model: str) -> dict:
 
 
 def check_complete(config: dict) -> dict:
-    """A config its backend completed (or could not): it must now have valid inputs and outputs."""
+    """A config its backend completed (or could not): it must now have valid inputs and outputs, and the
+    tensors its sequence batcher fills must not be among its inputs."""
     batch = config.get("max_batch_size", 0)
     _require(_is_int(batch) and batch >= 0, f"max_batch_size must be an integer >= 0, got {batch!r}")
-    return {**config, **{kind: _tensors(config.get(kind), kind, batch) for kind in ("input", "output")}}
+    config = {**config, **{kind: _tensors(config.get(kind), kind, batch) for kind in ("input", "output")}}
+    _sequence(lambda: sequence_config.check_names(config))
+    return config
+
+
+def _sequence(check: Callable[[], Any]) -> Any:
+    """A sequence_batching check (server/sequence_config.py), its fault as a ConfigError."""
+    try:
+        return check()
+    except sequence_config.SequenceConfigError as e:
+        raise ConfigError(str(e)) from None
 
 
 def normalize_config(raw: dict, model_name: str) -> dict:

@@ -170,6 +170,8 @@ EXTENSIONS = [
     "trace",
     "logging",
     "generate",
+    "sequence",
+    "sequence(string_id)",
 ]
 GRPS_OK = grps.Status(code=200, msg="OK", status=grps.StatusStatusFlag.SUCCESS)
 NOT_EXPLICIT = "not allowed in model control mode 'none'"

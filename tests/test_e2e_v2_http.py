@@ -46,6 +46,8 @@ def test_server_metadata(client: httpx.Client) -> None:
         "model_configuration",
         "model_repository",
         "model_repository(unload_dependents)",
+        "sequence",
+        "sequence(string_id)",
         "statistics",
         "system_shared_memory",
         "trace",

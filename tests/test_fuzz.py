@@ -424,3 +424,15 @@ def test_found_a_400_after_the_last_request_was_answered() -> None:
     answers = transport.http1(AFTER_A_LAST_REQUEST)
     assert [a.status for a in answers] == [200, 200, 200, 404]
     assert answers[-1].headers.get(b"connection") == b"close"
+
+
+# --- found by `python -m fuzz --runs 3000` (2026-11-27, once issue 28 moved its coverage), fixed in h1.py
+
+CLOSE_THEN_BAD_BODY = b"\x07POST /nothere HTTP/1.0\r\ntransfer-encoding: ochnked\r\n\r\n0\r\nabc0\r\n\r\n"
+
+
+def test_found_a_400_after_an_early_answer_that_said_close_while_its_body_came() -> None:
+    """http1: an HTTP/1.0 request answered from its head alone (404, `connection: close`) whose body,
+    still coming, turned out malformed got a 400 written after that last answer; the early answer of a
+    client's last request now ends what is read, as `connection: close` says."""
+    assert [a.status for a in transport.http1(CLOSE_THEN_BAD_BODY)] == [404]

@@ -260,9 +260,9 @@ def test_ensemble_has_no_backend_and_no_instance_group():
 
 
 def test_other_sections_and_unknown_fields_are_kept():
-    sequence = {"max_sequence_idle_microseconds": 5000000, "control_input": [{"name": "START"}]}
-    config = normalize_config(_base(sequence_batching=sequence, runtime="model.so", future_field=[1]), "m")
-    assert config["sequence_batching"] == sequence
+    optimization = {"graph": {"level": 1}, "input_pinned_memory": {"enable": True}}
+    config = normalize_config(_base(optimization=optimization, runtime="model.so", future_field=[1]), "m")
+    assert config["optimization"] == optimization
     assert (config["runtime"], config["future_field"]) == ("model.so", [1])
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from batcher.sequence_inputs import added_inputs, state_outputs
 from batcher.staging import HostStaging, gpu_group
 from codec.datatypes import BY_CONFIG, BY_ONNX
 from codec.errors import ErrorKind, InferError
@@ -63,7 +64,17 @@ class OnnxRuntimeBackend(Backend):
             _check_tensor("input", entry, graph_inputs, batched, path.name)
         for entry in config["output"]:
             _check_tensor("output", entry, graph_outputs, batched, path.name)
+        # what the sequence batcher feeds (control and state inputs) and reads back (state outputs)
+        states = state_outputs(config)
+        for kind, graph, tensors in (
+            ("input", graph_inputs, added_inputs(config)),
+            ("output", graph_outputs, states),
+        ):
+            for name, data_type in tensors.items():
+                entry = {"name": name, "data_type": data_type, "dims": []}
+                _check_tensor(kind, entry, graph, batched, path.name, "sequence_batching", rank=False)
         self.output_names = [e["name"] for e in config["output"]]
+        self.output_names += [name for name in states if name not in self.output_names]
 
     def execute(self, inputs: dict[str, Any]) -> dict[str, Any]:
         feed = {name: np.ascontiguousarray(array) for name, array in inputs.items()}
@@ -119,11 +130,14 @@ def complete(version_dir: Path, config: dict) -> dict:
             config["max_batch_size"] = DEFAULT_MAX_BATCH_SIZE
             config.setdefault("dynamic_batching", {})
     batched = config.get("max_batch_size", 0) > 0
+    fed = set(added_inputs(config)) | set(state_outputs(config))  # the sequence batcher's, not clients'
     for kind, args in graph.items():
         if config[kind]:
             continue
         entries = []
         for arg in args:
+            if arg.name in fed:
+                continue
             dtype = BY_ONNX.get(arg.type)
             if dtype is None:
                 raise ValueError(
@@ -137,17 +151,22 @@ def complete(version_dir: Path, config: dict) -> dict:
     return config
 
 
-def _check_tensor(kind: str, entry: dict, graph: dict, batched: bool, file: str) -> None:
-    """Raises ValueError naming the tensor when the config's entry is not what the graph has."""
+def _check_tensor(
+    kind: str, entry: dict, graph: dict, batched: bool, file: str, where: str = "", rank: bool = True
+) -> None:
+    """Raises ValueError naming the tensor (and the config section naming it, `where`) when the config's
+    entry is not what the graph has; `rank` False checks only the name, datatype and batch dimension."""
     name = entry["name"]
     arg = graph.get(name)
+    section = f"{where} " if where else ""
     if arg is None:
-        raise ValueError(f"{file} has no {kind} '{name}' (its {kind}s: {', '.join(graph) or 'none'})")
+        named = f", which the config's {where} names" if where else ""
+        raise ValueError(f"{file} has no {kind} '{name}' (its {kind}s: {', '.join(graph) or 'none'}){named}")
     want = BY_CONFIG[entry["data_type"]]
     have = BY_ONNX.get(arg.type)
     if have is not want:
         raise ValueError(
-            f"{kind} '{name}' is {want.config} in the config but {arg.type} in {file}"
+            f"{section}{kind} '{name}' is {want.config} in the config but {arg.type} in {file}"
             + ("" if have is None else f" ({have.config})")
         )
     dims = list(entry.get("reshape", {}).get("shape") or entry["dims"])
@@ -161,6 +180,8 @@ def _check_tensor(kind: str, entry: dict, graph: dict, batched: bool, file: str)
                 f"{kind} '{name}' has a batch dimension fixed to {first} in {file}; max_batch_size > 0 "
                 "needs it dynamic"
             )
+    if not rank:
+        return
     fits = len(dims) == len(graph_dims) and all(
         not isinstance(g, int) or g < 0 or d == -1 or d == g for d, g in zip(dims, graph_dims, strict=True)
     )

@@ -378,6 +378,7 @@ class InferenceRequest:
                            parameters)  # fmt: skip
         if self._trace._trace is not None:
             request.trace = self._trace._trace.child()
+        request.sequence_id, request.sequence_flags = self._correlation_id, self._flags  # a stateful model's
         return version, request
 
 
@@ -403,6 +404,7 @@ def received_request(
         request._request_id = served.id or ""
         if served.trace is not None:
             request._trace = InferenceTrace(served.trace)
+        request._correlation_id, request._flags = served.sequence_id, served.sequence_flags
         if served.parameters:
             request._parameters = json.dumps(served.parameters)
         if served.outputs is not None:

@@ -45,6 +45,11 @@ class PyTorchBackend(Backend):
             raise ImportError(f"the pytorch backend needs torch: {e}") from None
         self.torch = torch
         self.name: str = config["name"]
+        if "sequence_batching" in config:
+            raise ValueError(
+                "the pytorch backend does not take sequence_batching: its forward() gets the config's inputs "
+                "only, not the control and state inputs (serve a stateful model with onnxruntime or python)"
+            )
         self.intra_op_threads = _intra_op_threads(config)
         self.staging = make_staging(config)  # the server stages this model's batches with it
         self.device = torch.device(self.staging.device)

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import server.backends.pb_utils as pb_utils
+from batcher.sequence_inputs import added_inputs
 from codec.datatypes import BY_CONFIG
 from codec.errors import ErrorKind, InferError
 from server.backends.base import Backend, stream_only_error
@@ -54,6 +55,8 @@ class TritonPythonBackend(Backend):
         self.name = config["name"]
         self.version = version
         self.dtypes = {entry["name"]: BY_CONFIG[entry["data_type"]].v2 for entry in config["input"]}
+        # the control and state inputs a sequence batcher adds to each request
+        self.dtypes.update({name: BY_CONFIG[t].v2 for name, t in added_inputs(config).items()})
         self.model = module.model_class()
         execute = getattr(self.model, "execute", None)
         if execute is None:

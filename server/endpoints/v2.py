@@ -34,6 +34,8 @@ EXTENSIONS = [
     "trace",
     "logging",
     "generate",  # Triton's own metadata leaves it out; the extension's name in its docs
+    "sequence",  # Triton's sequence extension: sequence_id, sequence_start, sequence_end
+    "sequence(string_id)",  # sequence_id may be a string
 ]
 
 
