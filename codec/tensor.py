@@ -62,6 +62,7 @@ class RequestedOutput:
     name: str
     binary: bool | None = None  # None: follow the request's default
     parameters: dict[str, Any] = field(default_factory=dict)
+    class_count: int = 0  # Triton's classification extension: answer the top N classes (0: the tensor)
 
 
 @dataclass(slots=True)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from codec.errors import ErrorKind, InferError, invalid
 from server.app_monitor import app_monitor
-from server.backends import complete_config
+from server.backends import backend_from_files, complete_config
 from server.model import UNLOADED, ModelVersion
 from server.model_config import ConfigError, check_complete, load_model_config, normalize_config
 
@@ -33,6 +33,7 @@ log = logging.getLogger("tensorgate.repository")
 T = TypeVar("T")
 
 CONTROL_MODES = ("none", "explicit", "poll")
+UNKNOWN = "Request for unknown model: "  # how Triton's texts for a model it cannot serve begin
 Signature = frozenset[tuple[str, int, int]]
 
 
@@ -81,7 +82,8 @@ class Model:
             return
         try:  # from the newest version's model, as Triton completes a config
             newest = self.directory / str(max(numbers))
-            self.config = check_complete(complete_config(newest, self.config, host))
+            config = backend_from_files(newest, self.config)
+            self.config = check_complete(complete_config(newest, config, host))
         except Exception as e:  # a model's auto_complete_config may raise anything
             self.reason = f"failed to load '{self.name}': {type(e).__name__}: {e}"
             self.loading = False
@@ -111,7 +113,7 @@ class Model:
         if version:
             return self.resolve(version).config
         if self.config is None:
-            raise InferError(ErrorKind.UNAVAILABLE, f"model '{self.name}' is not ready: {self.reason}")
+            raise InferError(ErrorKind.UNAVAILABLE, f"{UNKNOWN}'{self.name}' is not ready: {self.reason}")
         return self.config
 
     def is_ready(self, version: str = "") -> bool:
@@ -131,15 +133,15 @@ class Model:
                 if candidate.ready:
                     return candidate
             why = self.reason or ("loading" if self.loading else "no ready version")
-            raise InferError(ErrorKind.UNAVAILABLE, f"model '{self.name}' is not ready: {why}")
+            why = f"{UNKNOWN}'{self.name}' has no available versions: {why}"
+            raise InferError(ErrorKind.UNAVAILABLE, why)
         try:
             found = self.versions[int(version)]
         except (ValueError, KeyError):
-            raise InferError(ErrorKind.NOT_FOUND, f"model '{self.name}' has no version '{version}'") from None
+            missing = f"{UNKNOWN}'{self.name}' version {version} is not found"
+            raise InferError(ErrorKind.NOT_FOUND, missing) from None
         if not found.ready:
-            raise InferError(
-                ErrorKind.UNAVAILABLE, f"model '{self.name}' version {version} is not ready: {found.reason}"
-            )
+            raise InferError(ErrorKind.UNAVAILABLE, found.not_ready())
         return found
 
     def index(self, ready_only: bool) -> list[dict]:
@@ -300,7 +302,7 @@ class Repository:
         try:
             return self.models[name]
         except KeyError:
-            raise InferError(ErrorKind.NOT_FOUND, f"unknown model '{name}'") from None
+            raise InferError(ErrorKind.NOT_FOUND, f"{UNKNOWN}'{name}' is not found") from None
 
     def resolve(self, name: str, version: str = "") -> ModelVersion:
         return self.model(name).resolve(version)

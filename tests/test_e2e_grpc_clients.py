@@ -160,6 +160,7 @@ TOKEN_ANSWERS = [
 EXAMPLE_MODELS = sorted(path.parent.name for path in EXAMPLES.glob("*/config.*"))
 # GET /v2's extensions (README), with the shared-memory ones.
 EXTENSIONS = [
+    "classification",
     "binary_tensor_data",
     "model_configuration",
     "model_repository",
@@ -229,7 +230,7 @@ EXPECTED: dict[str, Any] = {
         )
     ],
     "ModelInfer-5": [SIMPLE_ANSWER],
-    "ModelInfer-6": (5, "unknown model 'nowhere'"),  # NOT_FOUND
+    "ModelInfer-6": (5, "Request for unknown model: 'nowhere' is not found"),  # NOT_FOUND
     "ModelStreamInfer-7": [pb.ModelStreamInferResponse(infer_response=STREAMED_SIMPLE_ANSWER)],
     "ModelStreamInfer-8": TOKEN_ANSWERS,
     "ModelConfig-9": lambda answer: simple_config(answer.config),

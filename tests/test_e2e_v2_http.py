@@ -40,6 +40,7 @@ def test_server_metadata(client: httpx.Client) -> None:
     assert isinstance(doc["version"], str) and doc["version"]
     assert sorted(doc["extensions"]) == [
         "binary_tensor_data",
+        "classification",
         "cuda_shared_memory",
         "model_configuration",
         "model_repository",

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from server.shared_memory import SharedMemory
 
 EXTENSIONS = [
+    "classification",
     "binary_tensor_data",
     "model_configuration",
     "model_repository",
