@@ -4,7 +4,8 @@
 Requests queue by priority level (batcher/queue.py). Whenever an instance is free, a batch is formed
 from the front of the queue, as Triton's dynamic batch scheduler forms it:
 - requests join in queue order while the rows stay within `max_batch_size` and their inputs agree
-  (names, datatypes, non-batch dimensions); the first request that does not fit ends the batch;
+  (names, datatypes, non-batch dimensions; and their custom parameters, for a model given them); the
+  first request that does not fit ends the batch;
 - a batch that reaches a `preferred_batch_size` (by default `max_batch_size`) goes at once, at the
   largest preferred size reachable;
 - otherwise the batch waits while the oldest request in it has waited less than
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from batcher.clock import Clock, MonotonicClock, Timer
-from batcher.execution import Executor, Result
+from batcher.execution import Executor, Result, parameters_of
 from batcher.inflight import InFlight
 from batcher.queue import OUT, TIMED_OUT, PriorityQueues, QueuePolicy
 from batcher.scheduler import Arrays, Job, Scheduler
@@ -113,6 +114,8 @@ class DynamicBatcher(Scheduler):
                 raise invalid(f"batch size {rows} is over max_batch_size {self.max_batch_size}")
             job.size = max(1, rows)  # zero rows count as one, as in Triton
             job.signature = signature(job.inputs)
+            if self.executor.with_parameters:  # the model is given one set of parameters per batch
+                job.signature = (job.signature, tuple(sorted(parameters_of(job).items())))
         else:
             job.size = 1
             job.signature = None

@@ -19,7 +19,7 @@ from batcher.staging import instance_count, make_staging
 from batcher.stats import ModelStats
 from codec.datatypes import BY_CONFIG, DataType
 from codec.errors import ErrorKind, InferError, invalid
-from codec.tensor import InferRequest, InferResponse, Tensor, as_dtype
+from codec.tensor import InferRequest, InferResponse, Tensor, as_dtype, check_reserved, custom_parameters
 from server.backends import load_backend
 from server.backends.base import stream_only_error
 from server.classification import Labels, classify, ensemble_labels, read_labels
@@ -104,6 +104,7 @@ class ModelVersion:
                 instances=backend.instances or instance_count(self.config, staging.device),
                 staging=staging,
                 per_request=backend.per_request,  # it reads each request apart (Triton's python API)
+                with_parameters=backend.with_parameters,  # it is given the requests' custom parameters
             )
         except BaseException as e:  # a model's code may raise anything, SystemExit included
             if self.backend is not None:  # loaded, but no staging for it (e.g. a GPU id not present)
@@ -242,7 +243,9 @@ class ModelVersion:
 
     def _scheduling(self, parameters: dict) -> tuple[int, int]:
         """The request parameters `priority` and `timeout` (microseconds in the queue), as Triton reads
-        them: unsigned integers, 0 when absent."""
+        them: unsigned integers, 0 when absent. The other parameters are the model's (a "triton_" key
+        Triton does not name is refused)."""
+        check_reserved(parameters)
         values = []
         for key in ("priority", "timeout"):
             value = parameters.get(key, 0)
@@ -305,6 +308,9 @@ class ModelVersion:
         wanted = self._wanted_outputs(request)
         if backend.per_request:
             return self._stream(backend.execute_stream(arrays, request), wanted, request, rows)
+        if backend.with_parameters:
+            stream = backend.execute_stream(arrays, custom_parameters(request.parameters))
+            return self._stream(stream, wanted, request, rows)
         return self._stream(backend.execute_stream(arrays), wanted, request, rows)
 
     async def _stream(

@@ -161,13 +161,15 @@ EXAMPLE_MODELS = sorted(path.parent.name for path in EXAMPLES.glob("*/config.*")
 # GET /v2's extensions (README), with the shared-memory ones.
 EXTENSIONS = [
     "classification",
-    "binary_tensor_data",
-    "model_configuration",
     "model_repository",
     "model_repository(unload_dependents)",
-    "statistics",
+    "schedule_policy",
+    "model_configuration",
     "system_shared_memory",
     "cuda_shared_memory",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
 ]
 GRPS_OK = grps.Status(code=200, msg="OK", status=grps.StatusStatusFlag.SUCCESS)
 NOT_EXPLICIT = "not allowed in model control mode 'none'"

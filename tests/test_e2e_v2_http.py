@@ -45,6 +45,8 @@ def test_server_metadata(client: httpx.Client) -> None:
         "model_configuration",
         "model_repository",
         "model_repository(unload_dependents)",
+        "parameters",
+        "schedule_policy",
         "statistics",
         "system_shared_memory",
     ]

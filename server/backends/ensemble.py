@@ -59,6 +59,7 @@ class _Step:
 class EnsembleBackend(Backend):
     is_async = True
     instances = CONCURRENCY
+    with_parameters = True  # the request's custom parameters go on to every step, as in Triton
 
     def __init__(self, config: dict, host: Host | None) -> None:
         self.name: str = config["name"]
@@ -72,8 +73,9 @@ class EnsembleBackend(Backend):
         self.outputs = [entry["name"] for entry in config["output"]]
         _check(self.name, config, self.steps, entries, host)
 
-    async def execute(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        """Runs the steps, each as soon as its inputs exist; a chain runs without a task per step."""
+    async def execute(self, inputs: dict[str, Any], parameters: dict[str, Any]) -> dict[str, Any]:
+        """Runs the steps, each as soon as its inputs exist; a chain runs without a task per step. Each
+        step's request carries the ensemble request's custom `parameters`."""
         tensors = dict(inputs)
         waiting = list(self.steps)
         running: dict[asyncio.Future, _Step] = {}
@@ -83,10 +85,10 @@ class EnsembleBackend(Backend):
                 for step in ready:
                     waiting.remove(step)
                 if len(ready) == 1 and not running:
-                    tensors.update(await self._run(ready[0], tensors))
+                    tensors.update(await self._run(ready[0], tensors, parameters))
                     continue
                 for step in ready:
-                    running[asyncio.ensure_future(self._run(step, tensors))] = step
+                    running[asyncio.ensure_future(self._run(step, tensors, parameters))] = step
                 if not running:
                     names = ", ".join(step.label() for step in waiting)
                     raise InferError(
@@ -103,7 +105,7 @@ class EnsembleBackend(Backend):
                 future.cancel()
         return {name: tensors[name] for name in self.outputs}
 
-    async def _run(self, step: _Step, tensors: dict[str, Any]) -> dict[str, Any]:
+    async def _run(self, step: _Step, tensors: dict[str, Any], parameters: dict[str, Any]) -> dict[str, Any]:
         """One step: a request to its model (through its scheduler), its outputs under ensemble names."""
         arrays = [
             Tensor(name, datatype, tensors[source].shape, tensors[source])
@@ -112,7 +114,7 @@ class EnsembleBackend(Backend):
         try:
             version = self.host.resolve(step.model, step.version)
             response = await version.infer(
-                InferRequest(step.model, step.version, None, arrays, step.requested)
+                InferRequest(step.model, step.version, None, arrays, step.requested, dict(parameters))
             )
         except InferError as e:
             raise InferError(e.kind, f"in ensemble '{self.name}', {step.label()}: {e.message}") from None

@@ -19,15 +19,18 @@ if TYPE_CHECKING:
     from server.repository import Repository
     from server.shared_memory import SharedMemory
 
+# Server metadata's extensions: exactly those implemented, in Triton's words and order (core server.cc).
 EXTENSIONS = [
     "classification",
-    "binary_tensor_data",
-    "model_configuration",
     "model_repository",
     "model_repository(unload_dependents)",
-    "statistics",
+    "schedule_policy",
+    "model_configuration",
     "system_shared_memory",
     "cuda_shared_memory",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
 ]
 
 
