@@ -28,6 +28,7 @@ from server.http.listener import (
 from server.metrics import metrics_router
 from server.monitor import Monitor
 from server.repository import CONTROL_MODES, Repository
+from server.response_cache import CacheConfigError, ResponseCache, parse_cache_config
 from server.router import Router
 from server.shared_memory import SharedMemory
 
@@ -255,6 +256,21 @@ def build_parser() -> argparse.ArgumentParser:
         "make the server read or write any segment its user may open)",
     )
     serve.add_argument(
+        "--cache-config",
+        action="append",
+        default=[],
+        metavar="local,size=BYTES",
+        help="the response cache, Triton's flag: 'local,size=BYTES' keeps up to BYTES of answers of the "
+        "models whose config says response_cache { enable: true } (default: no cache)",
+    )
+    serve.add_argument(
+        "--response-cache-byte-size",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="Triton's older form of --cache-config local,size=BYTES",
+    )
+    serve.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default info"
     )
     return parser
@@ -278,6 +294,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--model-control-mode poll needs --repository-poll-secs > 0")
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
         parser.error("--ssl-certfile and --ssl-keyfile go together")
+    try:
+        args.cache_size = parse_cache_config(args.cache_config, args.response_cache_byte_size)
+    except CacheConfigError as e:
+        parser.error(str(e))
     path = args.grps_customized_predict_http
     if path is not None and not PATH_FORMAT.match(path):
         parser.error(f"--grps-customized-predict-http {path!r} must match {PATH_FORMAT.pattern}")
@@ -307,7 +327,10 @@ async def serve(args: argparse.Namespace) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
 
-    repository = Repository(args.model_repository, args.model_control_mode, args.strict_readiness)
+    cache = ResponseCache(args.cache_size) if args.cache_size else None
+    repository = Repository(
+        args.model_repository, args.model_control_mode, args.strict_readiness, response_cache=cache
+    )
     await repository.start(args.load_model)
     # Everything loaded so far lives as long as the process: keep the collector from rescanning it, and
     # let the many short-lived objects of each request die young in fewer gen-0 passes (~7% faster).

@@ -23,6 +23,9 @@ from codec.tensor import InferRequest, InferResponse, Tensor, as_dtype, check_re
 from server.backends import load_backend
 from server.backends.base import stream_only_error
 from server.classification import Labels, classify, ensemble_labels, read_labels
+from server.response_cache import ResponseCache, cache_for
+from server.warmup import WarmupError, samples
+from server.warmup import run as run_warmup
 
 if TYPE_CHECKING:
     from batcher.scheduler import Scheduler
@@ -83,15 +86,19 @@ class ModelVersion:
         self.stream_only = False  # the backend has execute_stream and no execute
         self.stats = ModelStats()  # Triton's statistics for this version (batcher/stats.py)
         self.labels: Labels = {}  # output name -> its classification labels (server/classification.py)
+        self.cache: ResponseCache | None = None  # the server's response cache, when the config enables it
         self._open_streams = InFlight()  # infer_stream answers in progress: unload waits for them too
 
-    def load(self, host: Host | None = None) -> None:
+    def load(self, host: Host | None = None, cache: ResponseCache | None = None) -> None:
         """Blocking: imports and initializes the backend, handing it `host` (what it may use of the
-        server: server/backends/base.py). Sets state and reason either way."""
+        server: server/backends/base.py), then runs the config's warmup samples. `cache`: the server's
+        response cache, used when the config enables it. Sets state and reason either way."""
         self.state = ModelState.LOADING
         try:
+            self.cache = cache_for(self.config, cache)
             labels = read_labels(self.version_dir.parent, self.config)
             self.labels = ensemble_labels(self.config, labels, host)
+            warmup = samples(self.config, self.version_dir.parent, self.inputs)
             backend = self.backend = load_backend(self.version_dir, self.config, self.version, host)
             staging = backend.staging  # the one a backend built for itself, else the config's
             if staging is None:
@@ -106,13 +113,19 @@ class ModelVersion:
                 per_request=backend.per_request,  # it reads each request apart (Triton's python API)
                 with_parameters=backend.with_parameters,  # it is given the requests' custom parameters
             )
+            loop = host.loop if host is not None else None
+            for sample in warmup:  # before the version is ready: nothing else runs it yet
+                run_warmup(sample, self.executor, self.max_batch_size > 0, loop)
         except BaseException as e:  # a model's code may raise anything, SystemExit included
             if self.backend is not None:  # loaded, but no staging for it (e.g. a GPU id not present)
                 with contextlib.suppress(Exception):
                     self.backend.close()
-            self.backend = None
+            if self.executor is not None:
+                self.executor.close()
+            self.backend = self.executor = None
             self.state = ModelState.UNAVAILABLE
-            self.reason = f"failed to load '{self.name}' version {self.version}: {type(e).__name__}: {e}"
+            why = str(e) if isinstance(e, WarmupError) else f"{type(e).__name__}: {e}"
+            self.reason = f"failed to load '{self.name}' version {self.version}: {why}"
             return
         if "dynamic_batching" in self.config:
             self.scheduler = DynamicBatcher(self.executor, self.config, self.stats)
@@ -155,7 +168,9 @@ class ModelVersion:
         arrays, rows = self._inputs_and_rows(request)
         wanted = self._wanted_outputs(request)
         scheduler = self.scheduler
-        if scheduler.now:  # the hot path of small models: no job, no coroutine
+        if self.cache is not None:
+            produced = await self._cached(request, arrays, rows)
+        elif scheduler.now:  # the hot path of small models: no job, no coroutine
             if request.parameters:
                 self._scheduling(request.parameters)  # checked as for any model, though nothing queues
             produced = scheduler.run_now(arrays, rows)
@@ -166,6 +181,38 @@ class ModelVersion:
         if request.outputs is not None:
             self._classify(request, outputs)
         return InferResponse(self.name, self.version_str, outputs, request.id)
+
+    async def _cached(self, request: InferRequest, arrays: dict[str, Any], rows: int) -> Any:
+        """The model's outputs through the response cache (server/response_cache.py): a hit skips the
+        scheduler and the model; a miss runs them and keeps the answer. Both are timed for the
+        statistics as Triton times them (a miss: the lookup and the insertion)."""
+        cache, scheduler = self.cache, self.scheduler
+        priority, timeout = self._scheduling(request.parameters) if request.parameters else (0, 0)
+        start = perf_counter_ns()
+        key = cache.key(self.name, self.version_str, arrays, custom_parameters(request.parameters))
+        produced = cache.get(key) if key is not None else None
+        looked = perf_counter_ns()
+        if produced is not None:
+            self.stats.record_cache_hit(looked - start)
+            return produced
+        if scheduler.now:
+            produced = scheduler.run_now(arrays, rows)
+        else:
+            produced = await scheduler.run(Job(arrays, rows, priority, timeout, request))
+        if key is not None:
+            inserting = perf_counter_ns()
+            kept = self._cacheable(produced)
+            if kept is not None:
+                cache.put(key, kept)
+            self.stats.record_cache_miss(looked - start + perf_counter_ns() - inserting)
+        return produced
+
+    def _cacheable(self, produced: Any) -> dict[str, Any] | None:
+        """Every output of the config from a model's answer, as host arrays of their datatypes; None when
+        the answer lacks one (it is then not kept: a later request could want it)."""
+        if not isinstance(produced, dict) or not all(name in produced for name in self.outputs):
+            return None
+        return {name: as_dtype(produced[name], spec.dtype.numpy) for name, spec in self.outputs.items()}
 
     def _inputs_and_rows(self, request: InferRequest) -> tuple[dict[str, Any], int]:
         """The arrays the model executes on, and the request's batch size (1 without batching). A fault

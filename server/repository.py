@@ -28,6 +28,7 @@ from server.model_config import ConfigError, check_complete, load_model_config, 
 if TYPE_CHECKING:
     from server.app_monitor import AppMonitor
     from server.backends.base import Host
+    from server.response_cache import ResponseCache
 
 log = logging.getLogger("tensorgate.repository")
 T = TypeVar("T")
@@ -63,9 +64,10 @@ class Model:
         """Every version its policy selects is ready (what strict server readiness asks of a model)."""
         return bool(self.versions) and all(v.ready for v in self.versions.values())
 
-    def load(self, host: Host | None = None) -> None:
+    def load(self, host: Host | None = None, cache: ResponseCache | None = None) -> None:
         """Blocking: reads the config (unless given) and loads every selected version for `host` (what
-        its backends may use of the server: server/backends/base.py)."""
+        its backends may use of the server: server/backends/base.py), with the server's response
+        `cache` for versions whose config enables it."""
         self.loading = True
         try:
             self.signature = tree_signature(self.directory)
@@ -91,7 +93,7 @@ class Model:
         self.versions = {n: ModelVersion(self.directory, self.config, n) for n in numbers}
         self.newest_first = [self.versions[n] for n in sorted(numbers, reverse=True)]
         for version in self.versions.values():
-            version.load(host)
+            version.load(host, cache)
         failed = [v.reason for v in self.versions.values() if not v.ready]
         self.reason = "; ".join(failed)
         self.loading = False
@@ -218,10 +220,12 @@ class Repository:
         control_mode: str = "none",
         strict_readiness: bool = True,
         app_monitor: AppMonitor = app_monitor,
+        response_cache: ResponseCache | None = None,
     ) -> None:
         if control_mode not in CONTROL_MODES:
             raise ValueError(f"unknown model control mode {control_mode!r}")
         self.app_monitor = app_monitor
+        self.response_cache = response_cache  # --cache-config: shared by the models that enable it
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, from start()
         self.path = path
         self.control_mode = control_mode
@@ -489,7 +493,7 @@ class Repository:
             self.models[name] = new
             if old is not None:
                 await old.retire()
-        await asyncio.to_thread(new.load, self)
+        await asyncio.to_thread(new.load, self, self.response_cache)
         complete = new.fully_ready
         if keep_old and not complete:
             self._failed[name] = new.signature
