@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from enum import Enum
 from pathlib import Path
@@ -114,8 +114,9 @@ class ModelVersion:
                 with_parameters=backend.with_parameters,  # it is given the requests' custom parameters
             )
             loop = host.loop if host is not None else None
+            stream = _stream_of(backend) if backend.stream_only else None
             for sample in warmup:  # before the version is ready: nothing else runs it yet
-                run_warmup(sample, self.executor, self.max_batch_size > 0, loop)
+                run_warmup(sample, self.executor, self.max_batch_size > 0, loop, stream)
         except BaseException as e:  # a model's code may raise anything, SystemExit included
             if self.backend is not None:  # loaded, but no staging for it (e.g. a GPU id not present)
                 with contextlib.suppress(Exception):
@@ -389,6 +390,16 @@ class ModelVersion:
                 self.stats.record_alone(rows, perf_counter_ns() - start)
             else:
                 self.stats.record_failure(1, perf_counter_ns() - start)
+
+
+def _stream_of(backend: Backend) -> Callable[[Job], AsyncIterator[Any]]:
+    """How a job's request reaches a backend that only streams (warmup runs its samples so)."""
+    stream = backend.execute_stream
+    if backend.per_request:
+        return lambda job: stream(job.inputs, job.request)
+    if backend.with_parameters:
+        return lambda job: stream(job.inputs, custom_parameters(job.request.parameters))
+    return lambda job: stream(job.inputs)
 
 
 def _log_request(request: InferRequest) -> str:

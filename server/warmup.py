@@ -18,6 +18,8 @@ compiles, allocator growth). As Triton runs them (core src/backend_model_instanc
   input, a batch over max_batch_size, a file it cannot read) or whose execution fails fails the load,
   with a message naming the sample: "failed to run warmup sample 'sample': ...".
 - Ensembles take no warmup (Triton's text refuses it); their steps' models warm up themselves.
+- A model that only streams its answers (decoupled, or `execute_stream` alone) runs each request of a
+  sample through its stream, read to its end.
 
 Engine side: run by the model version (server/model.py) through its executor, the batcher's own path to
 the backend; warmup runs are not counted in the statistics.
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -175,31 +178,54 @@ def _read(failed: str, name: str, filename: Any, model_dir: Path) -> bytes:
         ) from None
 
 
-def run(sample: Sample, executor: Executor, batched: bool, loop: asyncio.AbstractEventLoop | None) -> None:
+def run(
+    sample: Sample,
+    executor: Executor,
+    batched: bool,
+    loop: asyncio.AbstractEventLoop | None,
+    stream: Callable[[Job], AsyncIterator[Any]] | None = None,
+) -> None:
     """Blocking (the load's thread): the sample's requests executed `count` times as the batcher would
-    execute them; raises WarmupError naming the sample when one fails."""
+    execute them (`stream`: a model that only streams its answers, each request read to its end);
+    raises WarmupError naming the sample when one fails."""
     jobs = [Job({t.name: t.data for t in r.inputs}, 1, request=r) for r in sample.requests]
-    batches = [jobs] if batched else [[job] for job in jobs]
+    batches = [jobs] if batched and stream is None else [[job] for job in jobs]
+    failed = f"failed to run warmup sample '{sample.name}'"
     for _ in range(sample.count):
         for batch in batches:
             try:
+                if stream is not None:
+                    _on_loop(_drain(stream(batch[0])), loop)
+                    continue
                 produced = _execute(executor, batch, loop)[0]
             except InferError as e:
-                raise WarmupError(f"failed to run warmup sample '{sample.name}': {e.message}; ") from None
-            errors = (
-                [a.message for a in produced if isinstance(a, InferError)] if executor.per_request else []
-            )
+                raise WarmupError(f"{failed}: {e.message}; ") from None
+            except Exception as e:  # a streaming model's own exception
+                raise WarmupError(f"{failed}: {type(e).__name__}: {e}; ") from None
+            answers = produced if executor.per_request else ()
+            errors = [a.message for a in answers if isinstance(a, InferError)]
             if errors:
-                raise WarmupError(f"failed to run warmup sample '{sample.name}': {'; '.join(errors)}; ")
+                raise WarmupError(f"{failed}: {'; '.join(errors)}; ")
+
+
+async def _drain(answers: AsyncIterator[Any]) -> None:
+    async for _ in answers:
+        pass
+
+
+def _on_loop(work: Coroutine[Any, Any, Any], loop: asyncio.AbstractEventLoop | None) -> Any:
+    """Runs a coroutine on the server's event loop (where the models it may call live), else on one of
+    its own (a version loaded with no server running, as the tests' backends are)."""
+    if loop is not None and loop.is_running():
+        return asyncio.run_coroutine_threadsafe(work, loop).result()
+    return asyncio.run(work)
 
 
 def _execute(executor: Executor, jobs: list[Job], loop: asyncio.AbstractEventLoop | None) -> Any:
     """One batch through the executor, where it runs: its worker threads, the server's event loop (an
     `async def execute`), or this thread (a plain function, on no loop while the version is loading)."""
     if executor.is_async:
-        if loop is not None and loop.is_running():
-            return asyncio.run_coroutine_threadsafe(executor.run_async(jobs), loop).result()
-        return asyncio.run(executor.run_async(jobs))
+        return _on_loop(executor.run_async(jobs), loop)
     if executor.in_thread:
         return executor.pool.submit(executor.run_batch, jobs).result()
     return executor.run_batch(jobs)

@@ -77,6 +77,44 @@ class TritonPythonModel:
             log.write(f"{len(requests)}\\n")
         return [pb_utils.InferenceResponse(error=pb_utils.TritonError("warm me not")) for _ in requests]
 """
+DECOUPLED = """
+name: "%s"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "I" data_type: TYPE_INT32 dims: [ 1 ] } ]
+model_warmup [ {
+  name: "countdown" batch_size: 2
+  inputs { key: "N" value: { data_type: TYPE_INT32 dims: [ 1 ] input_data_file: "n.bin" } }
+} ]
+"""
+# Sends N answers from a thread of its own, each logged; N = 13 is answered with an error.
+DECOUPLED_PY = """
+import threading
+from pathlib import Path
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+HERE = Path(__file__).parent
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            n = int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy()[0])
+            threading.Thread(target=self.answer, args=(n, request.get_response_sender())).start()
+
+    def answer(self, n, sender):
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if n == 13:
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("13 is unlucky")), flags=final)
+            return
+        for i in range(n):
+            with open(HERE / "sent.log", "a") as log:
+                log.write(f"{i}\\n")
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("I", np.array([i], np.int32))]))
+        sender.send(flags=final)
+"""
 ENSEMBLE = f"""
 name: "warm_ensemble"
 platform: "ensemble"
@@ -121,6 +159,10 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model(repo, "triton_api", ZEROS, TRITON_API)
     write_model(repo, "warm_ensemble", ENSEMBLE, {1: None})
     model(repo, "warm_async", ZEROS, ASYNC)
+    for name, n in (("warm_decoupled", 3), ("failing_decoupled", 13)):
+        directory = write_model(repo, name, DECOUPLED % name, {1: DECOUPLED_PY})
+        (directory / "warmup").mkdir()
+        (directory / "warmup" / "n.bin").write_bytes(np.array([n], "<i4").tobytes())
     onnx_sample = """{ name: "onnx" batch_size: 3 count: 2
       inputs { key: "INPUT0" value: { data_type: TYPE_INT32 dims: [ 16 ] random_data: true } }
       inputs { key: "INPUT1" value: { data_type: TYPE_INT32 dims: [ 16 ] zero_data: true } } }"""
@@ -228,3 +270,14 @@ def test_async_and_threaded_backends_warm_up_too(server: ServerProcess, repo: Pa
     if name == "warm_async":
         assert len(calls(repo, name)) == 3
     assert rest(server, "GET", f"/v2/models/{name}/ready").status_code == 200
+
+
+def test_a_model_that_only_streams_warms_up_through_its_stream(server: ServerProcess, repo: Path) -> None:
+    """A decoupled model: each request of the sample read to its FINAL answer (2 requests x 3 answers);
+    an error answer fails the load."""
+    response = load(server, "warm_decoupled")
+    assert (response.status_code, response.text) == (200, "")
+    assert (repo / "warm_decoupled" / "1" / "sent.log").read_text().split() == ["0", "1", "2"] * 2
+    assert_error(
+        load(server, "failing_decoupled"), 400, "failed to run warmup sample 'countdown'", "13 is unlucky"
+    )
