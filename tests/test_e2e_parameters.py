@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 from e2e_helpers import ServerProcess, assert_error, stop_all, wait_for_file, wait_for_pending, write_model
-from grpc_helpers import rest
+from grpc_helpers import rest, stream
 from grpclib.const import Status
 from shm_helpers import grpcio_infer, rpc
 
@@ -41,6 +41,19 @@ output [
   { name: "SEEN" data_type: TYPE_STRING dims: [ 1 ] }
 ]
 %s
+"""
+STREAMING = """
+class Model:
+    async def execute_stream(self, inputs, parameters):
+        for step in range(parameters.get("steps", 1)):
+            yield {"OUTPUT0": inputs["INPUT0"] * step}
+"""
+STREAMING_CONFIG = """
+name: "streaming"
+backend: "python"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 2 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 2 ] } ]
 """
 TRITON_API = """
 import json
@@ -114,6 +127,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     batching = "dynamic_batching { max_queue_delay_microseconds: 1000000 }"
     write_model(repo, "scaled_batching", SCALED_CONFIG % ("scaled_batching", batching), {1: SCALED})
     write_model(repo, "triton_api", TRITON_CONFIG, {1: TRITON_API})
+    write_model(repo, "streaming", STREAMING_CONFIG, {1: STREAMING})
     write_model(repo, "scaled_ensemble", ENSEMBLE, {1: None})
     for name in ("ordered_rest", "ordered_grpc"):
         write_model(repo, name, ORDERED_CONFIG % name, {1: ORDERED})
@@ -173,6 +187,13 @@ def test_custom_parameters_reach_our_python_api_without_the_reserved_ones(server
     seen = answer.raw_output_contents[1][4:]  # one BYTES element: its 4-byte length, then the text
     assert json.loads(seen) == {"mode": "slow", "scale": 4}
     assert outputs(infer(server, "scaled", [1, 2]))["SEEN"] == ["{}"]
+
+
+def test_custom_parameters_reach_a_streaming_model(server: ServerProcess) -> None:
+    request = grpc_request("streaming", [1, 2], {"steps": pb.InferParameter(int64_param=3)})
+    answers = stream(server, [request])
+    got = [np.frombuffer(a.infer_response.raw_output_contents[0], "<i4").tolist() for a in answers]
+    assert got == [[0, 0], [1, 2], [2, 4]]
 
 
 def test_custom_parameters_reach_tritons_python_api(server: ServerProcess) -> None:

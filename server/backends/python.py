@@ -65,8 +65,8 @@ class PythonBackend(Backend):
             self.model.initialize(config)
         execute = getattr(self.model, "execute", None)
         self.stream_only = execute is None  # the server refuses a plain infer before it is counted
+        self.with_parameters = execute is not None and _takes_parameters(execute)
         execute = execute or _no_execute(config["name"])
-        self.with_parameters = _takes_parameters(execute)
         self.is_async = inspect.iscoroutinefunction(execute)
         # inputs -> outputs dict (an awaitable of it when async); bound directly: one call less per batch
         self.execute: Callable[[dict[str, Any]], Any] = execute
@@ -93,7 +93,7 @@ def _takes_parameters(method: Callable[..., Any]) -> bool:
 
 
 def _no_execute(model: str) -> Callable[[dict[str, Any]], Any]:
-    def execute(inputs: dict[str, Any], *parameters: Any) -> Any:
+    def execute(inputs: dict[str, Any], *_: Any) -> Any:
         raise stream_only_error(model)
 
     return execute
