@@ -25,7 +25,9 @@ class DirectScheduler(Scheduler):
         self.executor = executor
         self.stats = stats if stats is not None else ModelStats()
         # then run_now() is run() without a coroutine: numpy on the event loop
-        self.now = executor.inline and executor.host and not executor.per_request
+        self.now = (
+            executor.inline and executor.host and not (executor.per_request or executor.with_parameters)
+        )
         self.pending = 0  # no queue: requests waiting for an instance are counted as executing
         self._slots = asyncio.Semaphore(executor.instances)
         self._in_flight = InFlight()  # requests executing or waiting for a slot: what drain() waits for

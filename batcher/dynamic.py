@@ -4,7 +4,8 @@
 Requests queue by priority level (batcher/queue.py). Whenever an instance is free, a batch is formed
 from the front of the queue, as Triton's dynamic batch scheduler forms it:
 - requests join in queue order while the rows stay within `max_batch_size` and their inputs agree
-  (names, datatypes, non-batch dimensions); the first request that does not fit ends the batch;
+  (names, datatypes, non-batch dimensions; and their custom parameters, for a model given them); the
+  first request that does not fit ends the batch;
 - a batch that reaches a `preferred_batch_size` (by default `max_batch_size`) goes at once, at the
   largest preferred size reachable;
 - otherwise the batch waits while the oldest request in it has waited less than
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from batcher.clock import Clock, MonotonicClock, Timer
-from batcher.execution import Executor, Result
+from batcher.execution import Executor, Result, parameters_of
 from batcher.inflight import InFlight
 from batcher.queue import OUT, TIMED_OUT, PriorityQueues, QueuePolicy
 from batcher.scheduler import Arrays, Job, Scheduler
@@ -120,6 +121,8 @@ class DynamicBatcher(Scheduler):
                 raise invalid(f"batch size {rows} is over max_batch_size {self.max_batch_size}")
             job.size = max(1, rows)  # zero rows count as one, as in Triton
             job.signature = signature(job.inputs)
+            if self.executor.with_parameters:  # the model is given one set of parameters per batch
+                job.signature = (job.signature, tuple(sorted(parameters_of(job).items())))
         else:
             job.size = 1
             job.signature = None
@@ -159,9 +162,16 @@ class DynamicBatcher(Scheduler):
         job.arrival_ns = self.clock.now_ns()
         job.deadline_ns = 0
         job.where = OUT
+        if job.trace is not None:
+            job.trace.stamp(QUEUE_START, job.arrival_ns)
+            self._traced += 1
+            job.future.add_done_callback(self._untraced)
         self.queues.push(job, job.priority, job.timeout_us)
         self._unanswered.enter()
         self._kick()
+
+    def _untraced(self, _: asyncio.Future) -> None:
+        self._traced -= 1
 
     def withdraw(self, job: Job) -> bool:
         """Takes back a job `enqueue` queued, unless its batch was formed (False: it executes)."""

@@ -13,7 +13,8 @@ Any exception becomes an INTERNAL InferError naming the model; its traceback goe
 Each request is a `Job` (batcher/scheduler.py). A `per_request` backend (Triton's python API:
 `execute(requests)`) is given the batch's jobs apart, `execute(jobs)`, each with its arrays and its
 request, nothing gathered, and answers a list with one entry per job: its outputs, or the InferError that
-answers it alone.
+answers it alone. A `with_parameters` backend (our python API's `execute(inputs, parameters)`, ensembles)
+is given beside the batch the custom parameters its requests share.
 """
 
 import asyncio
@@ -26,6 +27,7 @@ from typing import Any
 from batcher.scheduler import Arrays, Job
 from batcher.staging import HostStaging, Staging
 from codec.errors import ErrorKind, InferError
+from codec.tensor import custom_parameters
 
 log = logging.getLogger("tensorgate.batcher")
 
@@ -45,9 +47,13 @@ class Executor:
         instances: int = 1,
         staging: Staging | None = None,
         per_request: bool = False,
+        with_parameters: bool = False,
     ) -> None:
         self.execute = execute
         self.per_request = per_request
+        # execute(inputs, parameters): the custom parameters its batch's requests share (the dynamic
+        # batcher batches only requests whose custom parameters agree)
+        self.with_parameters = with_parameters
         self.label = label  # "model 'm' version 1", for messages
         self.is_async = is_async
         self.staging: Staging = staging if staging is not None else HostStaging()
@@ -65,7 +71,9 @@ class Executor:
                 produced = self.execute(jobs)
                 return produced, 0, perf_counter_ns() - start, 0, start
             batch, start, staged = self._gather(jobs)
-            produced = self.execute(batch)
+            produced = (
+                self.execute(batch, parameters_of(jobs[0])) if self.with_parameters else self.execute(batch)
+            )
             self.staging.finished()
             return self._finish(produced, start, staged)
         except InferError:
@@ -82,7 +90,10 @@ class Executor:
             return self.run_batch([job])
         try:
             start = perf_counter_ns()
-            produced = self.execute(job.inputs)
+            inputs = job.inputs
+            produced = (
+                self.execute(inputs, parameters_of(job)) if self.with_parameters else self.execute(inputs)
+            )
             return produced, 0, perf_counter_ns() - start, 0, start
         except InferError:
             raise
@@ -97,6 +108,8 @@ class Executor:
                 produced = await self.execute(jobs)
                 return produced, 0, perf_counter_ns() - start, 0, start
             batch, start, staged = self._gather(jobs)
+            if self.with_parameters:
+                return self._finish(await self.execute(batch, parameters_of(jobs[0])), start, staged)
             return self._finish(await self.execute(batch), start, staged)
         except InferError:
             raise
@@ -147,6 +160,12 @@ class Executor:
             self._pool.shutdown(wait=False)
             self._pool = None
         self.staging.close()
+
+
+def parameters_of(job: Job) -> dict[str, Any]:
+    """The custom parameters of a job's request (none for a job without one)."""
+    request = job.request
+    return custom_parameters(request.parameters) if request is not None else {}
 
 
 def alone(answers: Any) -> Any:

@@ -26,6 +26,7 @@ from batcher.scheduler import Job
 from batcher.sequence_inputs import state_outputs
 from codec.datatypes import BY_CONFIG
 from codec.errors import ErrorKind, InferError
+from codec.trace import QUEUE_START
 
 if TYPE_CHECKING:
     from batcher.clock import Clock, Timer
@@ -191,7 +192,11 @@ class DirectStrategy:
         answers = None
         input_ns = infer_ns = output_ns = 0
         if result is not None:
-            outputs, input_ns, infer_ns, output_ns = result
+            outputs, input_ns, infer_ns, output_ns, began = result
+            for job in jobs:
+                if job.trace is not None:
+                    job.trace.stamp(QUEUE_START, job.arrival_ns)
+                    job.trace.compute(began, input_ns, infer_ns, output_ns)
             try:
                 answers = split_outputs(self.executor, self.batched, self._dtypes, jobs, outputs)
             except InferError as e:

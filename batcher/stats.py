@@ -47,6 +47,9 @@ class BatchStats:
 
 
 LATENCIES_KEPT = 100_000
+DURATIONS = (  # ModelStats' Duration fields
+    "success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss",
+)  # fmt: skip
 
 
 class ModelStats:
@@ -62,6 +65,8 @@ class ModelStats:
         self.compute_infer = Duration()
         self.compute_output = Duration()
         self.batch_stats: dict[int, BatchStats] = {}
+        self.cache_hit = Duration()  # the response cache: requests answered from it, and their lookups
+        self.cache_miss = Duration()  # requests it could not answer: their lookups and insertions
 
     def record_batch(self, rows: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """One execution of `rows` rows (the requests in it are recorded apart)."""
@@ -108,6 +113,22 @@ class ModelStats:
         self.compute_infer.add(ns)
         self.compute_output.count += 1
 
+    def record_cache_hit(self, ns: int) -> None:
+        """A request answered from the response cache: a success, nothing executed or inferred (as
+        Triton's UpdateSuccessCacheHit counts it)."""
+        if len(self.latencies) < LATENCIES_KEPT:
+            self.latencies.append(ns)
+        self.success.add(ns)
+        self.queue.count += 1
+        self.cache_hit.add(ns)
+        self.last_inference = time.time_ns() // 1_000_000
+
+    def record_cache_miss(self, ns: int) -> None:
+        """A request the response cache could not answer, already recorded as executed: its lookup and
+        insertion time, added to its duration too (Triton's UpdateSuccessCacheMiss)."""
+        self.success.ns += ns
+        self.cache_miss.add(ns)
+
     def _execution(self, rows: int) -> BatchStats:
         """Counts one execution of `rows` rows; its batch size's stats."""
         rows = rows or 1  # a request of no rows still counts as one, as in Triton
@@ -133,7 +154,7 @@ class ModelStats:
         self.inference_count += earlier.inference_count
         self.execution_count += earlier.execution_count
         self.last_inference = max(self.last_inference, earlier.last_inference)
-        for name in ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output"):
+        for name in DURATIONS:
             getattr(self, name).add(getattr(earlier, name).ns, getattr(earlier, name).count)
         for size, old in earlier.batch_stats.items():
             mine = self.batch_stats.setdefault(size, BatchStats(size))
@@ -153,8 +174,8 @@ class ModelStats:
                 "compute_input": self.compute_input.as_dict(),
                 "compute_infer": self.compute_infer.as_dict(),
                 "compute_output": self.compute_output.as_dict(),
-                "cache_hit": {"count": 0, "ns": 0},
-                "cache_miss": {"count": 0, "ns": 0},
+                "cache_hit": self.cache_hit.as_dict(),
+                "cache_miss": self.cache_miss.as_dict(),
             },
             "batch_stats": [self.batch_stats[size].as_dict() for size in sorted(self.batch_stats)],
         }

@@ -78,23 +78,40 @@ def request_out(request: InferRequest) -> list:
         request.id,
         request.parameters or None,
         [tensor_out(t) for t in request.inputs],
-        None if outputs is None else [[o.name, o.binary, o.parameters or None] for o in outputs],
+        None
+        if outputs is None
+        else [[o.name, o.binary, o.parameters or None, o.class_count] for o in outputs],
         request.binary_output,
         request.shared_memory,
+        request.sequence_id,
+        request.sequence_flags,
     ]
 
 
 def request_in(item: list) -> InferRequest:
-    name, version, request_id, parameters, inputs, outputs, binary_output, shared_memory = item
+    (
+        name,
+        version,
+        request_id,
+        parameters,
+        inputs,
+        outputs,
+        binary_output,
+        shared_memory,
+        sequence_id,
+        flags,
+    ) = item
     return InferRequest(
         name,
         version,
         request_id,
         [tensor_in(t) for t in inputs],
-        None if outputs is None else [RequestedOutput(n, b, p or {}) for n, b, p in outputs],
+        None if outputs is None else [RequestedOutput(n, b, p or {}, c) for n, b, p, c in outputs],
         parameters or {},
         binary_output,
         shared_memory,
+        sequence_id=sequence_id,
+        sequence_flags=flags,
     )
 
 

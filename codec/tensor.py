@@ -1,7 +1,7 @@
 """The internal currency: Tensor, InferRequest, InferResponse. Protocol details stop at codec/."""
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from itertools import chain
 from typing import Any
 
@@ -44,6 +44,34 @@ def in_shared_memory(parameters: dict) -> bool:
     return bool(parameters) and any(key in parameters for key in SHM_PARAMETERS)
 
 
+# Request parameters Triton reserves (its parameters extension): they steer the server, and a model is
+# given every other one, its custom parameters. Keys starting with "triton_" are Triton's too; a request
+# may send only those Triton names.
+RESERVED_PARAMETERS = frozenset(
+    ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers", "binary_data_output")
+)
+TRITON_REQUEST_PARAMETERS = frozenset(("triton_enable_empty_final_response",))
+
+
+def custom_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
+    """A request's parameters as its model is given them: without the reserved ones."""
+    if not parameters:
+        return {}
+    return {
+        k: v for k, v in parameters.items() if k not in RESERVED_PARAMETERS and not k.startswith("triton_")
+    }
+
+
+def check_reserved(parameters: dict[str, Any]) -> None:
+    """Refuses a "triton_" key Triton does not name, with Triton's text."""
+    for key in parameters:
+        if key.startswith("triton_") and key not in TRITON_REQUEST_PARAMETERS:
+            raise invalid(
+                "parameter keys starting with 'triton_' are reserved for Triton usage. Only the following "
+                f"keys starting with 'triton_' are allowed: {' '.join(sorted(TRITON_REQUEST_PARAMETERS))}"
+            )
+
+
 @dataclass(slots=True)
 class Tensor:
     """A named tensor. `data` is a numpy array shaped `shape` (BYTES: an object array of bytes).
@@ -63,6 +91,7 @@ class RequestedOutput:
     name: str
     binary: bool | None = None  # None: follow the request's default
     parameters: dict[str, Any] = field(default_factory=dict)
+    class_count: int = 0  # Triton's classification extension: answer the top N classes (0: the tensor)
 
 
 @dataclass(slots=True)
@@ -77,6 +106,7 @@ class InferRequest:
     # An input or a requested output names a shared-memory region (set by the codec that decodes it): the
     # endpoint then serves it through the server's regions, and any other request goes to the model.
     shared_memory: bool = False
+    _: KW_ONLY  # the rest by name: a field added later cannot take another's place
     # Triton's trace extension: what the server records of this request when it was sampled (None when
     # not; codec/trace.py). Stamped by the model version, the scheduler and the executor.
     trace: Trace | None = None

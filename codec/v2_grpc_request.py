@@ -201,10 +201,7 @@ def _decode_request(data: bytes) -> InferRequest:
         request.sequence_id, request.sequence_flags = sequence_id, sequence_flags
         return request
     if raw and len(raw) != len(inputs):
-        raise invalid(
-            f"the number of inputs ({len(inputs)}) does not match the number of raw_input_contents "
-            f"({len(raw)}) for model '{model_name}'"
-        )
+        _raw_mismatch(inputs, raw, model_name, "inputs")
     tensors = [
         _tensor(data, view, entry, raw[i] if raw else None, model_name) for i, entry in enumerate(inputs)
     ]
@@ -212,7 +209,7 @@ def _decode_request(data: bytes) -> InferRequest:
         _keep_skeleton(data, skeleton_end, model_name, model_version, inputs)
     shm = bool(outputs) and any(in_shared_memory(o.parameters) for o in outputs)  # outputs into regions
     return InferRequest(model_name, model_version, request_id or None, tensors, outputs or None, parameters,
-                        False, shm, sequence_id, sequence_flags)  # fmt: skip
+                        False, shm, sequence_id=sequence_id, sequence_flags=sequence_flags)  # fmt: skip
 
 
 def _request_with_shared_memory(
@@ -223,10 +220,7 @@ def _request_with_shared_memory(
     raw_input_contents, in order, belong to the other inputs."""
     plain = [entry for entry in inputs if not in_shared_memory(entry.parameters)]
     if raw and len(raw) != len(plain):
-        raise invalid(
-            f"the number of inputs not in shared memory ({len(plain)}) does not match the number of "
-            f"raw_input_contents ({len(raw)}) for model '{model}'"
-        )
+        _raw_mismatch(plain, raw, model, "inputs not in shared memory")
     contents = iter(raw)
     tensors = []
     for entry in inputs:
@@ -235,13 +229,37 @@ def _request_with_shared_memory(
                 _check(entry, f"model '{model}', input '{entry.name}'")
             if entry.contents is not None:
                 raise invalid(
-                    f"contents field must not be specified when using shared memory for '{entry.name}' "
-                    f"for model '{model}'"
+                    f"unexpected 'content' provided when using shared memory for input tensor "
+                    f"'{entry.name}' for model '{model}'"
                 )
             tensors.append(Tensor(entry.name, entry.dtype.v2, entry.shape, None, entry.parameters))
         else:
             tensors.append(_tensor(data, view, entry, next(contents) if raw else None, model))
     return InferRequest(model, version, request_id or None, tensors, outputs or None, parameters, False, True)
+
+
+def _raw_mismatch(inputs: list[_Input], raw: list, model: str, what: str) -> None:
+    """Raises the error for raw_input_contents that do not pair one to one with `inputs`: Triton's text
+    for an input that also has contents, or that no raw entry is left for."""
+    for entry in inputs:
+        if entry.contents is not None:
+            raise invalid(_both_contents(entry.name, model))
+    if len(raw) < len(inputs):
+        raise invalid(_no_data(inputs[len(raw)].name, model))
+    raise invalid(
+        f"the number of {what} ({len(inputs)}) does not match the number of raw_input_contents "
+        f"({len(raw)}) for model '{model}'"
+    )
+
+
+def _both_contents(name: str, model: str) -> str:
+    return (
+        f"contents field must not be specified when using raw_input_contents for '{name}' for model '{model}'"
+    )
+
+
+def _no_data(name: str, model: str) -> str:
+    return f"unable to find data for input tensor '{name}' for model '{model}' in request."
 
 
 def _decode_input(buf: bytes, pos: int, end: int, key: bytes) -> _Input:
@@ -274,7 +292,14 @@ def _decode_requested_output(buf: bytes, pos: int, end: int) -> RequestedOutput:
             name = text(buf, start, stop)
         elif field == 2 and wire == LEN:
             _decode_map_entry(buf, start, stop, parameters)
-    return RequestedOutput(name, None, parameters)
+    count = 0
+    if "classification" in parameters:  # Triton's classification extension, read as Triton reads it
+        count = parameters.pop("classification")
+        if type(count) is not int:
+            raise invalid("invalid value type for 'classification' parameter, expected int64_param")
+        if count <= 0:
+            raise invalid("invalid value for 'classification' parameter, expected >= 0")
+    return RequestedOutput(name, None, parameters, count)
 
 
 def _decode_map_entry(buf: bytes, pos: int, end: int, into: dict[str, Any]) -> None:
@@ -312,15 +337,12 @@ def _tensor(buf: bytes, view: memoryview, entry: _Input, raw: memoryview | None,
         _check(entry, what)
     if raw is not None:
         if entry.contents is not None:
-            raise invalid(
-                f"contents field must not be specified when using raw_input_contents for "
-                f"'{entry.name}' for model '{model}'"
-            )
+            raise invalid(_both_contents(entry.name, model))
         data = array_from_bytes(raw, entry.dtype, entry.shape, entry.count, what, "raw_input_contents")
     elif entry.contents is not None:
         data = _from_contents(buf, view, entry.contents, entry.dtype, entry.shape, entry.count, what)
     else:
-        raise invalid(f"{what}: has neither contents nor raw_input_contents")
+        raise invalid(_no_data(entry.name, model))
     return Tensor(entry.name, entry.dtype.v2, entry.shape, data, entry.parameters or {})
 
 

@@ -107,7 +107,7 @@ def decode_request(
 
     return InferRequest(
         model_name, model_version, request_id, inputs, outputs, parameters, binary_output, shared_memory,
-        sequence_id, sequence_flags,
+        sequence_id=sequence_id, sequence_flags=sequence_flags,
     )  # fmt: skip
 
 
@@ -140,13 +140,12 @@ def _decode_input(raw: Any, binary: memoryview, offset: int, model_name: str) ->
 
     if in_shared_memory(parameters):  # its data is read from the region by the server
         if "data" in raw or size is not None:
-            given = "'data'" if "data" in raw else "binary_data_size"
-            raise invalid(f"{what}: has both {given} and shared memory parameters")
+            raise invalid(_one_content(raw, size, True, what))
         return Tensor(name, dtype.v2, shape, None, parameters), 0
 
     if size is not None:
         if "data" in raw:
-            raise invalid(f"{what}: has both 'data' and binary_data_size")
+            raise invalid(_one_content(raw, size, False, what))
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise invalid(f"{what}: binary_data_size must be a non-negative integer")
         if offset + size > len(binary):
@@ -156,7 +155,7 @@ def _decode_input(raw: Any, binary: memoryview, offset: int, model_name: str) ->
         return Tensor(name, dtype.v2, shape, data, parameters), size
 
     if "data" not in raw:
-        raise invalid(f"{what}: has neither 'data' nor binary_data_size")
+        raise invalid(_one_content(raw, size, False, what))
     data = raw["data"]
     accepted = _NUMERIC_JSON_TYPES.get(dtype.v2)
     # The common case, a flat list of the right JSON type (checked in C): one conversion.
@@ -173,6 +172,21 @@ def _decode_input(raw: Any, binary: memoryview, offset: int, model_name: str) ->
     else:
         array = _from_json(data, dtype, shape, count, what)
     return Tensor(name, dtype.v2, shape, array, parameters), 0
+
+
+def _one_content(raw: dict, size: Any, shared: bool, what: str) -> str:
+    """Triton's text for an input that sets none, or more than one, of its three ways to carry data."""
+    given = [
+        name
+        for name, set_ in (("'data'", "data" in raw), ("'binary_data_size'", size is not None),
+                           ("'shared_memory_region'", shared))
+        if set_
+    ]  # fmt: skip
+    but = "set " + " ".join(given) if given else "no field is set"
+    return (
+        "Input must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', "
+        f"'shared_memory_region' in 'parameters'. But {but} ({what})"
+    )
 
 
 # datatype -> the Python types of the JSON values a flat list of it may hold (BF16 and BYTES: none)
@@ -249,7 +263,13 @@ def _decode_requested_output(raw: Any, model_name: str) -> RequestedOutput:
     binary = parameters.pop("binary_data", None)
     if binary is not None and not isinstance(binary, bool):
         raise invalid(f"{what}: parameter 'binary_data' must be a boolean")
-    return RequestedOutput(raw["name"], binary, parameters)
+    count = parameters.pop("classification", 0) if parameters else 0
+    if type(count) is not int or count < 0:  # as Triton reads it: an unsigned integer, 0 for none
+        raise invalid(
+            "Unable to set 'classification': attempt to access JSON non-unsigned-integer as "
+            f"unsigned-integer ({what})"
+        )
+    return RequestedOutput(raw["name"], binary, parameters, count)
 
 
 @dataclass(slots=True)

@@ -10,6 +10,7 @@ from server.endpoints.customized import PATH_FORMAT
 from server.engine import Engine
 from server.log_settings import LogControl
 from server.options import build_parser
+from server.response_cache import CacheConfigError, parse_cache_config
 from server.tracing import config as trace_config
 from server.tracing.settings import OPENTELEMETRY
 from server.tracing.tracer import Tracer
@@ -39,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--model-control-mode poll needs --repository-poll-secs > 0")
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
         parser.error("--ssl-certfile and --ssl-keyfile go together")
+    try:
+        args.cache_size = parse_cache_config(args.cache_config, args.response_cache_byte_size)
+    except CacheConfigError as e:
+        parser.error(str(e))
     path = args.grps_customized_predict_http
     if path is not None and not PATH_FORMAT.match(path):
         parser.error(f"--grps-customized-predict-http {path!r} must match {PATH_FORMAT.pattern}")

@@ -38,6 +38,7 @@ from server.link import Credit, Inbox, Link
 from server.log_settings import LogControl, LogSettings
 from server.monitor import Monitor
 from server.repository import Repository
+from server.response_cache import ResponseCache
 from server.router import HttpRequest, HttpResponse
 from server.shared_memory import SharedMemory
 from server.tracing.tracer import Tracer
@@ -72,7 +73,10 @@ class Engine:
         self.args = args
         self.logs = logs
         self.tracer = tracer
-        self.repository = Repository(args.model_repository, args.model_control_mode, args.strict_readiness)
+        cache = ResponseCache(args.cache_size) if args.cache_size else None
+        self.repository = Repository(
+            args.model_repository, args.model_control_mode, args.strict_readiness, response_cache=cache
+        )
         self.shared_memory = SharedMemory(args.allow_client_shm)
         self.monitor = Monitor(self.repository, args.monitor_log, self.repository.app_monitor)
         self.links: set[WorkerLink] = set()

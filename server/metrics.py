@@ -84,6 +84,23 @@ COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], int]], ...] = (
 )
 
 
+# Triton's per model counters of the response cache (core src/metrics.cc), for versions that use it.
+CACHE_COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], int]], ...] = (
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model", lambda s: s.cache_hit.count),
+    (
+        "nv_cache_hit_duration_per_model",
+        "Total cache hit duration per model, in microseconds",
+        lambda s: s.cache_hit.ns // 1000,
+    ),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model", lambda s: s.cache_miss.count),
+    (
+        "nv_cache_miss_duration_per_model",
+        "Total cache miss (insert+lookup) duration per model, in microseconds",
+        lambda s: s.cache_miss.ns // 1000,
+    ),
+)
+
+
 class ModelMetrics:
     """A prometheus_client collector: Triton's counters for every ready model version, labelled
     `model` and `version`."""
@@ -96,6 +113,14 @@ class ModelMetrics:
         for name, documentation, read in COUNTERS:
             family = Metric(name, documentation, "counter")
             for version in versions:
+                family.add_sample(
+                    name, {"model": version.name, "version": version.version_str}, read(version.stats)
+                )
+            yield family
+        cached = [version for version in versions if version.cache is not None]
+        for name, documentation, read in CACHE_COUNTERS if cached else ():
+            family = Metric(name, documentation, "counter")
+            for version in cached:
                 family.add_sample(
                     name, {"model": version.name, "version": version.version_str}, read(version.stats)
                 )

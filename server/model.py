@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from enum import Enum
 from pathlib import Path
@@ -20,7 +20,7 @@ from batcher.staging import instance_count, make_staging
 from batcher.stats import ModelStats
 from codec.datatypes import BY_CONFIG, DataType
 from codec.errors import ErrorKind, InferError, invalid
-from codec.tensor import InferRequest, InferResponse, Tensor, as_dtype
+from codec.tensor import InferRequest, InferResponse, Tensor, as_dtype, check_reserved, custom_parameters
 from codec.trace import (
     BACKEND_OUTPUT,
     COMPUTE_END,
@@ -33,7 +33,11 @@ from codec.trace import (
 )
 from server.backends import load_backend
 from server.backends.base import stream_only_error
+from server.classification import Labels, classify, ensemble_labels, read_labels
+from server.response_cache import ResponseCache, cache_for
 from server.sequence_config import initial_states
+from server.warmup import WarmupError, samples
+from server.warmup import run as run_warmup
 
 if TYPE_CHECKING:
     from batcher.scheduler import Scheduler
@@ -94,13 +98,20 @@ class ModelVersion:
         self.executor: Executor | None = None
         self.stream_only = False  # the backend has execute_stream and no execute
         self.stats = ModelStats()  # Triton's statistics for this version (batcher/stats.py)
+        self.labels: Labels = {}  # output name -> its classification labels (server/classification.py)
+        self.cache: ResponseCache | None = None  # the server's response cache, when the config enables it
         self._open_streams = InFlight()  # infer_stream answers in progress: unload waits for them too
 
-    def load(self, host: Host | None = None) -> None:
+    def load(self, host: Host | None = None, cache: ResponseCache | None = None) -> None:
         """Blocking: imports and initializes the backend, handing it `host` (what it may use of the
-        server: server/backends/base.py). Sets state and reason either way."""
+        server: server/backends/base.py), then runs the config's warmup samples. `cache`: the server's
+        response cache, used when the config enables it. Sets state and reason either way."""
         self.state = ModelState.LOADING
         try:
+            self.cache = cache_for(self.config, cache)
+            labels = read_labels(self.version_dir.parent, self.config)
+            self.labels = ensemble_labels(self.config, labels, host)
+            warmup = samples(self.config, self.version_dir.parent, self.inputs)
             backend = self.backend = load_backend(self.version_dir, self.config, self.version, host)
             staging = backend.staging  # the one a backend built for itself, else the config's
             if staging is None:
@@ -113,14 +124,22 @@ class ModelVersion:
                 instances=backend.instances or instance_count(self.config, staging.device),
                 staging=staging,
                 per_request=backend.per_request,  # it reads each request apart (Triton's python API)
+                with_parameters=backend.with_parameters,  # it is given the requests' custom parameters
             )
+            loop = host.loop if host is not None else None
+            stream = _stream_of(backend) if backend.stream_only else None
+            for sample in warmup:  # before the version is ready: nothing else runs it yet
+                run_warmup(sample, self.executor, self.max_batch_size > 0, loop, stream)
         except BaseException as e:  # a model's code may raise anything, SystemExit included
             if self.backend is not None:  # loaded, but no staging for it (e.g. a GPU id not present)
                 with contextlib.suppress(Exception):
                     self.backend.close()
-            self.backend = None
+            if self.executor is not None:
+                self.executor.close()
+            self.backend = self.executor = None
             self.state = ModelState.UNAVAILABLE
-            self.reason = f"failed to load '{self.name}' version {self.version}: {type(e).__name__}: {e}"
+            why = str(e) if isinstance(e, WarmupError) else f"{type(e).__name__}: {e}"
+            self.reason = f"failed to load '{self.name}' version {self.version}: {why}"
             return
         if "sequence_batching" in self.config:
             try:
@@ -171,19 +190,24 @@ class ModelVersion:
     def ready(self) -> bool:
         return self.state is ModelState.READY
 
+    def not_ready(self) -> str:
+        """Triton's text for a request to this version while it is not ready, with the reason."""
+        text = f"Request for unknown model: '{self.name}' version {self.version} is not at ready state"
+        return f"{text}: {self.reason}" if self.reason else text
+
     async def infer(self, request: InferRequest) -> InferResponse:
         if request.trace is not None:
             return await self._infer_traced(request, request.trace)
         if self.state is not ModelState.READY or self.scheduler is None:
-            raise InferError(
-                ErrorKind.UNAVAILABLE, f"model '{self.name}' version {self.version} is not ready"
-            )
+            raise InferError(ErrorKind.UNAVAILABLE, self.not_ready())
         if self.stream_only:  # refused as bad input, before it is counted (as Triton refuses it)
             raise stream_only_error(self.name)
         arrays, rows = self._inputs_and_rows(request)
         wanted = self._wanted_outputs(request)
         scheduler = self.scheduler
-        if scheduler.now:  # the hot path of small models: no job, no coroutine
+        if self.cache is not None:
+            produced = await self._cached(request, arrays, rows)
+        elif scheduler.now:  # the hot path of small models: no job, no coroutine
             if request.parameters:
                 self._scheduling(request.parameters)  # checked as for any model, though nothing queues
             produced = scheduler.run_now(arrays, rows)
@@ -191,6 +215,8 @@ class ModelVersion:
             priority, timeout = self._scheduling(request.parameters) if request.parameters else (0, 0)
             produced = await scheduler.run(Job(arrays, rows, priority, timeout, request))
         outputs = [self._response_tensor(name, produced) for name in wanted]
+        if request.outputs is not None:
+            self._classify(request, outputs)
         return InferResponse(self.name, self.version_str, outputs, request.id)
 
     async def _infer_traced(self, request: InferRequest, trace: Trace) -> InferResponse:
@@ -199,16 +225,19 @@ class ModelVersion:
         self._begin_trace(trace, request)
         try:
             if self.state is not ModelState.READY or self.scheduler is None:
-                raise InferError(
-                    ErrorKind.UNAVAILABLE, f"model '{self.name}' version {self.version} is not ready"
-                )
+                raise InferError(ErrorKind.UNAVAILABLE, self.not_ready())
             if self.stream_only:
                 raise stream_only_error(self.name)
             arrays, rows = self._inputs_and_rows(request)
             wanted = self._wanted_outputs(request)
-            priority, timeout = self._scheduling(request.parameters) if request.parameters else (0, 0)
-            produced = await self.scheduler.run(Job(arrays, rows, priority, timeout, request, trace))
+            if self.cache is not None:
+                produced = await self._cached(request, arrays, rows, trace)
+            else:
+                priority, timeout = self._scheduling(request.parameters) if request.parameters else (0, 0)
+                produced = await self.scheduler.run(Job(arrays, rows, priority, timeout, request, trace))
             outputs = [self._response_tensor(name, produced) for name in wanted]
+            if request.outputs is not None:
+                self._classify(request, outputs)
             if trace.records_tensors:
                 for tensor in outputs:
                     trace.tensor(BACKEND_OUTPUT, tensor.name, tensor.datatype, tensor.data)
@@ -224,8 +253,43 @@ class ModelVersion:
                 if tensor.data is not None:
                     trace.tensor(QUEUE_INPUT, tensor.name, tensor.datatype, tensor.data)
 
+    async def _cached(
+        self, request: InferRequest, arrays: dict[str, Any], rows: int, trace: Trace | None = None
+    ) -> Any:
+        """The model's outputs through the response cache (server/response_cache.py): a hit skips the
+        scheduler and the model; a miss runs them and keeps the answer. Both are timed for the
+        statistics as Triton times them (a miss: the lookup and the insertion)."""
+        cache, scheduler = self.cache, self.scheduler
+        priority, timeout = self._scheduling(request.parameters) if request.parameters else (0, 0)
+        start = perf_counter_ns()
+        key = cache.key(self.name, self.version_str, arrays, custom_parameters(request.parameters))
+        produced = cache.get(key) if key is not None else None
+        looked = perf_counter_ns()
+        if produced is not None:
+            self.stats.record_cache_hit(looked - start)
+            return produced
+        if scheduler.now and trace is None:
+            produced = scheduler.run_now(arrays, rows)
+        else:
+            produced = await scheduler.run(Job(arrays, rows, priority, timeout, request, trace))
+        if key is not None:
+            inserting = perf_counter_ns()
+            kept = self._cacheable(produced)
+            if kept is not None:
+                cache.put(key, kept)
+            self.stats.record_cache_miss(looked - start + perf_counter_ns() - inserting)
+        return produced
+
+    def _cacheable(self, produced: Any) -> dict[str, Any] | None:
+        """Every output of the config from a model's answer, as host arrays of their datatypes; None when
+        the answer lacks one (it is then not kept: a later request could want it)."""
+        if not isinstance(produced, dict) or not all(name in produced for name in self.outputs):
+            return None
+        return {name: as_dtype(produced[name], spec.dtype.numpy) for name, spec in self.outputs.items()}
+
     def _inputs_and_rows(self, request: InferRequest) -> tuple[dict[str, Any], int]:
-        """The arrays the model executes on, and the request's batch size (1 without batching)."""
+        """The arrays the model executes on, and the request's batch size (1 without batching). A fault
+        is answered with Triton's text (core src/infer_request.cc), which clients match."""
         arrays: dict[str, Any] = {}
         batch = None
         inputs = self.inputs
@@ -233,41 +297,75 @@ class ModelVersion:
             name, shape = tensor.name, tensor.shape
             spec = inputs.get(name)
             if spec is None or name in arrays or tensor.datatype != spec.dtype.v2 or not spec.matches(shape):
-                raise self._input_error(tensor, spec, name in arrays)
+                raise self._input_error(request, tensor, spec, name in arrays)
             data = tensor.data
             if spec.batched:
-                if shape[0] > self.max_batch_size:
-                    raise invalid(
-                        f"model '{self.name}', input '{name}' has batch size {shape[0]}, "
-                        f"over the model's max_batch_size {self.max_batch_size}"
-                    )
                 if batch is not None and shape[0] != batch:
-                    raise invalid(f"model '{self.name}': inputs disagree on the batch size")
+                    raise invalid(
+                        f"{_log_request(request)}input '{name}' batch size does not match other inputs "
+                        f"for '{self.name}'"
+                    )
                 batch = shape[0]
             if spec.model_dims is not None:
                 data = data.reshape(shape[:1] + spec.model_dims if spec.batched else spec.model_dims)
             arrays[name] = data
+        if batch is not None and batch > self.max_batch_size:
+            raise invalid(
+                f"{_log_request(request)}inference request batch-size must be <= {self.max_batch_size} "
+                f"for '{self.name}'"
+            )
         if len(arrays) < len(inputs):
             missing = [n for n, s in inputs.items() if n not in arrays and not s.optional]
             if missing:
-                raise invalid(f"model '{self.name}': missing input(s) {', '.join(repr(n) for n in missing)}")
+                raise invalid(self._missing_inputs(request, arrays, missing))
         return arrays, 1 if batch is None else batch
 
-    def _input_error(self, tensor: Tensor, spec: TensorSpec | None, repeated: bool) -> InferError:
-        """What is wrong with an input that `_inputs_and_rows` refused."""
+    def _missing_inputs(self, request: InferRequest, given: dict, missing: list[str]) -> str:
+        """Triton's text for a request that leaves out required inputs."""
+        required = sum(not s.optional for s in self.inputs.values())
+        expected = (
+            f"expected {len(self.inputs)} inputs"
+            if required == len(self.inputs)
+            else f"expected number of inputs between {required} and {len(self.inputs)}"
+        )
+        return (
+            f"{_log_request(request)}{expected} but got {len(given)} inputs for model '{self.name}'. "
+            f"Got input(s) [{','.join(repr(n) for n in given)}], but missing required input(s) "
+            f"[{','.join(repr(n) for n in missing)}]. Please provide all required input(s)."
+        )
+
+    def _input_error(
+        self, request: InferRequest, tensor: Tensor, spec: TensorSpec | None, repeated: bool
+    ) -> InferError:
+        """What is wrong with an input that `_inputs_and_rows` refused, in Triton's words."""
+        prefix = _log_request(request)
         if spec is None:
-            problem = f"is unknown (expected: {', '.join(self.inputs)})"
-        elif repeated:
-            problem = "is given twice"
-        elif tensor.datatype != spec.dtype.v2:
-            problem = f"has datatype {tensor.datatype} where the model expects {spec.dtype.v2}"
-        else:
-            problem = f"has shape {list(tensor.shape)} where the model expects {list(spec.shape)}"
-        return invalid(f"model '{self.name}', input '{tensor.name}' {problem}")
+            return invalid(f"unexpected inference input '{tensor.name}' for model '{self.name}'")
+        if repeated:
+            return invalid(f"{prefix}input '{tensor.name}' already exists in request")
+        if tensor.datatype != spec.dtype.v2:
+            return invalid(
+                f"{prefix}inference input '{tensor.name}' data-type is '{tensor.datatype}', but model "
+                f"'{self.name}' expects '{spec.dtype.v2}'"
+            )
+        note = (
+            "NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be "
+            "prepended to each input shape. If you want to specify the full shape including the batch dim "
+            "in your input dims config, try setting max_batch_size to zero. See the model configuration "
+            "docs for more info on max_batch_size."
+            if spec.batched
+            else ""
+        )
+        return invalid(
+            f"{prefix}unexpected shape for input '{tensor.name}' for model '{self.name}'. Expected "
+            f"{_dims(spec.shape)}, got {_dims(tensor.shape)}. {note}"
+        )
 
     def _scheduling(self, parameters: dict) -> tuple[int, int]:
         """The request parameters `priority` and `timeout` (microseconds in the queue), as Triton reads
-        them: unsigned integers, 0 when absent."""
+        them: unsigned integers, 0 when absent. The other parameters are the model's (a "triton_" key
+        Triton does not name is refused)."""
+        check_reserved(parameters)
         values = []
         for key in ("priority", "timeout"):
             value = parameters.get(key, 0)
@@ -285,11 +383,15 @@ class ModelVersion:
             return self.output_names
         for requested in request.outputs:
             if requested.name not in self.outputs:
-                raise invalid(
-                    f"model '{self.name}': unknown output '{requested.name}' "
-                    f"(expected: {', '.join(self.outputs)})"
-                )
+                raise invalid(f"unexpected inference output '{requested.name}' for model '{self.name}'")
         return [o.name for o in request.outputs]
+
+    def _classify(self, request: InferRequest, outputs: list[Tensor]) -> None:
+        """Replaces each output requested with `classification: N` by its top N classes, in place."""
+        for i, requested in enumerate(request.outputs or ()):
+            if requested.class_count:
+                labels = self.labels.get(requested.name)
+                outputs[i] = classify(outputs[i], requested.class_count, labels, self.max_batch_size > 0)
 
     def _response_tensor(self, name: str, produced: Any) -> Tensor:
         spec = self.outputs[name]
@@ -319,15 +421,16 @@ class ModelVersion:
         what the model raises comes out of the iteration. Closing the iterator closes the model's."""
         backend = self.backend
         if backend is None or not self.ready:
-            raise InferError(
-                ErrorKind.UNAVAILABLE, f"model '{self.name}' version {self.version} is not ready"
-            )
+            raise InferError(ErrorKind.UNAVAILABLE, self.not_ready())
         if not self.streams:
             raise invalid(f"model '{self.name}' does not stream its answers: use plain infer")
         arrays, rows = self._inputs_and_rows(request)
         wanted = self._wanted_outputs(request)
         if backend.per_request:
             return self._stream(backend.execute_stream(arrays, request), wanted, request, rows)
+        if backend.with_parameters:
+            stream = backend.execute_stream(arrays, custom_parameters(request.parameters))
+            return self._stream(stream, wanted, request, rows)
         return self._stream(backend.execute_stream(arrays), wanted, request, rows)
 
     async def _stream(
@@ -337,9 +440,7 @@ class ModelVersion:
         from its start to its last answer (perf_analyzer reads them); a failed or abandoned one fails."""
         if not self.ready:  # created before an unload began, started after: the model may be gone
             await produced_stream.aclose()
-            raise InferError(
-                ErrorKind.UNAVAILABLE, f"model '{self.name}' version {self.version} is not ready"
-            )
+            raise InferError(ErrorKind.UNAVAILABLE, self.not_ready())
         self._open_streams.enter()
         start = perf_counter_ns()
         trace, request_id = request.trace, request.id
@@ -355,6 +456,8 @@ class ModelVersion:
                     if trace is not None and trace.records_tensors:
                         for tensor in outputs:
                             trace.tensor(BACKEND_OUTPUT, tensor.name, tensor.datatype, tensor.data)
+                    if request.outputs is not None:
+                        self._classify(request, outputs)
                     yield InferResponse(self.name, self.version_str, outputs, request_id)
             finished = True
         except InferError:
@@ -371,3 +474,23 @@ class ModelVersion:
                 self.stats.record_alone(rows, perf_counter_ns() - start)
             else:
                 self.stats.record_failure(1, perf_counter_ns() - start)
+
+
+def _stream_of(backend: Backend) -> Callable[[Job], AsyncIterator[Any]]:
+    """How a job's request reaches a backend that only streams (warmup runs its samples so)."""
+    stream = backend.execute_stream
+    if backend.per_request:
+        return lambda job: stream(job.inputs, job.request)
+    if backend.with_parameters:
+        return lambda job: stream(job.inputs, custom_parameters(job.request.parameters))
+    return lambda job: stream(job.inputs)
+
+
+def _log_request(request: InferRequest) -> str:
+    """The prefix Triton's request errors carry (InferenceRequest::LogRequest)."""
+    return f"[request id: {request.id or '<id_unknown>'}] "
+
+
+def _dims(shape: tuple[int, ...]) -> str:
+    """A shape as Triton's messages write it: [-1,16]."""
+    return "[" + ",".join(str(d) for d in shape) + "]"

@@ -438,8 +438,7 @@ def _normalize(raw: Any, model: str) -> dict:
     _require(name == model, f"configuration name '{name}' does not match the model directory name")
     platform, backend = cfg.get("platform") or "", cfg.get("backend") or ""
     _require(isinstance(platform, str) and isinstance(backend, str), "platform and backend must be strings")
-    if not backend:
-        _require(platform, "must specify 'backend' or 'platform'")
+    if not backend and platform:  # neither: the model's file says which (server/backends, at load)
         _require(platform in _PLATFORM_BACKENDS, f"unknown platform '{platform}'; specify 'backend'")
         backend = _PLATFORM_BACKENDS[platform]
     max_batch_size = cfg.get("max_batch_size", 0)
@@ -461,10 +460,10 @@ def _normalize(raw: Any, model: str) -> dict:
         given = cfg.get(kind)
         if given is None and f"{kind}s" in cfg:  # the v2 metadata form
             given = _from_metadata(cfg.pop(f"{kind}s"), kind, max_batch_size)
-        # left out: the backend completes them from the model (ONNX graph, auto_complete_config)
-        tensors[kind] = (
-            [] if not given and backend in AUTO_COMPLETED else _tensors(given, kind, max_batch_size)
-        )
+        # left out: the backend completes them from the model (ONNX graph, auto_complete_config); a
+        # config naming no backend may leave them out too, for the backend its model file tells
+        completed = backend in AUTO_COMPLETED or not (backend or platform)
+        tensors[kind] = [] if not given and completed else _tensors(given, kind, max_batch_size)
     out = {
         "name": name,
         "platform": platform,

@@ -216,6 +216,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="let clients register system and CUDA shared-memory regions (default false: a client could "
         "make the server read or write any segment its user may open)",
     )
+    serve.add_argument(
+        "--cache-config",
+        action="append",
+        default=[],
+        metavar="local,size=BYTES",
+        help="the response cache, Triton's flag: 'local,size=BYTES' keeps up to BYTES of answers of the "
+        "models whose config says response_cache { enable: true } (default: no cache)",
+    )
+    serve.add_argument(
+        "--response-cache-byte-size",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="Triton's older form of --cache-config local,size=BYTES",
+    )
     log_settings.add_arguments(serve, _boolean)
     serve.add_argument(
         "--trace-config",

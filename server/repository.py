@@ -21,18 +21,20 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from codec.errors import ErrorKind, InferError, invalid
 from server.app_monitor import app_monitor
-from server.backends import complete_config
+from server.backends import backend_from_files, complete_config
 from server.model import UNLOADED, ModelVersion
 from server.model_config import ConfigError, check_complete, load_model_config, normalize_config
 
 if TYPE_CHECKING:
     from server.app_monitor import AppMonitor
     from server.backends.base import Host
+    from server.response_cache import ResponseCache
 
 log = logging.getLogger("tensorgate.repository")
 T = TypeVar("T")
 
 CONTROL_MODES = ("none", "explicit", "poll")
+UNKNOWN = "Request for unknown model: "  # how Triton's texts for a model it cannot serve begin
 Signature = frozenset[tuple[str, int, int]]
 
 
@@ -62,9 +64,10 @@ class Model:
         """Every version its policy selects is ready (what strict server readiness asks of a model)."""
         return bool(self.versions) and all(v.ready for v in self.versions.values())
 
-    def load(self, host: Host | None = None) -> None:
+    def load(self, host: Host | None = None, cache: ResponseCache | None = None) -> None:
         """Blocking: reads the config (unless given) and loads every selected version for `host` (what
-        its backends may use of the server: server/backends/base.py)."""
+        its backends may use of the server: server/backends/base.py), with the server's response
+        `cache` for versions whose config enables it."""
         self.loading = True
         try:
             self.signature = tree_signature(self.directory)
@@ -81,7 +84,8 @@ class Model:
             return
         try:  # from the newest version's model, as Triton completes a config
             newest = self.directory / str(max(numbers))
-            self.config = check_complete(complete_config(newest, self.config, host))
+            config = backend_from_files(newest, self.config)
+            self.config = check_complete(complete_config(newest, config, host))
         except Exception as e:  # a model's auto_complete_config may raise anything
             self.reason = f"failed to load '{self.name}': {type(e).__name__}: {e}"
             self.loading = False
@@ -89,7 +93,7 @@ class Model:
         self.versions = {n: ModelVersion(self.directory, self.config, n) for n in numbers}
         self.newest_first = [self.versions[n] for n in sorted(numbers, reverse=True)]
         for version in self.versions.values():
-            version.load(host)
+            version.load(host, cache)
         failed = [v.reason for v in self.versions.values() if not v.ready]
         self.reason = "; ".join(failed)
         self.loading = False
@@ -111,7 +115,7 @@ class Model:
         if version:
             return self.resolve(version).config
         if self.config is None:
-            raise InferError(ErrorKind.UNAVAILABLE, f"model '{self.name}' is not ready: {self.reason}")
+            raise InferError(ErrorKind.UNAVAILABLE, f"{UNKNOWN}'{self.name}' is not ready: {self.reason}")
         return self.config
 
     def is_ready(self, version: str = "") -> bool:
@@ -131,15 +135,15 @@ class Model:
                 if candidate.ready:
                     return candidate
             why = self.reason or ("loading" if self.loading else "no ready version")
-            raise InferError(ErrorKind.UNAVAILABLE, f"model '{self.name}' is not ready: {why}")
+            why = f"{UNKNOWN}'{self.name}' has no available versions: {why}"
+            raise InferError(ErrorKind.UNAVAILABLE, why)
         try:
             found = self.versions[int(version)]
         except (ValueError, KeyError):
-            raise InferError(ErrorKind.NOT_FOUND, f"model '{self.name}' has no version '{version}'") from None
+            missing = f"{UNKNOWN}'{self.name}' version {version} is not found"
+            raise InferError(ErrorKind.NOT_FOUND, missing) from None
         if not found.ready:
-            raise InferError(
-                ErrorKind.UNAVAILABLE, f"model '{self.name}' version {version} is not ready: {found.reason}"
-            )
+            raise InferError(ErrorKind.UNAVAILABLE, found.not_ready())
         return found
 
     def index(self, ready_only: bool) -> list[dict]:
@@ -160,7 +164,7 @@ def find_model(models: dict[str, Model], name: str) -> Model:
     try:
         return models[name]
     except KeyError:
-        raise InferError(ErrorKind.NOT_FOUND, f"unknown model '{name}'") from None
+        raise InferError(ErrorKind.NOT_FOUND, f"{UNKNOWN}'{name}' is not found") from None
 
 
 def version_folders(directory: Path) -> list[int]:
@@ -223,10 +227,12 @@ class Repository:
         control_mode: str = "none",
         strict_readiness: bool = True,
         app_monitor: AppMonitor = app_monitor,
+        response_cache: ResponseCache | None = None,
     ) -> None:
         if control_mode not in CONTROL_MODES:
             raise ValueError(f"unknown model control mode {control_mode!r}")
         self.app_monitor = app_monitor
+        self.response_cache = response_cache  # --cache-config: shared by the models that enable it
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, from start()
         self.path = path
         self.control_mode = control_mode
@@ -504,7 +510,7 @@ class Repository:
             self._changed()
             if old is not None:
                 await old.retire()
-        await asyncio.to_thread(new.load, self)
+        await asyncio.to_thread(new.load, self, self.response_cache)
         complete = new.fully_ready
         if keep_old and not complete:
             self._failed[name] = new.signature

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from codec.bytes_tensor import decode_bytes
 from codec.datatypes import BY_V2
 from codec.errors import ErrorKind, InferError, invalid
 from codec.tensor import SHM_BYTE_SIZE as BYTE_SIZE
@@ -167,16 +168,22 @@ class SharedMemory:
 
     def _input(self, tensor: Tensor, on_host: bool) -> Any:
         """A shared-memory input's data: a numpy view of its region; from a CUDA region, a device array
-        for a model staged on a GPU (no host copy), else a copy on the host."""
+        for a model staged on a GPU (no host copy), else a copy on the host. BYTES are read in Triton's
+        serialized form (each element a 4-byte little-endian length, then its bytes), filling the
+        given byte size exactly."""
         region, offset, byte_size = self._place(tensor.name, "input", tensor.parameters)
         dtype = BY_V2[tensor.datatype]
         count = int(np.prod(tensor.shape))
-        if dtype.v2 == "BYTES" or count * dtype.size != byte_size:
+        if dtype.v2 == "BYTES":
+            raw = region.memory[offset : offset + byte_size]
+            if region.kind == CUDA:
+                raw = memoryview(raw.get().tobytes())
+            what = f"input '{tensor.name}' in shared memory region '{region.name}'"
+            return decode_bytes(raw, count, what).reshape(tensor.shape)
+        if count * dtype.size != byte_size:
             raise invalid(
                 f"input '{tensor.name}': shared_memory_byte_size {byte_size} does not match shape "
                 f"{list(tensor.shape)} of {tensor.datatype} ({count * dtype.size} bytes)"
-                if dtype.v2 != "BYTES"
-                else f"input '{tensor.name}': BYTES tensors in shared memory are not supported"
             )
         if region.kind == CUDA:
             array = region.memory[offset : offset + byte_size].view(dtype.numpy).reshape(tensor.shape)

@@ -199,11 +199,11 @@ def test_several_inputs_mixing_raw_is_all_or_nothing():
         message
         == f"contents field must not be specified when using raw_input_contents for 'b' for model '{MODEL}'"
     )
-    invalid(
-        request_bytes(raw_a, input_tensor("b", "INT32", [4]), raw=[a.tobytes()]),
-        "number of inputs (2)",
-        "(1)",
-    )
+    message = invalid(request_bytes(raw_a, input_tensor("b", "INT32", [4]), raw=[a.tobytes()]), "'b'")
+    assert message == f"unable to find data for input tensor 'b' for model '{MODEL}' in request."
+    # one input's contents beside another's raw data: Triton's text, whatever the count of raw entries
+    message = invalid(request_bytes(raw_a, typed_b, raw=[a.tobytes()]), "'b'")
+    assert message.startswith("contents field must not be specified when using raw_input_contents")
 
 
 # --- 2. request fields --------------------------------------------------------------------------
@@ -223,7 +223,8 @@ PLAIN = {"flag": False, "count": -42, "big": 2**64 - 1, "label": "héllo", "rati
 def test_id_version_parameters_and_requested_outputs_are_kept():
     outputs = [
         pb.ModelInferRequestInferRequestedOutputTensor(
-            name="out_b", parameters={"classification": PARAMETERS["count"]}
+            name="out_b",
+            parameters={"tag": PARAMETERS["count"], "classification": pb.InferParameter(int64_param=3)},
         ),
         pb.ModelInferRequestInferRequestedOutputTensor(name="out_a"),
     ]
@@ -239,10 +240,27 @@ def test_id_version_parameters_and_requested_outputs_are_kept():
     assert request.parameters == PLAIN
     assert type(request.parameters["flag"]) is bool and type(request.parameters["count"]) is int
     assert request.inputs[0].parameters == PLAIN
-    assert [(o.name, o.parameters) for o in request.outputs] == [
-        ("out_b", {"classification": -42}),
-        ("out_a", {}),
+    assert [(o.name, o.parameters, o.class_count) for o in request.outputs] == [
+        ("out_b", {"tag": -42}, 3),  # Triton's classification extension: the top 3 classes
+        ("out_a", {}, 0),
     ]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (pb.InferParameter(int64_param=0), "invalid value for 'classification' parameter, expected >= 0"),
+        (pb.InferParameter(int64_param=-2), "invalid value for 'classification' parameter, expected >= 0"),
+        (
+            pb.InferParameter(string_param="3"),
+            "invalid value type for 'classification' parameter, expected int64_param",
+        ),
+    ],
+)
+def test_a_bad_classification_parameter_gets_tritons_text(value: pb.InferParameter, message: str) -> None:
+    output = pb.ModelInferRequestInferRequestedOutputTensor(name="o", parameters={"classification": value})
+    raw = [np.zeros(1, "<i4").tobytes()]
+    assert invalid(request_bytes(input_tensor(INPUT, "INT32", [1]), raw=raw, outputs=[output])) == message
 
 
 def test_a_request_naming_a_shared_memory_region_says_so():
@@ -290,7 +308,7 @@ def test_remembered_input_headers_do_not_leak_between_requests():
     assert third.inputs[0].parameters == {}
     # a header remembered as valid still needs its data, and says which model it was sent to
     other = bytes(pb.ModelInferRequest(model_name="other", inputs=[header]))
-    assert invalid(other, "model 'other'", "neither contents nor raw_input_contents")
+    assert invalid(other, "unable to find data for input tensor", "for model 'other' in request")
 
 
 def test_requests_sharing_a_remembered_skeleton_decode_as_each_says():
@@ -314,7 +332,7 @@ def test_requests_sharing_a_remembered_skeleton_decode_as_each_says():
     assert request.inputs[0].data.tolist() == [7, 8]
     # a raw size that does not fit the remembered shape, one raw entry too few or too many
     short = bytes(pb.ModelInferRequest(model_name=MODEL, inputs=headers, raw_input_contents=[b"\0" * 8]))
-    assert invalid(short, "number of inputs (2)", "raw_input_contents (1)")
+    assert invalid(short, "unable to find data for input tensor 'b'")
     wrong = bytes(
         pb.ModelInferRequest(model_name=MODEL, inputs=headers, raw_input_contents=[b"\0" * 4, b"\0" * 4])
     )
@@ -340,7 +358,7 @@ def test_request_errors_name_the_model_and_input():
     invalid(request_bytes(input_tensor(INPUT, "INT32", [2**62, 4]), raw=[four]), "too many elements")
     message = invalid(request_bytes(int_input, raw=[four[:12]]), INPUT, MODEL)
     assert message.endswith("raw_input_contents holds 12 bytes, shape [4] of INT32 needs 16")
-    invalid(request_bytes(int_input), "has neither contents nor raw_input_contents")
+    invalid(request_bytes(int_input), f"unable to find data for input tensor '{INPUT}'")
     strings = input_tensor(INPUT, "BYTES", [3])
     invalid(request_bytes(strings, raw=[b"\1\0\0\0a"]), "cannot hold the 3 elements")
     strings.shape = [2]

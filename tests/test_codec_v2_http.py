@@ -346,7 +346,7 @@ def test_id_parameters_and_outputs_are_kept():
     assert request.inputs[0].parameters == {"note": "kept as given"}
     assert request.outputs == [
         RequestedOutput("a", None, {}),
-        RequestedOutput("b", False, {"classification": 3}),
+        RequestedOutput("b", False, {}, class_count=3),  # Triton's classification extension
         RequestedOutput("c", True, {}),
     ]
 

@@ -185,7 +185,7 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_rows(
 def test_a_request_over_max_batch_size_is_400(server: ServerProcess) -> None:
     with httpx.Client(base_url=server.base_url, timeout=WAIT_S) as client:
         response = infer(client, "batching", 1, rows=9)
-        assert_error(response, 400, "batching", "INPUT0", "max_batch_size 8")
+        assert_error(response, 400, "inference request batch-size must be <= 8 for 'batching'")
         assert_connection_reused(client, response)
 
 

@@ -76,10 +76,12 @@ def test_the_example_ensemble_over_tfserving_predict(v2_server: ServerProcess) -
 def test_a_step_error_names_the_ensemble_and_the_step(v2_server: ServerProcess) -> None:
     body = {"inputs": [{"name": "RAW", "datatype": "UINT8", "shape": [65, 64], "data": [0] * 65 * 64}]}
     response = httpx.post(f"{v2_server.base_url}/v2/models/classifier/infer", json=body, timeout=20)
-    assert_error(response, 400, "batch size 65", "max_batch_size 64")
+    assert_error(response, 400, "inference request batch-size must be <= 64 for 'classifier'")
     body = {"inputs": [{"name": "RAW", "datatype": "FP32", "shape": [1, 64], "data": [0.0] * 64}]}
     response = httpx.post(f"{v2_server.base_url}/v2/models/classifier/infer", json=body, timeout=20)
-    assert_error(response, 400, "model 'classifier', input 'RAW' has datatype FP32")
+    assert_error(
+        response, 400, "inference input 'RAW' data-type is 'FP32', but model 'classifier' expects 'UINT8'"
+    )
 
 
 # ------------------------------------------------------------------------------------ graphs of steps
@@ -276,7 +278,9 @@ def test_explicit_mode_loads_composing_models_and_unload_dependents_unloads_them
     assert httpx.post(f"{base}/v2/repository/models/chain/unload", json=unload).status_code == 200
     assert state(server) == {"chain": "UNAVAILABLE", "ident": "UNAVAILABLE"}
     # a request to the ensemble now says so
-    assert_error(httpx.post(f"{base}/v2/models/chain/infer", json=body), 503, "model 'chain'")
+    assert_error(
+        httpx.post(f"{base}/v2/models/chain/infer", json=body), 503, "'chain' has no available versions"
+    )
 
 
 def test_concurrent_ensemble_requests_batch_at_each_step(start_server, repo: Path) -> None:

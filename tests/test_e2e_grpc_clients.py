@@ -160,18 +160,21 @@ TOKEN_ANSWERS = [
 EXAMPLE_MODELS = sorted(path.parent.name for path in EXAMPLES.glob("*/config.*"))
 # GET /v2's extensions (README), with the shared-memory ones.
 EXTENSIONS = [
-    "binary_tensor_data",
-    "model_configuration",
+    "classification",
+    "sequence",
+    "sequence(string_id)",
     "model_repository",
     "model_repository(unload_dependents)",
-    "statistics",
+    "schedule_policy",
+    "model_configuration",
     "system_shared_memory",
     "cuda_shared_memory",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
     "trace",
     "logging",
     "generate",
-    "sequence",
-    "sequence(string_id)",
 ]
 GRPS_OK = grps.Status(code=200, msg="OK", status=grps.StatusStatusFlag.SUCCESS)
 NOT_EXPLICIT = "not allowed in model control mode 'none'"
@@ -234,7 +237,7 @@ EXPECTED: dict[str, Any] = {
         )
     ],
     "ModelInfer-5": [SIMPLE_ANSWER],
-    "ModelInfer-6": (5, "unknown model 'nowhere'"),  # NOT_FOUND
+    "ModelInfer-6": (5, "Request for unknown model: 'nowhere' is not found"),  # NOT_FOUND
     "ModelStreamInfer-7": [pb.ModelStreamInferResponse(infer_response=STREAMED_SIMPLE_ANSWER)],
     "ModelStreamInfer-8": TOKEN_ANSWERS,
     "ModelConfig-9": lambda answer: simple_config(answer.config),

@@ -88,7 +88,7 @@ def test_errors_are_trailers_only_with_a_percent_encoded_message(wire: H2Wire) -
     assert data == b""
     assert head["grpc-status"] == "5"  # NOT_FOUND
     assert "%C3%B6" in head["grpc-message"], "non-ASCII is percent-encoded (UTF-8)"
-    assert status_of(blocks)[1] == "unknown model 'nö model'"
+    assert status_of(blocks)[1] == "Request for unknown model: 'nö model' is not found"
 
 
 def test_unknown_method_content_subtype_encoding_and_timeout(wire: H2Wire) -> None:

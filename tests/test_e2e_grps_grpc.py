@@ -160,12 +160,20 @@ def test_predict_errors_are_failure_messages(grps_server: ServerProcess) -> None
         predict(grps_server, pb.GrpsMessage(model="echo", ndarray=pb.NdArrayData())), 400, "HTTP JSON"
     )
     assert_failure(predict(grps_server, pb.GrpsMessage(model="nosuch", str_data="x")), 404, "unknown model")
-    assert_failure(predict(grps_server, pb.GrpsMessage(model="echo-5", str_data="x")), 404, "no version '5'")
+    assert_failure(
+        predict(grps_server, pb.GrpsMessage(model="echo-5", str_data="x")),
+        404,
+        "'echo' version 5 is not found",
+    )
     assert_failure(predict(grps_server, pb.GrpsMessage(str_data="x")), 400, "no model selected")
     assert_failure(
         predict(grps_server, pb.GrpsMessage(model="broken", str_data="x")), 500, "RuntimeError: kaput"
     )
-    assert_failure(predict(grps_server, pb.GrpsMessage(model="unloadable", str_data="x")), 503, "not ready")
+    assert_failure(
+        predict(grps_server, pb.GrpsMessage(model="unloadable", str_data="x")),
+        503,
+        "'unloadable' has no available versions",
+    )
     wrong = pb.GenericTensorData(tensors=[int32_tensor("TEXT", [1])])
     assert_failure(
         predict(grps_server, pb.GrpsMessage(model="echo", gtensors=wrong)), 400, "DT_INT32 values cannot"

@@ -62,7 +62,11 @@ def test_model_metadata_is_yaml_with_grps_dtypes(client: httpx.Client) -> None:
     failure(
         client.post("/grps/v1/metadata/model", json={"str_data": "nosuch"}), 404, "unknown model 'nosuch'"
     )
-    failure(client.post("/grps/v1/metadata/model", json={"str_data": "simple-9"}), 404, "has no version '9'")
+    failure(
+        client.post("/grps/v1/metadata/model", json={"str_data": "simple-9"}),
+        404,
+        "'simple' version 9 is not found",
+    )
     failure(client.post("/grps/v1/metadata/model", json={"str_data": ""}), 400, "no model name")
     failure(client.post("/grps/v1/metadata/model", json={"gmap": {"s_s": {"a": "b"}}}), 400, "as str_data")
     response = client.get("/grps/v1/metadata/model")
@@ -160,9 +164,7 @@ def test_model_selection_name_version_body_wins_over_query(grps_client: httpx.Cl
     assert answer({"model": "echo-2"}, model="echo-1") == "v2:x"
     assert answer({"model": "my-model"}) == "v7:x"
     assert answer({"model": "my-model-1"}) == "v7:x"
-    failure(
-        predict(grps_client, {"str_data": "x", "model": "echo-3"}), 404, "model 'echo' has no version '3'"
-    )
+    failure(predict(grps_client, {"str_data": "x", "model": "echo-3"}), 404, "'echo' version 3 is not found")
     failure(predict(grps_client, {"str_data": "x"}, model="nosuch"), 404, "unknown model 'nosuch'")
     failure(predict(grps_client, {"str_data": "x"}), 400, "no model selected", "--grps-default-model")
 
@@ -194,24 +196,29 @@ def test_default_model_from_the_flag_or_the_only_model(start_server: ServerFacto
             b'{"model": "simple", "gtensors": {"tensors": [{"name": "INPUT0", "flat_int32": [1, 2, 3]}]}}',
             {},
             400,
-            "has shape [3] where the model expects [-1, 16]",
+            "unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got [3]",
         ),
         (
             b'{"model": "simple", "gmap": {"s_i32": {"NOPE": 1}}}',
             {},
             400,
-            "'NOPE' is unknown (expected: INPUT0, INPUT1)",
+            "unexpected inference input 'NOPE' for model 'simple'",
         ),
         (b'{"str_data": "1"}', {"model": "simple_string"}, 400, "model 'simple_string' has 2 of them"),
         (b'{"ndarray": [1]}', {"model": "simple"}, 400, "only floating-point input"),
-        (b'{"gmap": {"s_f": {"x": 1.5}}}', {"model": "simple", "x": "1"}, 400, "'x' is unknown"),
+        (
+            b'{"gmap": {"s_f": {"x": 1.5}}}',
+            {"model": "simple", "x": "1"},
+            400,
+            "unexpected inference input 'x'",
+        ),
         (
             b'{"gmap": {"s_s": {"x": "1"}}}',
             {"model": "half_plus_two"},
             400,
             "is FP32: DT_STRING values cannot fill it",
         ),
-        (b'{"str_data": "x", "model": "simple-x"}', {}, 404, "model 'simple' has no version 'x'"),
+        (b'{"str_data": "x", "model": "simple-x"}', {}, 404, "'simple' version x is not found"),
         (
             b'{"gtensors": {"tensors": [{"name": "x", "dtype": "DT_FLOAT64", "flat_float64": [1e300]}]}}',
             {"model": "half_plus_two"},
@@ -244,7 +251,12 @@ def test_wrong_method_and_model_failures(grps_client: httpx.Client) -> None:
         "model 'broken'",
         "RuntimeError: kaput",
     )
-    failure(predict(grps_client, {"str_data": "x", "model": "unloadable"}), 503, "not ready", "cannot load")
+    failure(
+        predict(grps_client, {"str_data": "x", "model": "unloadable"}),
+        503,
+        "'unloadable' has no available versions",
+        "cannot load",
+    )
     failure(predict(grps_client, raw=b"x" * 70000, model="echo"), 413, "--max-request-bytes")
     assert_connection_reused(grps_client, predict(grps_client, {"str_data": "x", "model": "echo"}))
 

@@ -451,7 +451,8 @@ def test_unload_with_live_sequences_ends_them(server: ServerProcess) -> None:
         assert assert_error(backlogged["response"], 503) == (
             "Server is stopping, scheduler for model has stopped accepting new inference requests"
         )
-        assert_error(client.post(infer, json=rest_body(71, 3)), 503, "unload_slot", "not ready")
+        gone = client.post(infer, json=rest_body(71, 3))
+        assert_error(gone, 503, "unload_slot", "has no available versions")
         reloaded = client.post("/v2/repository/models/unload_slot/load", json={})
         assert reloaded.status_code == 200, reloaded.text
         assert_error(client.post(infer, json=rest_body(71, 3)), 400, "must specify the START flag")

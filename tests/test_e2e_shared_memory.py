@@ -337,15 +337,20 @@ def test_data_beside_shared_memory_parameters(shm_server: ServerProcess, regions
     name = regions[0].name
     doc = rest_doc([("INPUT0", A32), ("INPUT1", B32)])
     doc["inputs"][0]["parameters"] = shm(name, 64)
-    assert_error(infer(shm_server, doc), 400, "has both 'data' and shared memory parameters")
+    assert_error(
+        infer(shm_server, doc),
+        400,
+        "Input must set only one of the following fields",
+        "But set 'data' 'shared_memory_region'",
+    )
     header = rest_doc([("INPUT0", {**shm(name, 64), "binary_data_size": 64}), ("INPUT1", B32)])
     body, headers = binary_body(header, A32.tobytes())
     response = rest(shm_server, "POST", "/v2/models/simple/infer", content=body, headers=headers)
-    assert_error(response, 400, "has both binary_data_size and shared memory parameters")
+    assert_error(response, 400, "But set 'binary_data_size' 'shared_memory_region'")
 
     request = grpc_request([("INPUT0", shm(name, 64)), ("INPUT1", B32)])
     request.inputs[0].contents = pb.InferTensorContents(int_contents=A)
-    message = "contents field must not be specified when using shared memory for 'INPUT0'"
+    message = "unexpected 'content' provided when using shared memory for input tensor 'INPUT0'"
     rpc(shm_server, "model_infer", request, error=Status.INVALID_ARGUMENT, message=message)
     request = grpc_request([("INPUT0", shm(name, 64)), ("INPUT1", B32)])
     request.raw_input_contents.append(A32.tobytes())  # two raw contents, one input not in a region

@@ -363,11 +363,11 @@ def test_body_over_the_limit_is_413(tf: httpx.Client) -> None:
 # ------------------------------------------------------------------------------------------ errors
 
 ERRORS = [
-    ("GET", "/v1/models/nope", None, 404, "unknown model 'nope'"),
-    ("POST", "/v1/models/nope:predict", {"instances": [1]}, 404, "unknown model"),
-    ("POST", HPT + "/versions/7:predict", {"instances": [1]}, 404, "no version '7'"),
+    ("GET", "/v1/models/nope", None, 404, "Request for unknown model: 'nope' is not found"),
+    ("POST", "/v1/models/nope:predict", {"instances": [1]}, 404, "Request for unknown model"),
+    ("POST", HPT + "/versions/7:predict", {"instances": [1]}, 404, "'half_plus_two' version 7 is not found"),
     ("GET", HPT + "/versions/7", None, 404, "Could not find version 7"),
-    ("GET", HPT + "/versions/7/metadata", None, 404, "no version '7'"),
+    ("GET", HPT + "/versions/7/metadata", None, 404, "'half_plus_two' version 7 is not found"),
     ("POST", HPT + "/versions/HELLO:predict", {"instances": [1]}, 400, "Malformed request"),
     ("GET", HPT + ":predict", None, 400, "Malformed request: GET"),
     ("GET", "/v1/models", None, 400, "Missing model name"),
@@ -385,7 +385,13 @@ ERRORS = [
     ("POST", HPT + ":predict", {"instances": [[1, 2], [3]]}, 400, "ragged"),
     ("POST", HPT + ":predict", {"instances": [{"x": 1}, [2]]}, 400, "item 1 is not an object"),
     ("POST", HPT + ":predict", {"instances": [{"z": 1}]}, 400, "unknown input(s) 'z'"),
-    ("POST", HPT + ":predict", {"instances": list(range(65))}, 400, "max_batch_size 64"),
+    (
+        "POST",
+        HPT + ":predict",
+        {"instances": list(range(65))},
+        400,
+        "inference request batch-size must be <= 64 for 'half_plus_two'",
+    ),
     ("POST", HPT + ":predict", {"signature_name": 100, "instances": [1]}, 400, "must be a string value"),
     ("POST", HPT + ":predict", {"signature_name": "other", "instances": [1]}, 400, '"other" not found'),
     ("POST", HPT + ":predict", [1, 2], 400, "must be a JSON object"),
@@ -433,8 +439,12 @@ def test_malformed_json(client: httpx.Client, body: bytes, fragment: str) -> Non
 def test_model_errors_and_unavailable_models(tf: httpx.Client, tf_server: ServerProcess) -> None:
     message = assert_error(tf.post("/v1/models/boom:predict", json={"instances": [[1.0]]}), 500, "boom")
     assert "Traceback" not in message
-    assert_error(tf.post("/v1/models/broken:predict", json={"instances": [[1.0]]}), 503, "not ready")
-    assert_error(tf.get("/v1/models/broken/metadata"), 503, "not ready")
+    assert_error(
+        tf.post("/v1/models/broken:predict", json={"instances": [[1.0]]}),
+        503,
+        "'broken' has no available versions",
+    )
+    assert_error(tf.get("/v1/models/broken/metadata"), 503, "'broken' has no available versions")
     (status,) = ok(tf.get("/v1/models/broken"))["model_version_status"]
     assert status["state"] == "END" and status["status"]["error_code"] == "UNKNOWN"
     assert "no such thing" in status["status"]["error_message"]

@@ -140,6 +140,18 @@ def test_a_traced_request_has_tritons_seven_timestamps(traced: ServerProcess, tm
         assert_in_order(streamed)
 
 
+def test_requests_of_a_sequence_are_traced_through_either_strategy(
+    traced: ServerProcess, tmp_path: Path
+) -> None:
+    with httpx.Client(base_url=traced.base_url) as client:
+        for index, model in enumerate(("direct", "oldest")):
+            parameters = {"sequence_id": 5, "sequence_start": True, "sequence_end": True}
+            assert infer(client, model, [4], parameters=parameters) == [8]
+            (one,) = traces(tmp_path / f"trace.json.{index}").values()
+            assert one["model_name"] == model
+            assert_in_order(one)
+
+
 def test_ensemble_steps_and_bls_calls_are_child_traces(traced: ServerProcess, tmp_path: Path) -> None:
     with httpx.Client(base_url=traced.base_url) as client:
         assert infer(client, "pipe", [1, 2]) == [3, 5]

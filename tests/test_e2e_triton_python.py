@@ -478,7 +478,7 @@ def test_bls_calls_another_model_of_the_server(server: ServerProcess, model: str
     ]
     assert after - before == (1 if model == "bls_sync" else 2)  # through add_sub's own scheduler
     inputs[1]["data"] = ["no_such_model"]
-    assert_error(infer(server, model, inputs), 404, "unknown model 'no_such_model'")
+    assert_error(infer(server, model, inputs), 404, "Request for unknown model: 'no_such_model' is not found")
 
 
 # ---------------------------------------------------------------------------------------- auto-complete

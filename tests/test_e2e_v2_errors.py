@@ -160,7 +160,7 @@ INFER_ERRORS = [
         "simple",
         _simple(simple_inputs(A * 9, B * 9, [9, 16])),
         400,
-        ["simple", "INPUT0", "max_batch_size"],
+        ["inference request batch-size must be <= 8 for 'simple'"],
     ),
     (
         "unknown-output",

@@ -214,7 +214,7 @@ def test_malformed_and_inconsistent_requests_are_invalid_argument(v2_server: Ser
         (bytes(simple_request(b=[]))[:-2] + b"\x3a\x00", "raw_input_contents holds 0 bytes"),
         (
             bytes(pb.ModelInferRequest(model_name="simple", inputs=[GOOD0], raw_input_contents=[b"", b""])),
-            "number of inputs",
+            "contents field must not be specified when using raw_input_contents for 'INPUT0'",
         ),
     ):
         grpc_error(v2_server, lambda s, d=data: send(s, d), Status.INVALID_ARGUMENT, fragment)

@@ -40,12 +40,15 @@ def test_server_metadata(client: httpx.Client) -> None:
     assert isinstance(doc["version"], str) and doc["version"]
     assert sorted(doc["extensions"]) == [
         "binary_tensor_data",
+        "classification",
         "cuda_shared_memory",
         "generate",
         "logging",
         "model_configuration",
         "model_repository",
         "model_repository(unload_dependents)",
+        "parameters",
+        "schedule_policy",
         "sequence",
         "sequence(string_id)",
         "statistics",

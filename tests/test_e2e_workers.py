@@ -48,9 +48,9 @@ def owner(server: ServerProcess, client: socket.socket) -> int:
         for line in table.readlines()[1:]:
             fields = line.split()
             local, remote, inode = fields[1], fields[2], fields[9]
-            if int(local.split(":")[1], 16) == server.port and int(remote.split(":")[1], 16) == port:
-                if inode in inodes:
-                    return inodes[inode]
+            ours = int(local.split(":")[1], 16) == server.port and int(remote.split(":")[1], 16) == port
+            if ours and inode in inodes:
+                return inodes[inode]
     raise AssertionError(f"no server process holds the connection from port {port}")
 
 

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from server.backends import backend_from_files
 from server.model_config import ConfigError, check_complete, load_model_config, normalize_config, parse_pbtxt
 
 # Triton's own docs/examples/model_repository/simple/config.pbtxt.
@@ -372,7 +373,6 @@ def test_input_is_not_modified():
     ("changes", "message"),
     [
         ({"name": "other"}, "configuration name 'other' does not match the model directory name"),
-        ({"backend": None}, "must specify 'backend' or 'platform'"),
         (
             {"backend": None, "platform": "caffe2_netdef"},
             "unknown platform 'caffe2_netdef'; specify 'backend'",
@@ -514,3 +514,35 @@ def test_validation_error_names_the_model_directory(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_model_config(model)
     assert str(info.value) == "model 'simple': input 'INPUT0' has unknown data_type 'TYPE_FOO'"
+
+
+@pytest.mark.parametrize(
+    ("files", "backend", "platform"),
+    [
+        (["model.onnx"], "onnxruntime", "onnxruntime_onnx"),
+        (["model.py"], "python", ""),
+        (["model.pt"], "pytorch", "pytorch_libtorch"),
+        (["model.pt2"], "pytorch", "pytorch_libtorch"),
+        (["model.py", "model.onnx"], "onnxruntime", "onnxruntime_onnx"),  # Triton looks for ONNX first
+    ],
+)
+def test_a_config_naming_no_backend_takes_it_from_the_model_file(
+    tmp_path: Path, files: list[str], backend: str, platform: str
+) -> None:
+    """As Triton's auto-complete: model.onnx -> onnxruntime, model.py -> python, model.pt -> pytorch."""
+    config = normalize_config(_base(backend=None, input=None, output=None), "m")
+    assert config["backend"] == config["platform"] == ""  # left to the model file
+    for name in files:
+        (tmp_path / name).write_bytes(b"")
+    completed = backend_from_files(tmp_path, config)
+    assert (completed["backend"], completed["platform"]) == (backend, platform)
+
+
+def test_default_model_filename_tells_the_backend_and_nothing_else_does(tmp_path: Path) -> None:
+    config = normalize_config(_base(backend=None, default_model_filename="model.onnx"), "m")
+    assert backend_from_files(tmp_path, config)["backend"] == "onnxruntime"
+    (tmp_path / "model.savedmodel").mkdir()
+    with pytest.raises(ConfigError, match="model 'm': must specify 'backend' or 'platform'"):
+        backend_from_files(tmp_path, normalize_config(_base(backend=None), "m"))
+    given = normalize_config(_base(backend="pytorch"), "m")
+    assert backend_from_files(tmp_path, given) is given  # a config that says is never second-guessed

@@ -1,5 +1,6 @@
 """The models and readers the trace tests share: a small repository (a plain model, a batched one, an
-ensemble and a BLS model), and Triton's JSON trace files read back as trace_summary.py reads them."""
+ensemble, a BLS model and two stateful ones), and Triton's JSON trace files read back as
+trace_summary.py reads them."""
 
 from __future__ import annotations
 
@@ -60,6 +61,15 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse([out]))
         return responses
 """
+# A stateful model, through the sequence batcher's strategy named in its config.
+SEQUENCED = """
+name: "{name}"
+backend: "python"
+max_batch_size: 4
+input [ {{ name: "INPUT0" data_type: TYPE_INT32 dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [ -1 ] }} ]
+sequence_batching {{ {strategy} {{ }} }}
+"""
 COMPUTE = ["COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"]
 ORDER = ["REQUEST_START", "QUEUE_START", *COMPUTE, "REQUEST_END"]
 
@@ -80,11 +90,13 @@ def write_trace_repository(repo: Path) -> Path:
     write_model(repo, "batched", BATCHED, {1: DOUBLE})
     write_model(repo, "pipe", PIPE, {1: None})
     write_model(repo, "bls", int32_model("bls"), {1: BLS})
+    for strategy in ("direct", "oldest"):
+        write_model(repo, strategy, SEQUENCED.format(name=strategy, strategy=strategy), {1: DOUBLE})
     return repo
 
 
 def infer(client: httpx.Client, model: str, values: list[int], **fields: object) -> list[int]:
-    shape = [1, len(values)] if model == "batched" else [len(values)]
+    shape = [1, len(values)] if model in ("batched", "direct", "oldest") else [len(values)]
     body = {"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": shape, "data": values}], **fields}
     response = client.post(f"/v2/models/{model}/infer", json=body)
     assert response.status_code == 200, response.text

@@ -10,10 +10,40 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from server.model_config import ConfigError
+
 if TYPE_CHECKING:
     from server.backends.base import Backend, Host
 
 SUPPORTED = ("python", "pytorch", "onnxruntime", "ensemble")
+
+
+# Triton's auto-complete (core model_config_utils.cc AutoCompleteBackendFields): the model file that
+# tells a config naming neither backend nor platform which backend it is, and the platform it then gets.
+MODEL_FILES = {
+    "model.onnx": ("onnxruntime", "onnxruntime_onnx"),
+    "model.pt": ("pytorch", "pytorch_libtorch"),
+    "model.pt2": ("pytorch", "pytorch_libtorch"),
+    "model.py": ("python", ""),
+}
+
+
+def backend_from_files(version_dir: Path, config: dict) -> dict:
+    """The config with `backend` (and `platform`) filled, when it names neither, from its
+    `default_model_filename` or else the model file in `version_dir`, as Triton's auto-complete does;
+    raises ConfigError when nothing tells."""
+    if config.get("backend") or config.get("platform"):
+        return config
+    filename = config.get("default_model_filename")
+    names = [filename] if filename else [n for n in MODEL_FILES if (version_dir / n).exists()]
+    if not names or names[0] not in MODEL_FILES:
+        held = f"default_model_filename '{filename}'" if filename else f"version folder {version_dir.name}"
+        raise ConfigError(
+            f"model '{config['name']}': must specify 'backend' or 'platform' ({held} is none of "
+            f"{', '.join(MODEL_FILES)}, the files that tell the backend)"
+        )
+    backend, platform = MODEL_FILES[names[0]]
+    return {**config, "backend": backend, "platform": platform}
 
 
 def complete_config(version_dir: Path, config: dict, host: Host | None = None) -> dict:

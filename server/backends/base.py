@@ -33,6 +33,9 @@ class Backend(Protocol):
     # its arrays and its InferRequest) and answers one entry per job, its outputs or the InferError that
     # answers it alone; `execute_stream(inputs, request)` gets the request beside its arrays.
     per_request: bool = False
+    # `execute(inputs, parameters)` (and `execute_stream(inputs, parameters)`): given the custom parameters
+    # of its requests (codec.tensor.custom_parameters), which the dynamic batcher keeps one per batch.
+    with_parameters: bool = False
 
     # Streaming: `execute_stream(inputs)`, an async generator, one answer per yield (None: the backend does
     # not stream). A `stream_only` backend has no plain execute: a plain infer is refused before it counts.

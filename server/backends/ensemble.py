@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+from batcher.execution import parameters_of
 from codec.datatypes import BY_CONFIG
 from codec.errors import ErrorKind, InferError
 from codec.tensor import InferRequest, RequestedOutput, Tensor
@@ -61,7 +62,9 @@ class _Step:
 class EnsembleBackend(Backend):
     is_async = True
     instances = CONCURRENCY
-    per_request = True  # execute(jobs): each request apart, with its trace (its steps' are its children)
+    # execute(jobs): each request apart, with its trace (its steps' are its children) and its custom
+    # parameters (they go on to every step, as in Triton)
+    per_request = True
 
     def __init__(self, config: dict, host: Host | None) -> None:
         self.name: str = config["name"]
@@ -83,13 +86,16 @@ class EnsembleBackend(Backend):
 
     async def _answer(self, job: Job) -> dict[str, Any] | InferError:
         try:
-            return await self._run_steps(job.inputs, job.trace)
+            return await self._run_steps(job.inputs, parameters_of(job), job.trace)
         except InferError as e:
             return e
 
-    async def _run_steps(self, inputs: dict[str, Any], trace: Trace | None) -> dict[str, Any]:
-        """Runs the steps, each as soon as its inputs exist; a chain runs without a task per step. A traced
-        request's steps are traced as its children."""
+    async def _run_steps(
+        self, inputs: dict[str, Any], parameters: dict[str, Any], trace: Trace | None
+    ) -> dict[str, Any]:
+        """Runs the steps, each as soon as its inputs exist; a chain runs without a task per step. Each
+        step's request carries the ensemble request's custom `parameters`; a traced request's steps are
+        traced as its children."""
         tensors = dict(inputs)
         waiting = list(self.steps)
         running: dict[asyncio.Future, _Step] = {}
@@ -99,10 +105,10 @@ class EnsembleBackend(Backend):
                 for step in ready:
                     waiting.remove(step)
                 if len(ready) == 1 and not running:
-                    tensors.update(await self._run(ready[0], tensors, trace))
+                    tensors.update(await self._run(ready[0], tensors, parameters, trace))
                     continue
                 for step in ready:
-                    running[asyncio.ensure_future(self._run(step, tensors, trace))] = step
+                    running[asyncio.ensure_future(self._run(step, tensors, parameters, trace))] = step
                 if not running:
                     names = ", ".join(step.label() for step in waiting)
                     raise InferError(
@@ -119,13 +125,15 @@ class EnsembleBackend(Backend):
                 future.cancel()
         return {name: tensors[name] for name in self.outputs}
 
-    async def _run(self, step: _Step, tensors: dict[str, Any], trace: Trace | None) -> dict[str, Any]:
+    async def _run(
+        self, step: _Step, tensors: dict[str, Any], parameters: dict[str, Any], trace: Trace | None
+    ) -> dict[str, Any]:
         """One step: a request to its model (through its scheduler), its outputs under ensemble names."""
         arrays = [
             Tensor(name, datatype, tensors[source].shape, tensors[source])
             for name, (source, datatype) in step.inputs.items()
         ]
-        request = InferRequest(step.model, step.version, None, arrays, step.requested)
+        request = InferRequest(step.model, step.version, None, arrays, step.requested, dict(parameters))
         if trace is not None:
             request.trace = trace.child()
         try:

@@ -77,7 +77,10 @@ class OnnxRuntimeBackend(Backend):
         self.output_names += [name for name in states if name not in self.output_names]
 
     def execute(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        feed = {name: np.ascontiguousarray(array) for name, array in inputs.items()}
+        feed = {
+            name: _strings(name, array) if array.dtype == object else np.ascontiguousarray(array)
+            for name, array in inputs.items()
+        }
         try:
             results = self.session.run(self.output_names, feed)
         except Exception as e:  # onnxruntime's own errors: a bad shape or value for this graph
@@ -86,6 +89,22 @@ class OnnxRuntimeBackend(Backend):
 
     def close(self) -> None:
         self.session = None
+
+
+def _strings(name: str, array: np.ndarray) -> np.ndarray:
+    """A BYTES input as ONNX Runtime takes a string tensor: `str` elements (given `bytes`, its Cast and
+    string ops fail, e.g. "stoll"). ORT strings are UTF-8; other bytes are refused naming the input."""
+    out = np.empty(array.shape, dtype=object)
+    flat = out.reshape(-1)
+    try:
+        for i, element in enumerate(array.reshape(-1)):
+            flat[i] = element.decode("utf-8") if isinstance(element, bytes) else str(element)
+    except UnicodeDecodeError:
+        raise InferError(
+            ErrorKind.INVALID_ARGUMENT,
+            f"input '{name}' holds bytes that are not UTF-8: onnxruntime takes BYTES tensors as strings",
+        ) from None
+    return out
 
 
 def _providers(config: dict, available: list[str]) -> list:

@@ -26,6 +26,7 @@ from codec.errors import ErrorKind, InferError
 from codec.tensor import InferRequest as _Request
 from codec.tensor import RequestedOutput as _RequestedOutput
 from codec.tensor import Tensor as _WireTensor
+from codec.tensor import custom_parameters
 
 if TYPE_CHECKING:
     from server.backends.base import Host
@@ -405,8 +406,8 @@ def received_request(
         if served.trace is not None:
             request._trace = InferenceTrace(served.trace)
         request._correlation_id, request._flags = served.sequence_id, served.sequence_flags
-        if served.parameters:
-            request._parameters = json.dumps(served.parameters)
+        if served.parameters:  # its custom ones: Triton gives a model no reserved parameter
+            request._parameters = json.dumps(custom_parameters(served.parameters))
         if served.outputs is not None:
             request._requested = [o.name for o in served.outputs]
     request._sender = sender

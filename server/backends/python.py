@@ -6,6 +6,8 @@ The class is `TritonPythonModel` or `Model`, or else the one class in the module
     class Model:
         def initialize(self, config: dict) -> None: ...            # optional; the model config as JSON
         def execute(self, inputs: dict[str, Array]) -> dict[str, Array]: ...
+        # or execute(self, inputs, parameters): also the request's custom parameters (a dict; requests
+        # batch together only when theirs agree)
         def finalize(self) -> None: ...                             # optional
         async def execute_stream(self, inputs): yield {...}        # optional: one answer per yield
 
@@ -63,6 +65,7 @@ class PythonBackend(Backend):
             self.model.initialize(config)
         execute = getattr(self.model, "execute", None)
         self.stream_only = execute is None  # the server refuses a plain infer before it is counted
+        self.with_parameters = execute is not None and _takes_parameters(execute)
         execute = execute or _no_execute(config["name"])
         self.is_async = inspect.iscoroutinefunction(execute)
         # inputs -> outputs dict (an awaitable of it when async); bound directly: one call less per batch
@@ -70,6 +73,9 @@ class PythonBackend(Backend):
         stream = getattr(self.model, "execute_stream", None)
         if stream is not None and not inspect.isasyncgenfunction(stream):
             raise TypeError(f"{path}: execute_stream must be an async generator (async def with yield)")
+        if stream is not None and _takes_parameters(stream) != self.with_parameters and not self.stream_only:
+            raise TypeError(f"{path}: execute and execute_stream must both take `parameters`, or neither")
+        self.with_parameters = self.with_parameters or (stream is not None and _takes_parameters(stream))
         self.execute_stream: Callable[[dict[str, Any]], AsyncIterator[Any]] | None = stream
         # grps customized HTTP (server/endpoints/customized.py): handle_http(http), plain or async
         self.handle_http: Callable[[Any], Any] | None = getattr(self.model, "handle_http", None)
@@ -78,8 +84,16 @@ class PythonBackend(Backend):
         self._module.unload(self.model)
 
 
+def _takes_parameters(method: Callable[..., Any]) -> bool:
+    """Whether a model method takes the request's custom parameters: `execute(self, inputs, parameters)`."""
+    try:
+        return "parameters" in inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def _no_execute(model: str) -> Callable[[dict[str, Any]], Any]:
-    def execute(inputs: dict[str, Any]) -> Any:
+    def execute(inputs: dict[str, Any], *_: Any) -> Any:
         raise stream_only_error(model)
 
     return execute

@@ -23,19 +23,23 @@ if TYPE_CHECKING:
     from server.shared_memory import SharedMemory
     from server.tracing.tracer import Tracer
 
+# Server metadata's extensions: exactly those implemented, in Triton's words and order (core server.cc).
 EXTENSIONS = [
-    "binary_tensor_data",
-    "model_configuration",
+    "classification",
+    "sequence",  # Triton's sequence extension: sequence_id, sequence_start, sequence_end
+    "sequence(string_id)",  # sequence_id may be a string
     "model_repository",
     "model_repository(unload_dependents)",
-    "statistics",
+    "schedule_policy",
+    "model_configuration",
     "system_shared_memory",
     "cuda_shared_memory",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
     "trace",
     "logging",
     "generate",  # Triton's own metadata leaves it out; the extension's name in its docs
-    "sequence",  # Triton's sequence extension: sequence_id, sequence_start, sequence_end
-    "sequence(string_id)",  # sequence_id may be a string
 ]
 
 
