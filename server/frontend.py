@@ -201,6 +201,8 @@ class EngineClient:
         target = self.calls.get(call_id)
         if target is None:
             return  # a call cancelled meanwhile
+        if isinstance(target, asyncio.Future) and target.done():
+            return  # cancelled in this loop pass: its task has not yet run to forget it
         if isinstance(target, Inbox):
             target.put(kind, message[2] if len(message) > 2 else None)
         elif kind == ipc.RESULT:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import struct
 from collections.abc import Callable
 from typing import Any
 
 from codec.ipc import pack, unpack
 
+log = logging.getLogger("tensorgate.link")
 _LENGTH = struct.Struct("<I")
 READ_BUFFER = 256 << 10
 
@@ -85,7 +87,10 @@ class Link(asyncio.BufferedProtocol):
                 break
             message = unpack(view[pos + 4 : pos + 4 + length])
             pos += 4 + length
-            self.on_message(message)
+            try:
+                self.on_message(message)
+            except Exception:  # a fault handling one message fails that call alone, not the whole link
+                log.exception("a message over the link failed; dropped")
         if pos == end:
             self.start = self.end = 0
         else:
