@@ -18,13 +18,15 @@ serve: $(STAMP)
 	$(BIN)/tensorgate serve --model-repository $(REPO) $(ARGS)
 
 # The whole suite on our transport, then the HTTP end-to-end tests again on the reference transport
-# (hypercorn): a difference between the two is a failing test. Tests marked `ours` cover our transport's
-# own limits and are not run there.
+# (hypercorn): a difference between the two is a failing test; then every end-to-end test again with
+# `--workers 2` (front-end workers beside the engine). Tests marked `ours` cover our transport's own
+# limits (counted per process) and are not run in those two passes.
 HTTP_E2E = $(filter-out %grpc.py %grpc_stream.py,$(wildcard tests/test_e2e_*.py))
 
 test: lint browser peers
 	TENSORGATE_REQUIRE_FUZZ=1 $(BIN)/python -m pytest -q $(ARGS)
 	TENSORGATE_TEST_HTTP_SERVER=hypercorn $(BIN)/python -m pytest -q -m "not ours" $(HTTP_E2E) $(ARGS)
+	TENSORGATE_TEST_WORKERS=2 $(BIN)/python -m pytest -q -m "not ours" $(wildcard tests/test_e2e_*.py) $(ARGS)
 
 # The monitor page's browser test drives Debian's chromium through chromium-driver. Installed here where
 # apt-get can (root, a Debian machine); otherwise that one test is skipped, and this says why.
@@ -63,6 +65,7 @@ bench: peers
 	$(BIN)/python -m bench.perf_analyzer $(ARGS)
 	$(BIN)/python -m bench.grpc_bench $(ARGS)
 	$(BIN)/python -m bench.ensemble $(ARGS)
+	$(BIN)/python -m bench.workers $(ARGS)
 	$(BIN)/python -m bench $(ARGS)
 
 # Every parser's fuzz target under atheris, FUZZ_SECONDS each (see fuzz/__main__.py; findings land in

@@ -67,11 +67,13 @@ _H2LOAD = re.compile(
 _H2LOAD_TIME = re.compile(r"finished in ([\d.]+)(m?s)")
 
 
-def wrk(port: int, script: str, seconds: float, connections: int = 16) -> tuple[int, float, str]:
+def wrk(
+    port: int, script: str, seconds: float, connections: int = 16, threads: int = 1
+) -> tuple[int, float, str]:
     out = _run(
         [
             "wrk",
-            "-t1",
+            f"-t{threads}",
             f"-c{connections}",
             f"-d{max(1, round(seconds))}s",
             "-s",
@@ -85,12 +87,11 @@ def wrk(port: int, script: str, seconds: float, connections: int = 16) -> tuple[
     return (int(found.group(1)), float(found.group(2)), note) if found else (0, 0.0, out[-200:])
 
 
-def h2load(port: int, body_file: str, requests: int) -> tuple[int, float, str]:
+def h2load(port: int, body_file: str, requests: int, clients: str = "-c4 -m4") -> tuple[int, float, str]:
     out = _run(
         [
             "h2load",
-            "-c4",
-            "-m4",
+            *clients.split(),
             f"-n{requests}",
             "-d",
             body_file,

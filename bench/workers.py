@@ -1,0 +1,326 @@
+"""python -m bench.workers: `--workers N` side by side, and beside real Triton 2.51 (issue 26).
+
+Servers, all up at once on 127.0.0.1, in rounds whose order alternates (A B C, C B A, ...):
+
+    w1, w2, ...   `python -m server serve` on the example repository with `--workers 1`, `2`, ...
+    triton        with `--triton KIT`: Triton 2.51 serving `simple` on its C++ backend
+                  (../shared/triton: run its setup.sh first; TRITON_HOME as it says)
+
+Scenarios (requests/s over all rounds; server CPU per request, summed over every process of the server, the
+median of the rounds):
+- json-h1: wrk -t`--wrk-threads` -c16, POST /v2/models/simple/infer (JSON).
+- grpc: h2load -c8 -m4, ModelInfer on `simple` (raw contents), gRPC framing. Eight connections: with four the
+  kernel sometimes hands every one to the same process.
+- json-h2: h2load -c8 -m4, the JSON request over h2c (Triton has no h2c: ours only).
+- binary: a 64 MiB FP32 tensor through identity_fp32 and back over HTTP/1.1 (bench.transport's `binary`) on
+  the largest worker count: GB/s both ways, peak RSS growth of all its processes over the payload.
+- batching: the example MLP (dynamic batching) at 64 connections (h2load --h1 -c64, one binary row a
+  request); the mean batch size from the statistics (rows inferred / executions).
+
+The process hop (what a request served through a worker costs beyond one process) is the CPU per request of
+w2 less w1's, round by round: with two processes about half the requests hop, so the per-hop figure is
+twice that.
+
+    python -m bench.workers [--workers 1 2] [--triton ../shared/triton] [--rounds 3] [--duration 4]
+"""
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+
+from bench.batching import infer_request as mlp_request
+from bench.crosscheck import _lua_string
+from bench.grpc_bench import grpc_body
+from bench.grpc_bench import h2load as grpc_h2load
+from bench.grpc_load import INFER_PATH
+from bench.grpc_load import infer_request as grpc_request
+from bench.harness import JSON_BODY
+from bench.procs import ServerProcess, cpu_clock, serve_argv
+from bench.transport import _run, binary, binary_body, h2load, save, summarize, wrk
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCENARIOS = ("json-h1", "grpc", "json-h2", "binary", "batching")
+TRITON = "triton"
+TARGETS = (  # (scenario, server, against, at least): the issue's req/s targets
+    ("json-h1", "w2", "w1", 1.4),
+    ("grpc", "w2", "w1", 1.4),
+    ("json-h2", "w2", "w1", 1.3),
+    ("json-h1", "w2", TRITON, 1.3),
+    ("grpc", "w2", TRITON, 1.3),
+)
+HOP_TARGET_US = 8.0
+BINARY_TARGET = (2.5, 1.1)  # GB/s at least, peak RSS growth at most (x payload)
+
+
+class Triton:
+    """Triton 2.51 on the kit's C++ backend (`start.sh cxx`), on three free ports."""
+
+    def __init__(self, kit: str) -> None:
+        self.port, self.grpc_port, metrics = free_ports(3)
+        out = subprocess.run(
+            [os.path.join(kit, "start.sh"), "cxx", str(self.port), str(self.grpc_port), str(metrics)],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        if out.returncode != 0:
+            raise RuntimeError(f"Triton did not start: {out.stderr[-2000:]}")
+        self.pid = int(out.stdout.split()[-1])
+
+    def stop(self) -> None:
+        try:
+            os.kill(self.pid, 15)
+        except ProcessLookupError:
+            return
+        for _ in range(300):
+            if not os.path.exists(f"/proc/{self.pid}"):
+                return
+            time.sleep(0.1)
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def drive(name: str, server, args, files) -> tuple[int, float, str]:
+    if name == "json-h1":
+        return wrk(server.port, files["lua"], args.duration, threads=args.wrk_threads)
+    if name == "json-h2":
+        warm = h2load(server.port, files["json"], 2000, "-c8 -m4")
+        count = max(2000, int(warm[0] / warm[1] * args.duration)) if warm[1] else 2000
+        return h2load(server.port, files["json"], count, "-c8 -m4")
+    warm = grpc_h2load(server.grpc_port, INFER_PATH, files["grpc"], 2000, "-c8 -m4")
+    count = max(2000, int(warm[0] / warm[1] * args.duration)) if warm[1] else 2000
+    return grpc_h2load(server.grpc_port, INFER_PATH, files["grpc"], count, "-c8 -m4")
+
+
+def load_rounds(name: str, servers: dict, args, files) -> dict:
+    order = [key for key in servers if not (name == "json-h2" and key == TRITON)]
+    per_server: dict[str, list[dict]] = {key: [] for key in order}
+    for round_no in range(args.rounds):
+        for key in order if round_no % 2 == 0 else order[::-1]:
+            server = servers[key]
+            cpu = cpu_clock(server.pid)
+            requests, seconds, note = drive(name, server, args, files)
+            used = cpu_clock(server.pid) - cpu
+            result = {
+                "requests": requests,
+                "seconds": seconds,
+                "rps": requests / seconds if seconds else 0.0,
+                "cpu_us": 1e6 * used / requests if requests else float("nan"),
+                "cores": used / seconds if seconds else 0.0,
+                "note": note,
+            }
+            per_server[key].append(result)
+            print(
+                f"  {name} round {round_no + 1} {key}: {result['rps']:.0f} req/s, "
+                f"{result['cpu_us']:.1f} us, {result['cores']:.2f} cores {note}",
+                file=sys.stderr,
+            )
+    return {key: summarize(rounds) for key, rounds in per_server.items()} | {"rounds": per_server}
+
+
+def batching(server: ServerProcess, args, files) -> dict:
+    """The MLP at 64 connections for `args.duration` s: rows inferred per execution, from the statistics."""
+    base = f"http://127.0.0.1:{server.port}/v2/models/mlp/stats"
+
+    def counts() -> tuple[int, int]:
+        (stats,) = httpx.get(base, timeout=10).json()["model_stats"]
+        return stats["inference_count"], stats["execution_count"]
+
+    header, raw = files["mlp"]
+    argv = [
+        "h2load",
+        "--h1",
+        "-c64",
+        "-m1",
+        "-w30",
+        "-W30",
+        "-d",
+        raw,
+        "-H",
+        f"inference-header-content-length: {header}",
+    ]
+    _run([*argv, "-n2000", f"http://127.0.0.1:{server.port}/v2/models/mlp/infer"], 120)  # warm
+    before = counts()
+    started = time.monotonic()
+    out = _run(
+        [*argv, f"-D{max(1, round(args.duration))}", f"http://127.0.0.1:{server.port}/v2/models/mlp/infer"],
+        120,
+    )
+    seconds = time.monotonic() - started
+    after = counts()
+    rows, executions = after[0] - before[0], after[1] - before[1]
+    return {
+        "rows": rows,
+        "rps": rows / seconds,
+        "mean_batch": rows / executions if executions else 0.0,
+        "note": "" if " 0 failed" in out else out[-300:],
+    }
+
+
+def hop_us(rounds: dict, key: str = "w2", base: str = "w1") -> tuple[float, float, float]:
+    """Median, min, max over rounds of the extra CPU per request of `key` over `base`."""
+    extra = [a["cpu_us"] - b["cpu_us"] for a, b in zip(rounds[key], rounds[base], strict=True)]
+    return statistics.median(extra), min(extra), max(extra)
+
+
+def ratio(rounds: dict, key: str, base: str) -> tuple[float, float, float]:
+    ratios = [a["rps"] / b["rps"] for a, b in zip(rounds[key], rounds[base], strict=True) if b["rps"]]
+    return statistics.median(ratios), min(ratios), max(ratios)
+
+
+def yes(met: bool) -> str:
+    return "yes" if met else "no"
+
+
+def report(results: dict, args) -> str:
+    cores = os.cpu_count()
+    lines = [
+        f"# `--workers` side by side: {time.strftime('%Y-%m-%d')}",
+        "",
+        f"`python -m bench.workers {' '.join(args.argv)}` on {args.machine} ({cores} cores); the load "
+        f"generators run on the same cores. {args.rounds} rounds of {args.duration:g} s per server, order "
+        "alternating; req/s over all rounds, server CPU per request (every process of the server) the "
+        "median of the rounds.",
+        "",
+        "| scenario | server | req/s | CPU/request | cores used | notes |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in ("json-h1", "grpc", "json-h2"):
+        for key, value in results.get(name, {}).items():
+            if key != "rounds":
+                notes = "; ".join(value["notes"])
+                lines.append(
+                    f"| {name} | {key} | {value['rps']:,.0f} | {value['cpu_us']:.1f} µs | "
+                    f"{value['cores']:.2f} | {notes} |"
+                )
+    lines += [
+        "",
+        "| target | measured (median of rounds) | per-round range | goal | met |",
+        "|---|---|---|---|---|",
+    ]
+    for name, key, base, goal in TARGETS:
+        rounds = results.get(name, {}).get("rounds", {})
+        if key in rounds and base in rounds:
+            mid, low, high = ratio(rounds, key, base)
+            met = "yes" if mid >= goal else "no"
+            lines.append(
+                f"| {name} req/s {key} / {base} | {mid:.2f}x | {low:.2f}-{high:.2f} | >= {goal}x | {met} |"
+            )
+    for name in ("json-h1", "grpc", "json-h2"):
+        rounds = results.get(name, {}).get("rounds", {})
+        if "w2" in rounds and "w1" in rounds:
+            mid, low, high = hop_us(rounds)
+            lines.append(
+                f"| {name} CPU/request w2 - w1 (about half the requests hop) | {mid:+.1f} µs | "
+                f"{low:+.1f}-{high:+.1f} | <= {HOP_TARGET_US:g} µs | {yes(mid <= HOP_TARGET_US)} |"
+            )
+    if "binary" in results:
+        value = results["binary"]
+        if "error" in value:
+            lines.append(f"| 64 MiB binary round trip | {value['error']} | | | no |")
+        else:
+            gbs, rss = BINARY_TARGET
+            lines.append(
+                f"| 64 MiB binary round trip, {args.workers[-1]} workers | {value['gb_s']:.2f} GB/s | | "
+                f">= {gbs} GB/s | {'yes' if value['gb_s'] >= gbs else 'no'} |"
+            )
+            lines.append(
+                f"| its peak RSS growth, all processes | {value['rss_growth_x']:.2f}x the payload | | "
+                f"<= {rss}x | {'yes' if value['rss_growth_x'] <= rss else 'no'} |"
+            )
+    batches = results.get("batching", {})
+    if "w1" in batches and "w2" in batches:
+        one, two = batches["w1"]["mean_batch"], batches["w2"]["mean_batch"]
+        lines.append(
+            f"| MLP mean batch at c=64, w2 (w1) | {two:.1f} ({one:.1f}) | | >= w1's | {yes(two >= one)} |"
+        )
+    if batches:
+        lines += ["", "| MLP at c=64 | rows/s | mean batch | notes |", "|---|---|---|---|"]
+        for key, value in batches.items():
+            lines.append(f"| {key} | {value['rps']:,.0f} | {value['mean_batch']:.1f} | {value['note']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.workers", description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="worker counts side by side")
+    parser.add_argument("--triton", metavar="KIT", help="../shared/triton, set up: Triton on C++ beside ours")
+    parser.add_argument("--duration", type=float, default=4.0, help="seconds per server per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--wrk-threads", type=int, default=1, help="wrk -t (more on a many-core machine)")
+    parser.add_argument("--binary-mib", type=int, default=64)
+    parser.add_argument("--binary-trips", type=int, default=10)
+    parser.add_argument("--only", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
+    parser.add_argument("--machine", default="vm", help="what the report names the machine")
+    parser.add_argument("--out", default="bench/results")
+    args = parser.parse_args(argv)
+    args.argv = argv if argv is not None else sys.argv[1:]
+    if shutil.which("wrk") is None or shutil.which("h2load") is None:
+        parser.error("needs wrk and h2load (apt-get install wrk nghttp2-client)")
+    results: dict = {}
+    with tempfile.TemporaryDirectory() as directory:
+        files = {
+            "dir": directory,
+            "json": os.path.join(directory, "body.json"),
+            "lua": os.path.join(directory, "post.lua"),
+            "grpc": os.path.join(directory, "grpc"),
+        }
+        with open(files["json"], "wb") as f:
+            f.write(JSON_BODY)
+        with open(files["lua"], "w") as f:
+            f.write(
+                f'wrk.method = "POST"\nwrk.body = {_lua_string(JSON_BODY)}\n'
+                'wrk.headers["Content-Type"] = "application/json"\n'
+            )
+        with open(files["grpc"], "wb") as f:
+            f.write(grpc_body([bytes(grpc_request())]))
+        request = mlp_request("127.0.0.1", 0, "mlp")
+        body = request.split(b"\r\n\r\n", 1)[1]
+        header = int(request.split(b"Inference-Header-Content-Length: ", 1)[1].split(b"\r\n", 1)[0])
+        files["mlp"] = (header, os.path.join(directory, "mlp"))
+        with open(files["mlp"][1], "wb") as f:
+            f.write(body)
+        if "binary" in args.only:
+            files["binary"] = binary_body(args.binary_mib, directory)
+        servers: dict = {}
+        try:
+            for count in args.workers:
+                servers[f"w{count}"] = ServerProcess([*serve_argv(), "--workers", str(count)], cwd=ROOT)
+            if args.triton:
+                servers[TRITON] = Triton(args.triton)
+            for name in ("json-h1", "grpc", "json-h2"):
+                if name in args.only:
+                    results[name] = load_rounds(name, servers, args, files)
+            ours = {key: server for key, server in servers.items() if key != TRITON}
+            if "batching" in args.only:
+                results["batching"] = {key: batching(server, args, files) for key, server in ours.items()}
+            if "binary" in args.only:
+                largest = f"w{args.workers[-1]}"
+                for key in [key for key in servers if key != largest]:
+                    servers.pop(key).stop()  # the round trip alone on the cores
+                results["binary"] = binary(servers[largest], False, args, files)
+        finally:
+            for server in servers.values():
+                server.stop()
+    save(report(results, args), results, args, "workers")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
