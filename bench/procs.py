@@ -124,10 +124,10 @@ def process_tree(pid: int) -> list[int]:
     return tree
 
 
-def cpu_clock(pid: int) -> float:
-    """CPU seconds (user + system) a process and its descendants have used so far."""
+def cpu_clock(pid: int, tree: bool = True) -> float:
+    """CPU seconds (user + system) a process and its descendants (or it alone) have used so far."""
     total = 0
-    for each in process_tree(pid):
+    for each in process_tree(pid) if tree else [pid]:
         try:
             with open(f"/proc/{each}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()

@@ -4,15 +4,17 @@ A message is a MessagePack array (msgspec: ~0.2 us to encode a `simple` request,
 pickle, so nothing a process receives can run code). Its first element says what it is (the `KIND`s
 below) and its second which call it belongs to. An InferRequest or InferResponse travels as nested arrays;
 each tensor as [name, datatype, shape, data, parameters], its data the v2 binary layout (BYTES
-length-prefixed, anything else C-order little-endian) or None for a tensor in a client's shared-memory
-region (the engine reads and writes those). Decoded numeric data is a numpy array over a copy of the
-message's bytes (msgpack's binary decodes to read-only bytes; models may write their inputs).
+length-prefixed, anything else C-order little-endian), or a descriptor [arena, offset, length] of those
+bytes in the shared memory between the two processes (server/arena.py: large tensors, given `arenas`),
+or None for a tensor in a client's shared-memory region (the engine reads and writes those). Decoded
+numeric data is a numpy array over the arena, or over a copy of the message's bytes (msgpack's binary
+decodes to read-only bytes; models may write their inputs).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import numpy as np
@@ -26,7 +28,18 @@ INFER, STREAM, HTTP, GRPC, CALL = 1, 2, 3, 4, 5  # worker -> engine: a call star
 MESSAGE, END, CANCEL = 6, 7, 8  # either way, within a call: a piece of a stream, its end, a cancel
 RESULT, ERROR, EVENT = 9, 10, 11  # engine -> worker: a call's answer, its error, news for every worker
 MORE = 12  # worker -> engine: a stream's consumer took a message (the engine sends AHEAD beyond those)
+RELEASE = 13  # either way: every view of a region of the receiver's arena is gone ([RELEASE, 0, offset])
 AHEAD = 8
+
+
+class Arenas(Protocol):
+    """Shared memory for large tensors (server/arena.LinkArenas)."""
+
+    def place(self, data: Any) -> list | None:
+        """A descriptor for these bytes (put in shared memory if they are not there yet), or None: inline."""
+
+    def take(self, descriptor: list) -> np.ndarray:
+        """The bytes a descriptor names, as a uint8 array."""
 
 
 def _plain(value: Any) -> Any:
@@ -51,33 +64,39 @@ def unpack(data: bytes | memoryview) -> Any:
 # ------------------------------------------------------------------------------------------ tensors
 
 
-def tensor_out(tensor: Tensor) -> list:
+def tensor_out(tensor: Tensor, arenas: Arenas | None = None) -> list:
     data = None if tensor.data is None else tensor_bytes(tensor)
+    if data is not None and arenas is not None:
+        data = arenas.place(data) or data
     return [tensor.name, tensor.datatype, tensor.shape, data, tensor.parameters or None]
 
 
-def tensor_in(item: list) -> Tensor:
+def tensor_in(item: list, arenas: Arenas | None = None) -> Tensor:
     name, datatype, shape, data, parameters = item
     shape = tuple(shape)
     if data is not None:
+        if type(data) is list:  # in shared memory
+            data = arenas.take(data)  # type: ignore[union-attr]
+        elif datatype != "BYTES":  # writable, as a tensor received in one process is (models hand them on)
+            data = bytearray(data)
         if datatype == "BYTES":
             data = decode_bytes(memoryview(data), math.prod(shape), f"tensor '{name}'").reshape(shape)
-        else:  # writable, as a tensor received in one process is (models hand them on, by DLPack too)
-            data = np.frombuffer(bytearray(data), BY_V2[datatype].numpy).reshape(shape)
+        else:
+            data = np.frombuffer(data, BY_V2[datatype].numpy).reshape(shape)
     return Tensor(name, datatype, shape, data, parameters or {})
 
 
 # ------------------------------------------------------------------------------------------ requests
 
 
-def request_out(request: InferRequest) -> list:
+def request_out(request: InferRequest, arenas: Arenas | None = None) -> list:
     outputs = request.outputs
     return [
         request.model_name,
         request.model_version,
         request.id,
         request.parameters or None,
-        [tensor_out(t) for t in request.inputs],
+        [tensor_out(t, arenas) for t in request.inputs],
         None
         if outputs is None
         else [[o.name, o.binary, o.parameters or None, o.class_count] for o in outputs],
@@ -88,7 +107,7 @@ def request_out(request: InferRequest) -> list:
     ]
 
 
-def request_in(item: list) -> InferRequest:
+def request_in(item: list, arenas: Arenas | None = None) -> InferRequest:
     (
         name,
         version,
@@ -105,7 +124,7 @@ def request_in(item: list) -> InferRequest:
         name,
         version,
         request_id,
-        [tensor_in(t) for t in inputs],
+        [tensor_in(t, arenas) for t in inputs],
         None if outputs is None else [RequestedOutput(n, b, p or {}, c) for n, b, p, c in outputs],
         parameters or {},
         binary_output,
@@ -115,16 +134,17 @@ def request_in(item: list) -> InferRequest:
     )
 
 
-def response_out(response: InferResponse) -> list:
+def response_out(response: InferResponse, arenas: Arenas | None = None) -> list:
     return [
         response.model_name,
         response.model_version,
         response.id,
         response.parameters or None,
-        [tensor_out(t) for t in response.outputs],
+        [tensor_out(t, arenas) for t in response.outputs],
     ]
 
 
-def response_in(item: list) -> InferResponse:
+def response_in(item: list, arenas: Arenas | None = None) -> InferResponse:
     name, version, response_id, parameters, outputs = item
-    return InferResponse(name, version, [tensor_in(t) for t in outputs], response_id, parameters or {})
+    outputs = [tensor_in(t, arenas) for t in outputs]
+    return InferResponse(name, version, outputs, response_id, parameters or {})

@@ -4,7 +4,9 @@ batchers and statistics, client shared-memory regions and the monitor, and servi
 accept connections on the same ports beside it, each on its own core, and send it their inference.
 
 The engine binds every port and hands the listening sockets to its workers, which accept on them; it
-starts each worker with a Unix socket of its own (server/link.py) and serves what comes over it:
+starts each worker with a Unix socket of its own (server/link.py) and two arenas of shared memory, the
+worker's and its own, for the large tensors each sends the other (server/arena.py), and serves what
+comes over the socket:
 inference requests as tensors (codec/ipc.py; a request that finishes without waiting is answered in the
 read callback, with no task), and every other route and gRPC method forwarded whole, answered by the same
 routers and services one process serves. It tells every worker its model table at start and after every
@@ -32,6 +34,7 @@ from grpclib.exceptions import GRPCError
 from codec import ipc
 from codec.errors import ErrorKind, InferError
 from server import assembly
+from server.arena import Arena, LinkArenas
 from server.http import eager
 from server.http.listener import Offline, raise_fd_limit, rebind
 from server.link import Credit, Inbox, Link
@@ -161,7 +164,10 @@ class Engine:
         fds = [s.fileno() for ss in sockets.values() for s in ss]
         while not self.stopping:
             ours, theirs = socket.socketpair()
-            spec = f"{theirs.fileno()};{listening}"
+            # the tensors each side sends the other (server/arena.py): fresh with each worker
+            worker_arena = Arena(self.args.worker_arena_bytes)
+            engine_arena = Arena(self.args.worker_arena_bytes)
+            spec = f"{theirs.fileno()},{worker_arena.fd},{engine_arena.fd};{listening}"
             process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
@@ -169,10 +175,10 @@ class Engine:
                 *self.args.argv,
                 "--worker-of",
                 spec,
-                pass_fds=[theirs.fileno(), *fds],
+                pass_fds=[theirs.fileno(), worker_arena.fd, engine_arena.fd, *fds],
             )
             theirs.close()
-            link = WorkerLink(self, index)
+            link = WorkerLink(self, index, engine_arena, worker_arena)
             await loop.create_unix_connection(lambda link=link: link.link, sock=ours)
             self.links.add(link)
             link.send_table(model_table(self.repository), self.sequence)
@@ -240,10 +246,11 @@ class Engine:
 class WorkerLink:
     """The engine's end of one worker's link: what the worker asks, served."""
 
-    def __init__(self, engine: Engine, index: int) -> None:
+    def __init__(self, engine: Engine, index: int, mine: Arena, yours: Arena) -> None:
         self.engine = engine
         self.index = index
         self.link = Link(self._message, self._lost)
+        self.arenas = LinkArenas(mine, yours, lambda offset: self.link.send([ipc.RELEASE, 0, offset]))
         self.tasks: dict[int, asyncio.Task] = {}
         self.inboxes: dict[int, Inbox] = {}  # forwarded gRPC calls: the client's messages
         self.credits: dict[int, Credit] = {}  # streamed answers: how far ahead of the worker they may go
@@ -259,6 +266,7 @@ class WorkerLink:
         for task in self.tasks.values():
             task.cancel()
         self.link.close()
+        self.arenas.close()
 
     def _lost(self) -> None:
         for task in list(self.tasks.values()):
@@ -275,6 +283,8 @@ class WorkerLink:
             inbox = self.inboxes.get(call_id)
             if inbox is not None:
                 inbox.put(kind, message[2] if len(message) > 2 else None)
+        elif kind == ipc.RELEASE:
+            self.arenas.mine.release(message[2])
         elif kind == ipc.MORE:
             credit = self.credits.get(call_id)
             if credit is not None:
@@ -325,7 +335,7 @@ class WorkerLink:
         """A request, run at once; a task only if it has to wait (a batch, a worker thread)."""
         engine = self.engine
         try:
-            request = ipc.request_in(item)
+            request = ipc.request_in(item, self.arenas)
             version = engine.repository.resolve(request.model_name, request.model_version)
             if request.shared_memory:
                 work = engine.shared_memory.infer(version, request)
@@ -342,10 +352,17 @@ class WorkerLink:
             log.exception("unexpected error serving an inference request")
             return self._fail(call_id, InferError(ErrorKind.INTERNAL, f"internal error: {type(e).__name__}"))
         if finished:
-            self.link.send([ipc.RESULT, call_id, ipc.response_out(outcome)])
+            self._answer(call_id, outcome)
             return
         self.tasks[call_id] = outcome
         outcome.add_done_callback(lambda task, call_id=call_id: self._answered(call_id, task))
+
+    def _answer(self, call_id: int, response: Any) -> None:
+        try:
+            answer = ipc.response_out(response, self.arenas)
+        except InferError as e:  # the shared memory is full
+            return self._fail(call_id, e)
+        self.link.send([ipc.RESULT, call_id, answer])
 
     def _answered(self, call_id: int, task: asyncio.Task) -> None:
         self.tasks.pop(call_id, None)
@@ -353,7 +370,7 @@ class WorkerLink:
             return
         error = task.exception()
         if error is None:
-            self.link.send([ipc.RESULT, call_id, ipc.response_out(task.result())])
+            self._answer(call_id, task.result())
         elif isinstance(error, InferError):
             self._fail(call_id, error)
         else:
@@ -363,10 +380,10 @@ class WorkerLink:
     async def _stream(self, call_id: int, item: list) -> None:
         engine = self.engine
         try:
-            request = ipc.request_in(item)
+            request = ipc.request_in(item, self.arenas)
             version = engine.repository.resolve(request.model_name, request.model_version)
             async for response in version.infer_stream(request):
-                await self._send_more(call_id, ipc.response_out(response))
+                await self._send_more(call_id, ipc.response_out(response, self.arenas))
         except InferError as e:
             return self._fail(call_id, e)
         self.link.send([ipc.END, call_id])

@@ -5,7 +5,9 @@ other route are the engine's (server/engine.py), reached over a Unix socket (ser
 
 - Inference (v2 REST, ModelInfer and ModelStreamInfer, TF Serving predict / classify / regress, grps
   predict) is decoded and answered here: the request crosses to the engine as tensors (codec/ipc.py),
-  its answer comes back as tensors, and a batch there mixes requests from every worker.
+  its answer comes back as tensors, and a batch there mixes requests from every worker. Large tensors
+  cross in shared memory (server/arena.py): a body of a MiB or more is received straight into this
+  worker's arena, so its binary tensors reach the engine without a copy.
 - Every other route and gRPC method (metadata, health, statistics, the repository API, shared-memory
   registration, metrics, the monitor page, grps' customized HTTP, ...) is forwarded whole, its answer
   (streamed ones too) relayed: the engine answers it as the one server it is.
@@ -35,7 +37,9 @@ from codec import ipc
 from codec.errors import ErrorKind, InferError
 from codec.tensor import InferRequest, InferResponse
 from server import assembly
+from server.arena import Arena, LinkArenas
 from server.grpc.inference import RawMessage
+from server.http import buffers
 from server.http.grpc_call import GrpcCall
 from server.http.listener import Offline, raise_fd_limit
 from server.link import Inbox, Link
@@ -72,8 +76,9 @@ def error_of(payload: list) -> InferError:
 class EngineClient:
     """This worker's end of its link to the engine: the calls it makes, and what the engine tells it."""
 
-    def __init__(self) -> None:
+    def __init__(self, arenas: tuple[Arena, Arena] | None = None) -> None:
         self.link = Link(self._message, self._lost)
+        self.arenas = None if arenas is None else LinkArenas(*arenas, self._release)
         self.calls: dict[int, asyncio.Future | Inbox] = {}
         self.next_id = 0
         self.repository = FrontEndRepository(self)
@@ -88,6 +93,9 @@ class EngineClient:
         self.calls[self.next_id] = target
         return self.next_id
 
+    def _release(self, offset: int) -> None:
+        self.link.send([ipc.RELEASE, 0, offset])
+
     def _cancel(self, call_id: int) -> None:
         if self.calls.pop(call_id, None) is not None and self.link.transport is not None:
             self.link.send([ipc.CANCEL, call_id])
@@ -95,12 +103,13 @@ class EngineClient:
     # ---- inference
 
     async def infer(self, version: ModelVersion, request: InferRequest) -> InferResponse:
+        request.model_version = version.version_str  # the version this worker resolved
+        message = ipc.request_out(request, self.arenas)  # raises when the shared memory is full
         future = self.loop.create_future()
         call_id = self._call(future)
-        request.model_version = version.version_str  # the version this worker resolved
-        self.link.send([ipc.INFER, call_id, ipc.request_out(request)])
+        self.link.send([ipc.INFER, call_id, message])
         try:
-            return ipc.response_in(await future)
+            return ipc.response_in(await future, self.arenas)
         except asyncio.CancelledError:  # the client left, or a deadline passed: so does the request
             self._cancel(call_id)
             raise
@@ -110,17 +119,18 @@ class EngineClient:
     async def infer_stream(
         self, version: ModelVersion, request: InferRequest
     ) -> AsyncIterator[InferResponse]:
+        request.model_version = version.version_str
+        message = ipc.request_out(request, self.arenas)
         inbox = Inbox()
         call_id = self._call(inbox)
-        request.model_version = version.version_str
-        self.link.send([ipc.STREAM, call_id, ipc.request_out(request)])
+        self.link.send([ipc.STREAM, call_id, message])
         finished = False
         try:
             while True:
                 kind, payload = await inbox.get()
                 if kind == ipc.MESSAGE:
                     self.link.send([ipc.MORE, call_id, 1])
-                    yield ipc.response_in(payload)
+                    yield ipc.response_in(payload, self.arenas)
                 elif kind == ipc.END:
                     finished = True
                     return
@@ -196,6 +206,8 @@ class EngineClient:
 
     def _message(self, message: list) -> None:
         kind, call_id = message[0], message[1]
+        if kind == ipc.RELEASE:
+            return self.arenas.mine.release(message[2])  # type: ignore[union-attr]
         if kind == ipc.EVENT:
             return self._event(message[2], message[3])
         target = self.calls.get(call_id)
@@ -369,14 +381,17 @@ def _engine_gone(engine: int) -> None:
     os._exit(1)
 
 
-def inherited_sockets(spec: str) -> tuple[socket.socket, dict[str, list[socket.socket]]]:
-    """`LINK;NAME=FD,FD;...` -> the link to the engine and each port's listening sockets."""
+def inherited(spec: str, arena_bytes: int) -> tuple[socket.socket, tuple[Arena, Arena], dict]:
+    """`LINK,ARENA,ARENA;NAME=FD,FD;...` -> the link to the engine, this worker's arena and the engine's,
+    and each port's listening sockets."""
     link, *ports = spec.split(";")
+    link_fd, mine, yours = (int(fd) for fd in link.split(","))
     listening = {}
     for port in ports:
         name, fds = port.split("=")
         listening[name] = [socket.socket(fileno=int(fd)) for fd in fds.split(",")]
-    return socket.socket(fileno=int(link)), listening
+    arenas = (Arena(arena_bytes, mine), Arena(arena_bytes, yours))
+    return socket.socket(fileno=link_fd), arenas, listening
 
 
 async def serve(args: argparse.Namespace, logs: LogControl) -> None:
@@ -386,11 +401,12 @@ async def serve(args: argparse.Namespace, logs: LogControl) -> None:
     die_with_parent()
     if os.getppid() != engine:  # it died before the request took effect
         _engine_gone(engine)
-    link_socket, listening = inherited_sockets(args.worker_of)
+    link_socket, arenas, listening = inherited(args.worker_of, args.worker_arena_bytes)
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    client = EngineClient()
+    client = EngineClient(arenas)
+    buffers.shared = client.arenas.allocate_body  # type: ignore[union-attr]
     client.logs = logs
     await loop.create_unix_connection(lambda: client.link, sock=link_socket)
     await client.first_table

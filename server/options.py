@@ -252,8 +252,27 @@ def build_parser() -> argparse.ArgumentParser:
         "the models and their batchers) and N - 1 workers beside it; auto: one per CPU the process may "
         "use (its cgroup's CPU limit, rounded up, and its affinity) (default 1: one process)",
     )
+    serve.add_argument(
+        "--worker-arena-bytes",
+        type=_arena_bytes,
+        default=2 << 30,
+        metavar="BYTES",
+        help="with --workers: the shared memory each worker and the engine each have for the large tensors "
+        "(64 KiB and up) they send each other, request bodies from 1 MiB included; a request that finds it "
+        "full is refused (resource exhausted). Pages exist only once used (default 2147483648)",
+    )
     serve.add_argument("--worker-of", help=argparse.SUPPRESS)  # set by the engine for each worker it starts
     return parser
+
+
+def _arena_bytes(text: str) -> int:
+    try:
+        size = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of bytes, got {text!r}") from None
+    if size < 1 << 20:
+        raise argparse.ArgumentTypeError("must be at least 1048576 (1 MiB)")
+    return size
 
 
 def _workers(text: str) -> int:

@@ -5,6 +5,7 @@ process behind. Which process holds a connection is read from /proc (the socket'
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from e2e_helpers import EXAMPLES, ServerProcess, write_model
 
@@ -173,3 +175,69 @@ def test_sigterm_drains_every_process_and_leaves_none(start_server) -> None:
     assert len(everyone) == 3
     assert server.stop() == 0
     assert not [pid for pid in everyone if os.path.exists(f"/proc/{pid}")], "a process outlived the server"
+
+
+IDENTITY = "class Model:\n    def execute(self, inputs):\n        return {'OUTPUT0': inputs['INPUT0']}\n"
+NEGATE = "class Model:\n    def execute(self, inputs):\n        return {'OUTPUT0': -inputs['INPUT0']}\n"
+FP32_CONFIG = {
+    "backend": "python",
+    "max_batch_size": 0,
+    "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+    "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+}
+MIB = 1 << 20
+
+
+def binary_trip(sock: socket.socket, model: str, values: np.ndarray) -> tuple[int, bytes]:
+    """A v2 binary infer of FP32 `values` on `sock`: the status, and the output's bytes (or the body)."""
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "datatype": "FP32",
+                    "shape": [values.size],
+                    "parameters": {"binary_data_size": values.nbytes},
+                }
+            ],
+            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    connection = http.client.HTTPConnection("127.0.0.1")
+    connection.sock = sock
+    connection.request(
+        "POST",
+        f"/v2/models/{model}/infer",
+        header + values.tobytes(),
+        {"Inference-Header-Content-Length": str(len(header))},
+    )
+    response = connection.getresponse()
+    body = response.read()
+    length = response.getheader("Inference-Header-Content-Length")
+    return response.status, body[int(length) :] if length else body
+
+
+def test_large_tensors_cross_in_shared_memory_whose_regions_are_used_again(start_server, repo) -> None:
+    # 16 MiB of shared memory each way: eight 6 MiB round trips through the worker pass only if every
+    # region is handed out again once both processes are done with it
+    write_model(repo, "negate", {"name": "negate", **FP32_CONFIG}, {1: NEGATE})
+    write_model(repo, "identity", {"name": "identity", **FP32_CONFIG}, {1: IDENTITY})
+    server = start_server(repo, extra_args=("--workers", "2", "--worker-arena-bytes", str(16 * MIB)))
+    held = connections_on_every_process(server, 2)
+    (worker,) = (sock for pid, sock in held.items() if pid != server.proc.pid)
+    for trip in range(8):
+        values = np.arange(6 * MIB // 4, dtype=np.float32) + trip
+        # identity answers with a view of its input: the worker's own region goes back to it
+        assert binary_trip(worker, "identity", values) == (200, values.tobytes())
+        # negate answers with a new array: written into the engine's region, read by the worker
+        assert binary_trip(worker, "negate", values) == (200, (-values).tobytes())
+
+    too_large = np.ones(20 * MIB // 4, dtype=np.float32)
+    status, body = binary_trip(worker, "identity", too_large)
+    assert status == 413, body
+    assert "--worker-arena-bytes" in json.loads(body)["error"]
+    # the engine's own connections do not cross: the same request is answered there
+    assert binary_trip(held[server.proc.pid], "identity", too_large) == (200, too_large.tobytes())
+    assert binary_trip(worker, "negate", values) == (200, (-values).tobytes())
+    for sock in held.values():
+        sock.close()
