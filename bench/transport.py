@@ -420,18 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"needs {', '.join(missing)} (apt-get install wrk nghttp2-client curl)")
     results: dict = {}
     with tempfile.TemporaryDirectory() as directory:
-        files = {
-            "dir": directory,
-            "json": os.path.join(directory, "body.json"),
-            "lua": os.path.join(directory, "post.lua"),
-        }
-        with open(files["json"], "wb") as f:
-            f.write(JSON_BODY)
-        with open(files["lua"], "w") as f:
-            f.write(
-                f'wrk.method = "POST"\nwrk.body = {_lua_string(JSON_BODY)}\n'
-                'wrk.headers["Content-Type"] = "application/json"\n'
-            )
+        files = json_files(directory)
         if any(name.startswith("binary") for name in args.only):
             files["binary"] = binary_body(args.binary_mib, directory)
         commands = SERVERS | ({BASELINE: SERVE} if args.baseline else {})
@@ -460,6 +449,23 @@ def main(argv: list[str] | None = None) -> int:
                 server.stop()
     save(report(results, args), results, args, "transport")
     return 0
+
+
+def json_files(directory: str) -> dict[str, str]:
+    """The `simple` JSON request in `directory`: as a body file (h2load) and a wrk script."""
+    files = {
+        "dir": directory,
+        "json": os.path.join(directory, "body.json"),
+        "lua": os.path.join(directory, "post.lua"),
+    }
+    with open(files["json"], "wb") as f:
+        f.write(JSON_BODY)
+    with open(files["lua"], "w") as f:
+        f.write(
+            f'wrk.method = "POST"\nwrk.body = {_lua_string(JSON_BODY)}\n'
+            'wrk.headers["Content-Type"] = "application/json"\n'
+        )
+    return files
 
 
 def save(text: str, results: dict, args: argparse.Namespace, kind: str) -> None:

@@ -35,18 +35,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 import httpx
 
 from bench.batching import infer_request as mlp_request
-from bench.crosscheck import _lua_string
 from bench.grpc_bench import grpc_body
 from bench.grpc_bench import h2load as grpc_h2load
 from bench.grpc_load import INFER_PATH
 from bench.grpc_load import infer_request as grpc_request
-from bench.harness import JSON_BODY
 from bench.procs import ServerProcess, cpu_clock, process_tree, serve_argv
-from bench.transport import _run, binary, binary_body, h2load, save, summarize, wrk
+from bench.transport import _run, binary, binary_body, h2load, json_files, measure, save, summarize, wrk
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCENARIOS = ("json-h1", "grpc", "json-h2", "binary", "batching")
@@ -98,16 +97,17 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
-def drive(name: str, server, args, files) -> tuple[int, float, str]:
+def prepare(name: str, server, args, files) -> Callable[[], tuple[int, float, str]]:
+    """The timed run of scenario `name` on `server`, after an untimed warm-up sizing it to the duration."""
     if name == "json-h1":
-        return wrk(server.port, files["lua"], args.duration, threads=args.wrk_threads)
+        return lambda: wrk(server.port, files["lua"], args.duration, threads=args.wrk_threads)
     if name == "json-h2":
         warm = h2load(server.port, files["json"], 2000, "-c8 -m4")
         count = max(2000, int(warm[0] / warm[1] * args.duration)) if warm[1] else 2000
-        return h2load(server.port, files["json"], count, "-c8 -m4")
+        return lambda: h2load(server.port, files["json"], count, "-c8 -m4")
     warm = grpc_h2load(server.grpc_port, INFER_PATH, files["grpc"], 2000, "-c8 -m4")
     count = max(2000, int(warm[0] / warm[1] * args.duration)) if warm[1] else 2000
-    return grpc_h2load(server.grpc_port, INFER_PATH, files["grpc"], count, "-c8 -m4")
+    return lambda: grpc_h2load(server.grpc_port, INFER_PATH, files["grpc"], count, "-c8 -m4")
 
 
 def load_rounds(name: str, servers: dict, args, files) -> dict:
@@ -115,22 +115,11 @@ def load_rounds(name: str, servers: dict, args, files) -> dict:
     per_server: dict[str, list[dict]] = {key: [] for key in order}
     for round_no in range(args.rounds):
         for key in order if round_no % 2 == 0 else order[::-1]:
-            server = servers[key]
-            cpu = cpu_clock(server.pid)
-            requests, seconds, note = drive(name, server, args, files)
-            used = cpu_clock(server.pid) - cpu
-            result = {
-                "requests": requests,
-                "seconds": seconds,
-                "rps": requests / seconds if seconds else 0.0,
-                "cpu_us": 1e6 * used / requests if requests else float("nan"),
-                "cores": used / seconds if seconds else 0.0,
-                "note": note,
-            }
+            result = measure(servers[key], prepare(name, servers[key], args, files))
             per_server[key].append(result)
             print(
                 f"  {name} round {round_no + 1} {key}: {result['rps']:.0f} req/s, "
-                f"{result['cpu_us']:.1f} us, {result['cores']:.2f} cores {note}",
+                f"{result['cpu_us']:.1f} us, {result['cores']:.2f} cores {result['note']}",
                 file=sys.stderr,
             )
     return {key: summarize(rounds) for key, rounds in per_server.items()} | {"rounds": per_server}
@@ -287,19 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("needs wrk and h2load (apt-get install wrk nghttp2-client)")
     results: dict = {}
     with tempfile.TemporaryDirectory() as directory:
-        files = {
-            "dir": directory,
-            "json": os.path.join(directory, "body.json"),
-            "lua": os.path.join(directory, "post.lua"),
-            "grpc": os.path.join(directory, "grpc"),
-        }
-        with open(files["json"], "wb") as f:
-            f.write(JSON_BODY)
-        with open(files["lua"], "w") as f:
-            f.write(
-                f'wrk.method = "POST"\nwrk.body = {_lua_string(JSON_BODY)}\n'
-                'wrk.headers["Content-Type"] = "application/json"\n'
-            )
+        files = json_files(directory) | {"grpc": os.path.join(directory, "grpc")}
         with open(files["grpc"], "wb") as f:
             f.write(grpc_body([bytes(grpc_request())]))
         request = mlp_request("127.0.0.1", 0, "mlp")

@@ -8,7 +8,7 @@ length-prefixed, anything else C-order little-endian), or a descriptor [arena, o
 bytes in the shared memory between the two processes (server/arena.py: large tensors, given `arenas`),
 or None for a tensor in a client's shared-memory region (the engine reads and writes those). Decoded
 numeric data is a numpy array over the arena, or over a copy of the message's bytes (msgpack's binary
-decodes to read-only bytes; models may write their inputs).
+decodes to read-only bytes; models may write their inputs, while an answer is only read).
 """
 
 from __future__ import annotations
@@ -71,13 +71,15 @@ def tensor_out(tensor: Tensor, arenas: Arenas | None = None) -> list:
     return [tensor.name, tensor.datatype, tensor.shape, data, tensor.parameters or None]
 
 
-def tensor_in(item: list, arenas: Arenas | None = None) -> Tensor:
+def tensor_in(item: list, arenas: Arenas | None = None, writable: bool = True) -> Tensor:
+    """`writable`: a model's input, which it may write as one received in one process (or hand on); an
+    answer's outputs are only encoded, so they stay over the message's bytes."""
     name, datatype, shape, data, parameters = item
     shape = tuple(shape)
     if data is not None:
         if type(data) is list:  # in shared memory
             data = arenas.take(data)  # type: ignore[union-attr]
-        elif datatype != "BYTES":  # writable, as a tensor received in one process is (models hand them on)
+        elif writable and datatype != "BYTES":
             data = bytearray(data)
         if datatype == "BYTES":
             data = decode_bytes(memoryview(data), math.prod(shape), f"tensor '{name}'").reshape(shape)
@@ -146,5 +148,5 @@ def response_out(response: InferResponse, arenas: Arenas | None = None) -> list:
 
 def response_in(item: list, arenas: Arenas | None = None) -> InferResponse:
     name, version, response_id, parameters, outputs = item
-    outputs = [tensor_in(t, arenas) for t in outputs]
+    outputs = [tensor_in(t, arenas, False) for t in outputs]
     return InferResponse(name, version, outputs, response_id, parameters or {})

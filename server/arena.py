@@ -137,10 +137,10 @@ class LinkArenas:
 
     def place(self, data: Any) -> list | None:
         """A descriptor for tensor bytes that travel in shared memory, or None: inline in the message."""
+        if (len(data) if type(data) is bytes else data.nbytes) < INLINE_MAX:
+            return None
         array = data if isinstance(data, np.ndarray) else np.frombuffer(data, np.uint8)
         nbytes = array.nbytes
-        if nbytes < INLINE_MAX:
-            return None
         offset = self.mine.offset_of(array)
         if offset is not None:
             self.mine.hold(offset)  # the peer's, until it says it let go

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from e2e_helpers import EXAMPLES, ServerProcess, write_model
+from e2e_helpers import EXAMPLES, ServerProcess, identity_binary_request, write_model
 
 from bench.procs import process_tree
 
@@ -190,31 +190,14 @@ MIB = 1 << 20
 
 def binary_trip(sock: socket.socket, model: str, values: np.ndarray) -> tuple[int, bytes]:
     """A v2 binary infer of FP32 `values` on `sock`: the status, and the output's bytes (or the body)."""
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "INPUT0",
-                    "datatype": "FP32",
-                    "shape": [values.size],
-                    "parameters": {"binary_data_size": values.nbytes},
-                }
-            ],
-            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
-        }
-    ).encode()
+    body, headers = identity_binary_request(values)
     connection = http.client.HTTPConnection("127.0.0.1")
     connection.sock = sock
-    connection.request(
-        "POST",
-        f"/v2/models/{model}/infer",
-        header + values.tobytes(),
-        {"Inference-Header-Content-Length": str(len(header))},
-    )
+    connection.request("POST", f"/v2/models/{model}/infer", body, headers)
     response = connection.getresponse()
-    body = response.read()
+    answer = response.read()
     length = response.getheader("Inference-Header-Content-Length")
-    return response.status, body[int(length) :] if length else body
+    return response.status, answer[int(length) :] if length else answer
 
 
 def test_large_tensors_cross_in_shared_memory_whose_regions_are_used_again(start_server, repo) -> None:
