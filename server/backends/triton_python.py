@@ -73,7 +73,7 @@ class TritonPythonBackend(Backend):
             self.execute = self._execute
         self.execute_stream = self._execute_decoupled if decoupled else None
         if hasattr(self.model, "initialize"):
-            self.model.initialize(_initialize_args(config, version, module))
+            self.model.initialize(initialize_args(config, version, module.path))
 
     def _requests(self, jobs: list[Job]) -> list[pb_utils.InferenceRequest]:
         name, version, dtypes = self.name, self.version, self.dtypes
@@ -170,7 +170,8 @@ def complete(version_dir: Path, config: dict, host: Host | None = None) -> dict:
         module.close()
 
 
-def _initialize_args(config: dict, version: int, module: ModelModule) -> dict[str, str]:
+def initialize_args(config: dict, version: int, model_path: Path, instance: int = 0) -> dict[str, str]:
+    """initialize's `args`, as Triton gives them, for instance number `instance` of the model."""
     groups = config.get("instance_group") or [{}]
     kind = groups[0].get("kind", "KIND_CPU")
     gpus = groups[0].get("gpus") or [0]
@@ -178,8 +179,8 @@ def _initialize_args(config: dict, version: int, module: ModelModule) -> dict[st
         "model_config": json.dumps(config),
         "model_name": config["name"],
         "model_version": str(version),
-        "model_repository": str(module.path.parent.parent),
+        "model_repository": str(model_path.parent.parent),
         "model_instance_kind": "GPU" if kind == "KIND_GPU" else "CPU",
-        "model_instance_name": f"{config['name']}_0",
+        "model_instance_name": f"{config['name']}_{instance}",
         "model_instance_device_id": str(gpus[0]) if kind == "KIND_GPU" else "0",
     }
