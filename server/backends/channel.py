@@ -69,7 +69,7 @@ class Frames:
 def receive(sock: Any, frames: Frames, pending: list[Any]) -> Any:
     """Blocking: the next message on `sock` (None at its end), `pending` holding those read ahead."""
     while not pending:
-        data = sock.recv(1 << 20)
+        data = sock.recv(65536)
         if not data:
             return None
         pending.extend(frames.feed(data))

@@ -17,7 +17,7 @@ import json
 import logging
 import struct
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -47,6 +47,24 @@ _V2_OF_NUMBER = {number: v2 for v2, number in _TRITON_TYPE_NUMBERS.items()}
 log = logging.getLogger("tensorgate.model")
 
 _host: "Host | None" = None  # where BLS calls go: the server's models and event loop
+
+
+class Caller(Protocol):
+    """Where a model's BLS calls go when it runs in a process of its own (server/backends/stub.py): to
+    the server, answered with the call's responses (one; a decoupled call's all)."""
+
+    def exec(self, request: "InferenceRequest", decoupled: bool) -> "list[InferenceResponse]": ...
+
+    async def async_exec(self, request: "InferenceRequest", decoupled: bool) -> "list[InferenceResponse]": ...
+
+
+_caller: Caller | None = None
+
+
+def attach_caller(caller: Caller) -> None:
+    """A model's process: its BLS calls go to the server through `caller`."""
+    global _caller
+    _caller = caller
 
 
 def attach_host(host: "Host") -> None:
@@ -329,6 +347,9 @@ class InferenceRequest:
     def exec(self, decoupled: bool = False) -> Any:
         """Blocking BLS call, from a model's execute running in a worker thread. An error comes back as
         a response with `has_error()`; `decoupled=True` gives an iterator over the responses."""
+        if _caller is not None:
+            responses = _caller.exec(self, decoupled)
+            return iter(responses) if decoupled else responses[0]
         loop = None if _host is None else _host.loop
         if loop is None:
             raise TritonModelException("BLS needs the server running: no repository is bound")
@@ -347,6 +368,9 @@ class InferenceRequest:
 
     async def async_exec(self, decoupled: bool = False) -> Any:
         """BLS call from an `async def execute` (or any coroutine on the server's loop)."""
+        if _caller is not None:
+            responses = await _caller.async_exec(self, decoupled)
+            return _aiter(responses) if decoupled else responses[0]
         if decoupled:
             return self._stream()
         try:
@@ -381,6 +405,11 @@ class InferenceRequest:
             request.trace = self._trace._trace.child()
         request.sequence_id, request.sequence_flags = self._correlation_id, self._flags  # a stateful model's
         return version, request
+
+
+async def _aiter(responses: list[InferenceResponse]) -> AsyncIterator[InferenceResponse]:
+    for response in responses:
+        yield response
 
 
 def _error_response(error: InferError) -> InferenceResponse:

@@ -17,6 +17,7 @@ metric tensorgate_python_instance_restarts).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -150,32 +151,29 @@ class Instance:
             self.process.kill()
 
     def stop(self) -> None:
-        """Blocking: finalize in the process, then it exits (killed when finalize takes too long)."""
+        """Blocking: finalize in the process, then it exits (killed when finalize takes too long). The end
+        of its socket stops it too, where STOP cannot be sent."""
         self.stopping = True
         process = self.process
         if process is None:
             return
-        if process.poll() is None:
-            try:
-                stop = channel.frame([channel.STOP, 0])
-                if self.transport is not None and not self.transport.is_closing():
-                    self.transport.write(stop)
-                elif self.sock is not None:
-                    self.sock.setblocking(True)
-                    self.sock.sendall(stop)
-            except OSError:
-                pass
-            try:
-                process.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                log.warning("model '%s' instance %d: finalize took over %.0f s; killed", self.owner.name,
-                            self.index, STOP_TIMEOUT)  # fmt: skip
-                process.kill()
-                process.wait()
-        if self.transport is not None:
-            self.transport.close()
-        elif self.sock is not None:
+        stop = channel.frame([channel.STOP, 0])
+        with contextlib.suppress(OSError, RuntimeError):  # RuntimeError: the transport's loop is closed
+            if self.transport is not None:
+                self.transport.write(stop)
+                self.transport.close()
+            elif self.sock is not None:
+                self.sock.setblocking(True)
+                self.sock.sendall(stop)
+        if self.sock is not None:
             self.sock.close()
+        try:
+            process.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            log.warning("model '%s' instance %d: finalize took over %.0f s; killed", self.owner.name,
+                        self.index, STOP_TIMEOUT)  # fmt: skip
+            process.kill()
+            process.wait()
 
     # ---------------------------------------------------------------------------------- calls
 
@@ -292,13 +290,14 @@ class ProcessBackend(Backend):
         except ValueError:
             raise ValueError(f"EXECUTE_TIMEOUT_MS is a number of milliseconds, not {timeout!r}") from None
         self._unpacked: str | None = None
+        if host is not None:  # the BLS calls of the model's processes go through this server
+            pb_utils.attach_host(host)
         self.python = self._interpreter(parameter(config, "EXECUTION_ENV_PATH"))
         self.instances = instance_count(config, "cpu")
         self._all = [Instance(self, i) for i in range(self.instances)]
         self._idle: list[Instance] = []
         self._waiters: deque[asyncio.Future] = deque()
         self._closed = False
-        self._attached = False
         try:
             self._on_loop_thread(lambda: [instance.spawn() for instance in self._all])
             infos = [instance.handshake() for instance in self._all]
@@ -369,18 +368,22 @@ class ProcessBackend(Backend):
     # ---------------------------------------------------------------------------------- instances
 
     async def _take(self) -> Instance:
-        if not self._attached:
-            self._attached = True
-            for instance in self._all:
-                if instance.alive and instance.transport is None:
-                    await instance.attach()
-        if self._idle:
-            return self._idle.pop()
-        if not any(instance.alive for instance in self._all):
-            raise InferError(ErrorKind.UNAVAILABLE, f"{self.label}: no instance is running (restarting)")
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        return await waiter
+        """A free running instance (its socket handed to this loop the first time it is taken)."""
+        while True:
+            if self._idle:
+                instance = self._idle.pop()
+            else:
+                if not any(instance.alive for instance in self._all):
+                    raise InferError(
+                        ErrorKind.UNAVAILABLE, f"{self.label}: no instance is running (restarting)"
+                    )
+                waiter = asyncio.get_running_loop().create_future()
+                self._waiters.append(waiter)
+                instance = await waiter
+            if instance.alive and instance.transport is None:
+                await instance.attach()
+            if instance.alive and instance.transport is not None:
+                return instance
 
     def _give(self, instance: Instance) -> None:
         if not instance.alive:
@@ -572,7 +575,30 @@ def _meta(request: Any) -> list:
 
 
 async def _answer_bls(host: Host | None, instance: Instance, message: list) -> None:
-    instance.send([channel.REPLY, message[1], None, "BLS from a model's process is not supported yet"])
+    """A model process's BLS request run as the in-thread mode runs it (pb_utils, on this server), its
+    responses sent back: [REPLY, call, [[0, tensors] or [1, code, message], ...]]."""
+    _, call, model, version, tensors, requested, request_id, correlation_id, flags, parameters, decoupled = (
+        message
+    )
+    try:
+        inputs = [pb_utils.Tensor(d[0], channel.inline_array(d)) for d in tensors]
+        request = pb_utils.InferenceRequest(
+            model, inputs, requested, version, correlation_id, request_id, flags, parameters=parameters
+        )
+        if decoupled:
+            responses = [r async for r in await request.async_exec(decoupled=True)]
+        else:
+            responses = [await request.async_exec()]
+    except Exception as e:  # noqa: BLE001 (a bad request from the model: its call fails, not the server)
+        responses = [pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{type(e).__name__}: {e}"))]
+    answers = []
+    for response in responses:
+        error = response.error()
+        if error is not None:
+            answers.append([1, error.code(), error.message()])
+        else:
+            answers.append([0, [channel.inline(t.name(), t.as_numpy()) for t in response.output_tensors()]])
+    instance.send([channel.REPLY, call, answers])
 
 
 def complete_in_process(version_dir: Path, config: dict) -> dict:

@@ -19,6 +19,7 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +34,20 @@ PR_SET_PDEATHSIG = 1
 
 
 class Link:
-    """The process's end of its socket: messages in on the main thread, out from any thread."""
+    """The process's end of its socket. Messages are read on the main thread only: by its serve loop,
+    by a BLS call made from it (which reads until its answer comes, keeping what else comes for the
+    serve loop), or by the event loop of an `async def execute` while it runs there. Messages are sent
+    from any thread. BLS answers go to whichever thread waits for them."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self._frames = Frames()
         self._pending: list[Any] = []
+        self._backlog: list[Any] = []  # messages a BLS wait read past, for the serve loop
         self._lock = threading.Lock()
+        self._replies: dict[int, Callable[[list], None]] = {}  # BLS call -> where its answer goes
+        self._next = 0
+        self.main = threading.get_ident()
 
     def send(self, message: list) -> None:
         data = channel.frame(message)
@@ -47,7 +55,107 @@ class Link:
             self.sock.sendall(data)
 
     def receive(self) -> Any:
+        """The serve loop's next message (None at the end); BLS answers are delivered on the way."""
+        while True:
+            message = self._backlog.pop(0) if self._backlog else self._read()
+            if message is None or message[0] != channel.REPLY:
+                return message
+            self._deliver(message)
+
+    def _read(self) -> Any:
         return channel.receive(self.sock, self._frames, self._pending)
+
+    def _deliver(self, message: list) -> None:
+        with self._lock:
+            deliver = self._replies.pop(message[1], None)
+        if deliver is not None:
+            deliver(message)
+
+    def call(self, message: list, deliver: Callable[[list], None]) -> None:
+        """Sends a BLS request (its call number set here); its answer goes to `deliver`."""
+        with self._lock:
+            self._next += 1
+            message[1] = self._next
+            self._replies[self._next] = deliver
+        self.send(message)
+
+    def wait(self, done: threading.Event) -> None:
+        """Blocking until `done`: on the main thread, reading the socket meanwhile (nobody else does)."""
+        if threading.get_ident() != self.main:
+            done.wait()
+            return
+        while not done.is_set():
+            message = self._read()
+            if message is None:
+                raise pb_utils.TritonModelException("the server closed this model's connection")
+            if message[0] == channel.REPLY:
+                self._deliver(message)
+            else:
+                self._backlog.append(message)
+
+    def readable(self) -> None:
+        """What the event loop of an `async def execute` calls when the socket has data."""
+        try:
+            data = self.sock.recv(65536, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        self._pending.extend(self._frames.feed(data) if data else [None])
+        while self._pending:
+            message = self._pending.pop(0)
+            if message is not None and message[0] == channel.REPLY:
+                self._deliver(message)
+            else:
+                self._backlog.append(message)
+
+
+class Calls:
+    """BLS from this process (pb_utils.InferenceRequest.exec / async_exec): each request sent to the
+    server, which runs it through the called model's scheduler and answers its responses."""
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+
+    def exec(self, request: pb_utils.InferenceRequest, decoupled: bool) -> list[pb_utils.InferenceResponse]:
+        done, answer = threading.Event(), []
+
+        def deliver(message: list) -> None:
+            answer.append(message)
+            done.set()
+
+        self.link.call(_bls_message(request, decoupled), deliver)
+        self.link.wait(done)
+        return _bls_responses(answer[0])
+
+    async def async_exec(
+        self, request: pb_utils.InferenceRequest, decoupled: bool
+    ) -> list[pb_utils.InferenceResponse]:
+        loop = asyncio.get_running_loop()
+        answer = loop.create_future()
+        self.link.call(
+            _bls_message(request, decoupled),
+            lambda message: loop.call_soon_threadsafe(answer.set_result, message),
+        )
+        return _bls_responses(await answer)
+
+
+def _bls_message(request: pb_utils.InferenceRequest, decoupled: bool) -> list:
+    tensors = [channel.inline(t.name(), t.as_numpy()) for t in request.inputs()]
+    return [
+        channel.CALL, 0, request.model_name(), request.model_version(), tensors,
+        request.requested_output_names(), request.request_id(), request.correlation_id(), request.flags(),
+        request.parameters(), decoupled,
+    ]  # fmt: skip
+
+
+def _bls_responses(message: list) -> list[pb_utils.InferenceResponse]:
+    responses = []
+    for entry in message[2]:
+        if entry[0] == 0:
+            tensors = [pb_utils.Tensor(d[0], channel.inline_array(d)) for d in entry[1]]
+            responses.append(pb_utils.InferenceResponse(tensors))
+        else:
+            responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(entry[2], entry[1])))
+    return responses
 
 
 class _ToServer(logging.Handler):
@@ -125,7 +233,12 @@ class Stub:
         if inspect.isawaitable(result):
             if self.loop is None:
                 self.loop = asyncio.new_event_loop()
-            result = self.loop.run_until_complete(result)
+            # the socket read meanwhile, for the answers of its BLS calls (async_exec)
+            self.loop.add_reader(self.link.sock.fileno(), self.link.readable)
+            try:
+                result = self.loop.run_until_complete(result)
+            finally:
+                self.loop.remove_reader(self.link.sock.fileno())
         return result
 
     # ------------------------------------------------------------------------------------- serving
@@ -302,6 +415,7 @@ def main(argv: list[str]) -> int:
     logging.getLogger("tensorgate.model").addHandler(_ToServer(link))
     logging.getLogger("tensorgate.model").setLevel(logging.DEBUG)
     logging.getLogger("tensorgate.model").propagate = False
+    pb_utils.attach_caller(Calls(link))
     if first[0] == channel.COMPLETE:
         return _complete(link, first[1], first[2])
     _, config, version, version_dir, instance, arena_size = first

@@ -1,0 +1,137 @@
+"""The cost of a python model's instance in a process of its own (server/backends/process.py) against the
+in-thread mode, per batch, without HTTP: `python -m bench.python_process [--calls N]`.
+
+For `simple` written as a Triton python model (one request per batch) it runs N batches one after the
+other through each mode's backend and prints the wall time and the CPU time (server and instance process
+together) per batch; the difference of the CPU times is the hop's cost. Then a ~1 ms pure-Python model
+with 1 and 2 instances, batches two at a time: batches per second (process mode uses the second core).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import uvloop
+
+from batcher.scheduler import Job
+from codec.tensor import InferRequest
+from server.backends import load_backend
+
+SIMPLE_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+            responses.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUTPUT0", a + b), pb_utils.Tensor("OUTPUT1", a - b)]))
+        return responses
+"""
+# ~1 ms of pure-Python work per request (holds the GIL throughout)
+BUSY_PY = SIMPLE_PY.replace(
+    "            a = pb_utils", "            sum(i * i for i in range(LOOPS))\n            a = pb_utils", 1
+)
+
+
+def config(name: str, mode: str, count: int) -> dict:
+    tensor = {"data_type": "TYPE_INT32", "dims": [16]}
+    return {
+        "name": name,
+        "backend": "python",
+        "max_batch_size": 8,
+        "input": [{"name": "INPUT0", **tensor}, {"name": "INPUT1", **tensor}],
+        "output": [{"name": "OUTPUT0", **tensor}, {"name": "OUTPUT1", **tensor}],
+        "instance_group": [{"count": count, "kind": "KIND_CPU"}],
+        "parameters": {"EXECUTION_MODE": {"string_value": mode}},
+    }
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """This process's CPU time and that of `pids` (its instance processes, still running)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    total = usage.ru_utime + usage.ru_stime
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def job() -> Job:
+    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+    request = InferRequest("m", "", None, [], None, {})
+    return Job({"INPUT0": a, "INPUT1": a}, 1, request=request)
+
+
+async def run(backend, calls: int, parallel: int) -> None:  # noqa: ANN001
+    async def one() -> None:
+        result = backend.execute([job()])
+        if asyncio.iscoroutine(result):
+            await result
+
+    for _ in range(calls // parallel):
+        await asyncio.gather(*(one() for _ in range(parallel)))
+
+
+def measure(root: Path, code: str, mode: str, count: int, calls: int, parallel: int) -> tuple[float, float]:
+    """(wall µs, CPU µs) per batch."""
+    name = f"m_{mode}_{count}_{abs(hash(code)) % 1000}"
+    version = root / name / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    (version / "model.py").write_text(code)
+    backend = load_backend(version, config(name, mode, count), 1)
+    try:
+        pids = [i.process.pid for i in getattr(backend, "_all", [])]
+        execute = backend.execute
+        if mode == "thread" and parallel > 1:  # as the batcher runs it: a worker thread per instance
+            from concurrent.futures import ThreadPoolExecutor
+
+            pool = ThreadPoolExecutor(count)
+
+            async def threaded(jobs: list[Job]) -> list:
+                return await asyncio.get_running_loop().run_in_executor(pool, execute, jobs)
+
+            backend.execute = threaded  # type: ignore[method-assign]
+
+        async def timed() -> tuple[float, float]:
+            await run(backend, min(calls, 200), parallel)  # warm
+            cpu, wall = cpu_seconds(pids), time.perf_counter()
+            await run(backend, calls, parallel)
+            return time.perf_counter() - wall, cpu_seconds(pids) - cpu
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:  # the server's loop
+            wall, cpu = runner.run(timed())
+        return wall / calls * 1e6, cpu / calls * 1e6
+    finally:
+        backend.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calls", type=int, default=20000)
+    parser.add_argument("--loops", type=int, default=12000, help="the busy model's loop (~1 ms)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as root:
+        print("simple, one batch at a time:")
+        for mode in ("thread", "process", "thread", "process"):
+            wall, cpu = measure(Path(root), SIMPLE_PY, mode, 1, args.calls, 1)
+            print(f"  {mode:8s} {wall:7.1f} µs wall, {cpu:7.1f} µs CPU per batch")
+        busy = BUSY_PY.replace("LOOPS", str(args.loops))
+        print("~1 ms pure-Python model, batches two at a time:")
+        for mode, count in (("thread", 1), ("thread", 2), ("process", 1), ("process", 2)):
+            wall, _ = measure(Path(root), busy, mode, count, args.calls // 10, 2)
+            print(f"  {mode:8s} count {count}: {1e6 / wall:7.0f} batches/s ({wall:6.0f} µs each)")
+
+
+if __name__ == "__main__":
+    main()
