@@ -28,6 +28,7 @@ import sys
 import tarfile
 import tempfile
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -151,24 +152,34 @@ class Instance:
             self.process.kill()
 
     def stop(self) -> None:
-        """Blocking: finalize in the process, then it exits (killed when finalize takes too long). The end
-        of its socket stops it too, where STOP cannot be sent."""
+        """Blocking: STOP sent, the process's last messages read (finalize's log lines) until it closes
+        its end and exits; killed when finalize takes longer than STOP_TIMEOUT."""
         self.stopping = True
         process = self.process
         if process is None:
             return
-        stop = channel.frame([channel.STOP, 0])
-        with contextlib.suppress(OSError, RuntimeError):  # RuntimeError: the transport's loop is closed
-            if self.transport is not None:
-                self.transport.write(stop)
+        if self.transport is not None:
+            with contextlib.suppress(RuntimeError):  # RuntimeError: the transport's loop is closed
+                self.transport.pause_reading()  # read here from now on
+        deadline = time.monotonic() + STOP_TIMEOUT
+        try:
+            assert self.sock is not None
+            with socket.socket(fileno=os.dup(self.sock.fileno())) as reader:
+                reader.settimeout(STOP_TIMEOUT)
+                reader.sendall(channel.frame([channel.STOP, 0]))
+                while (message := channel.receive(reader, self.frames, self.pending)) is not None:
+                    if message[0] == channel.LOG:
+                        self.received(message)
+                    reader.settimeout(max(0.01, deadline - time.monotonic()))
+        except (OSError, AssertionError):  # gone already; or finalize ran past its time (TimeoutError)
+            pass
+        if self.transport is not None:
+            with contextlib.suppress(RuntimeError):
                 self.transport.close()
-            elif self.sock is not None:
-                self.sock.setblocking(True)
-                self.sock.sendall(stop)
         if self.sock is not None:
             self.sock.close()
         try:
-            process.wait(STOP_TIMEOUT)
+            process.wait(max(0.01, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             log.warning("model '%s' instance %d: finalize took over %.0f s; killed", self.owner.name,
                         self.index, STOP_TIMEOUT)  # fmt: skip
