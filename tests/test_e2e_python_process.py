@@ -93,6 +93,23 @@ class Model:
 """
 
 
+# grps's app_monitor from a process: each call recorded by the server (its metrics, sampled each second).
+RECORDER_PY = """
+import numpy as np
+from grps_framework.monitor.monitor import app_monitor
+
+class Model:
+    def execute(self, inputs):
+        app_monitor.inc("process_calls", 1)
+        app_monitor.max("process_longest", float(len(inputs["TEXT"])))
+        try:
+            app_monitor.avg("process_calls", 1)  # aggregated as inc already: refused here
+        except ValueError as e:
+            refused = str(e)
+        return {"TEXT": inputs["TEXT"], "INFO": np.array([refused.encode()], dtype=object)}
+"""
+
+
 def fragile(server: ServerProcess, mode: int) -> httpx.Response:
     body = {"inputs": [{"name": "MODE", "datatype": "INT32", "shape": [1], "data": [mode]}]}
     return httpx.post(f"{server.base_url}/v2/models/fragile/infer", json=body, timeout=30)
@@ -144,6 +161,7 @@ def server(start_server, repo: Path) -> Iterator[ServerProcess]:
     write_model(repo, "fragile", FRAGILE, {1: FRAGILE_PY})
     write_model(repo, "echo", ECHO % ("echo", PROCESS), {1: ECHO_PY})
     write_model(repo, "echo_thread", ECHO % ("echo_thread", ""), {1: ECHO_PY})
+    write_model(repo, "recorder", ECHO % ("recorder", PROCESS), {1: RECORDER_PY})
     yield start_server(repo, extra_args=("--model-control-mode", "explicit", "--load-model", "*"))
 
 
@@ -165,6 +183,23 @@ def test_our_api_in_a_process_bytes_and_parameters(server: ServerProcess) -> Non
     assert info["parameters"] == {"mode": "loud"} and info["pid"] != server.proc.pid
     texts, info = echo(server, "echo_thread", ["x"])
     assert texts == ["X"] and info["pid"] == server.proc.pid  # the in-thread mode, the default
+
+
+def test_app_monitor_from_a_process_records_in_the_server(server: ServerProcess) -> None:
+    body = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [3], "data": ["a", "b", "c"]}]}
+    response = httpx.post(f"{server.base_url}/v2/models/recorder/infer", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    info = {o["name"]: o["data"] for o in response.json()["outputs"]}["INFO"][0]
+    assert info == "metric 'process_calls' is aggregated as inc, not avg"
+
+    def recorded() -> bool:
+        metrics = httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
+        return (
+            'tensorgate_app_metric{name="process_calls",aggregation="inc"} 1' in metrics
+            and 'tensorgate_app_metric{name="process_longest",aggregation="max"} 3' in metrics
+        )
+
+    wait_until(recorded, "the model's metrics in the server's")
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,7 @@ LOG = 11  # process -> server: a line for the server's log (pb_utils.Logger)
 CALL, REPLY = 12, 13  # process -> server: a BLS request; server -> process: its answer
 STOP = 14  # server -> process: finalize and exit
 COMPLETE = 15  # server -> process: auto_complete_config, answered by READY with the completed config
+METRIC = 16  # process -> server: a value for grps's app_monitor [METRIC, 0, name, aggregation, value]
 
 BYTES = "BYTES"
 ALIGN = 64

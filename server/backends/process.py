@@ -214,6 +214,9 @@ class Instance:
         if kind == channel.LOG:
             model_log.log(message[1], "%s", message[2])
             return
+        if kind == channel.METRIC:
+            self.owner.record(message[2], message[3], message[4])
+            return
         if kind == channel.CALL:
             self.owner.bls(self, message)
             return
@@ -558,6 +561,15 @@ class ProcessBackend(Backend):
                 instance.send([channel.CANCEL, call])
 
     # ---------------------------------------------------------------------------------- BLS
+
+    def record(self, name: str, aggregation: str, value: float) -> None:
+        """A value the model's process recorded with grps's app_monitor, in the server's."""
+        if self.host is None:
+            return
+        try:
+            self.host.app_monitor.record(name, aggregation, value)
+        except ValueError as e:  # checked in the process already: a disagreement between processes
+            log.warning("%s: app_monitor: %s", self.label, e)
 
     def bls(self, instance: Instance, message: list) -> None:
         """A BLS request from a model's process: answered through the server's schedulers."""

@@ -26,9 +26,10 @@ from typing import Any
 import server.backends.pb_utils as pb_utils
 from codec.datatypes import BY_CONFIG
 from codec.errors import ErrorKind, InferError
+from server.app_monitor import AppMonitor
 from server.backends import channel
 from server.backends.channel import Arena, Frames
-from server.backends.module import ModelModule
+from server.backends.module import ModelModule, use_app_monitor
 
 PR_SET_PDEATHSIG = 1
 
@@ -168,6 +169,18 @@ class _ToServer(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         with contextlib.suppress(OSError):
             self.link.send([channel.LOG, record.levelno, record.getMessage()])
+
+
+class _Monitor(AppMonitor):
+    """grps's app_monitor in a model's process: each value checked here, recorded by the server's."""
+
+    def __init__(self, link: Link) -> None:
+        super().__init__()
+        self.link = link
+
+    def _put(self, name: str, aggregation: str, value: float) -> None:
+        self._check(name, aggregation, value)
+        self.link.send([channel.METRIC, 0, name, aggregation, value])
 
 
 class Stub:
@@ -416,6 +429,7 @@ def main(argv: list[str]) -> int:
     logging.getLogger("tensorgate.model").setLevel(logging.DEBUG)
     logging.getLogger("tensorgate.model").propagate = False
     pb_utils.attach_caller(Calls(link))
+    use_app_monitor(_Monitor(link))
     if first[0] == channel.COMPLETE:
         return _complete(link, first[1], first[2])
     _, config, version, version_dir, instance, arena_size = first
