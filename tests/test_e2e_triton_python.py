@@ -512,8 +512,11 @@ def test_auto_complete_config_fills_the_config(server: ServerProcess) -> None:
     assert outputs_of(response) == {"OUT": [10, 20, 30, 40]}
 
 
-def test_auto_complete_config_that_disagrees_with_the_config_fails_the_load(start_server, repo: Path) -> None:
-    config = AUTO + 'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_auto_complete_config_that_disagrees_with_the_config_fails_the_load(
+    start_server, repo: Path, mode: str
+) -> None:
+    config = in_mode(AUTO + 'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 2 ] } ]\n', mode)
     write_model(repo, "auto", config, {1: AUTO_PY})
     server = start_server(repo)
     index = httpx.post(f"{server.base_url}/v2/repository/index").json()

@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -303,10 +304,9 @@ class ProcessBackend(Backend):
             self.timeout = float(timeout) / 1000
         except ValueError:
             raise ValueError(f"EXECUTE_TIMEOUT_MS is a number of milliseconds, not {timeout!r}") from None
-        self._unpacked: str | None = None
         if host is not None:  # the BLS calls of the model's processes go through this server
             pb_utils.attach_host(host)
-        self.python = self._interpreter(parameter(config, "EXECUTION_ENV_PATH"))
+        self.python, self._unpacked = interpreter(config, version_dir.parent)
         self.instances = instance_count(config, "cpu")
         self._all = [Instance(self, i) for i in range(self.instances)]
         self._idle: list[Instance] = []
@@ -331,25 +331,6 @@ class ProcessBackend(Backend):
             self.stream_only = not info["execute"]
             self.execute = self._execute_ours if info["execute"] else self._refuse
             self.execute_stream = self._stream_ours if info["stream"] else None
-
-    def _interpreter(self, env_path: str) -> str:
-        """The python the processes run: the server's, or that of the venv folder or conda-pack tarball
-        that EXECUTION_ENV_PATH names (relative to the model's folder; $$TRITON_MODEL_DIRECTORY too)."""
-        if not env_path:
-            return sys.executable
-        model_dir = self.version_dir.parent
-        path = Path(env_path.replace("$$TRITON_MODEL_DIRECTORY", str(model_dir)))
-        if not path.is_absolute():
-            path = model_dir / path
-        if path.is_file() and path.name.endswith((".tar.gz", ".tgz", ".tar")):
-            self._unpacked = tempfile.mkdtemp(prefix=f"tensorgate-env-{self.name}-")
-            with tarfile.open(path) as archive:
-                archive.extractall(self._unpacked, filter="data")
-            path = Path(self._unpacked)
-        python = path / "bin" / "python"
-        if not python.exists():
-            raise FileNotFoundError(f"EXECUTION_ENV_PATH {env_path!r}: no bin/python in {path}")
-        return str(python)
 
     def _on_loop_thread(self, action: Callable[[], Any]) -> Any:
         """Runs `action` on the event loop's thread when the server runs (a loading thread may end; the
@@ -582,8 +563,6 @@ class ProcessBackend(Backend):
         for instance in self._all:
             instance.arena.close()
         if self._unpacked is not None:
-            import shutil
-
             shutil.rmtree(self._unpacked, ignore_errors=True)
 
 
@@ -624,6 +603,54 @@ async def _answer_bls(host: Host | None, instance: Instance, message: list) -> N
     instance.send([channel.REPLY, call, answers])
 
 
+def interpreter(config: dict, model_dir: Path) -> tuple[str, str | None]:
+    """The python a model's processes run: the server's, or that of the venv folder or conda-pack tarball
+    that EXECUTION_ENV_PATH names (relative to the model's folder; $$TRITON_MODEL_DIRECTORY too); and
+    the folder a tarball was unpacked into (removed at unload), if any."""
+    env_path = parameter(config, "EXECUTION_ENV_PATH")
+    if not env_path:
+        return sys.executable, None
+    path = Path(env_path.replace("$$TRITON_MODEL_DIRECTORY", str(model_dir)))
+    if not path.is_absolute():
+        path = model_dir / path
+    unpacked = None
+    if path.is_file() and path.name.endswith((".tar.gz", ".tgz", ".tar")):
+        unpacked = tempfile.mkdtemp(prefix=f"tensorgate-env-{config['name']}-")
+        with tarfile.open(path) as archive:
+            archive.extractall(unpacked, filter="data")
+        path = Path(unpacked)
+    python = path / "bin" / "python"
+    if not python.exists():
+        if unpacked is not None:
+            shutil.rmtree(unpacked, ignore_errors=True)
+        raise FileNotFoundError(f"EXECUTION_ENV_PATH {env_path!r}: no bin/python in {path}")
+    return str(python), unpacked
+
+
 def complete_in_process(version_dir: Path, config: dict) -> dict:
-    """auto_complete_config run in a process of its own (the model's code never runs in the server's)."""
-    raise NotImplementedError
+    """auto_complete_config run in a process of its own, with the model's interpreter: in process mode
+    the model's code never runs in the server's process."""
+    python, unpacked = interpreter(config, version_dir.parent)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    env = {**os.environ, "TENSORGATE_ROOT": ROOT, "TENSORGATE_FALLBACK_PATH": os.pathsep.join(sys.path)}
+    try:
+        with ours:
+            process = subprocess.Popen(
+                [python, "-c", BOOTSTRAP, str(theirs.fileno()), "-1"], pass_fds=(theirs.fileno(),), env=env
+            )
+            theirs.close()
+            ours.sendall(channel.frame([channel.COMPLETE, 0, config, str(version_dir)]))
+            ours.settimeout(START_TIMEOUT)
+            frames, pending = Frames(), []
+            while (answer := channel.receive(ours, frames, pending)) is not None and answer[0] == channel.LOG:
+                model_log.log(answer[1], "%s", answer[2])
+        process.wait(STOP_TIMEOUT)
+    finally:
+        theirs.close()
+        if unpacked is not None:
+            shutil.rmtree(unpacked, ignore_errors=True)
+    if answer is None:
+        raise RuntimeError(f"auto_complete_config: the model's process {exited(process)}")
+    if answer[0] != channel.READY:
+        raise RuntimeError(answer[2])
+    return json.loads(answer[2])

@@ -431,7 +431,7 @@ def main(argv: list[str]) -> int:
     pb_utils.attach_caller(Calls(link))
     use_app_monitor(_Monitor(link))
     if first[0] == channel.COMPLETE:
-        return _complete(link, first[1], first[2])
+        return _complete(link, first[2], first[3])
     _, config, version, version_dir, instance, arena_size = first
     stub = Stub(link, Arena(int(argv[1]), arena_size))
     try:
