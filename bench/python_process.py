@@ -1,5 +1,7 @@
 """The cost of a python model's instance in a process of its own (server/backends/process.py) against the
-in-thread mode, per batch, without HTTP: `python -m bench.python_process [--calls N]`.
+in-thread mode, per batch, without HTTP: `python -m bench.python_process [--calls N]`; and over REST
+(`--rest`: a real server, wrk -t1 -c8 POSTing each model's JSON infer, `--rounds` rounds of `--duration`
+s, the model order reversed every other round).
 
 For `simple` written as a Triton python model (one request per batch) it runs N batches one after the
 other through each mode's backend and prints the wall time and the CPU time (server and instance process
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import resource
 import tempfile
@@ -116,11 +119,95 @@ def measure(root: Path, code: str, mode: str, count: int, calls: int, parallel: 
         backend.close()
 
 
+def rest(loops: int, rounds: int, duration: float) -> None:
+    """req/s and server CPU µs per request (the server and its instance processes), over REST."""
+    import subprocess
+    import sys
+
+    from bench.crosscheck import run_wrk
+    from tests.e2e_helpers import ServerProcess
+
+    models = {  # name: (code, mode, count), `max_batch_size 0` as the issue's figure asks
+        "busy_thread_1": (BUSY_PY.replace("LOOPS", str(loops)), "thread", 1),
+        "busy_thread_2": (BUSY_PY.replace("LOOPS", str(loops)), "thread", 2),
+        "busy_process_1": (BUSY_PY.replace("LOOPS", str(loops)), "process", 1),
+        "busy_process_2": (BUSY_PY.replace("LOOPS", str(loops)), "process", 2),
+        "simple_thread": (SIMPLE_PY, "thread", 1),
+        "simple_process": (SIMPLE_PY, "process", 1),
+    }
+    body = json.dumps(
+        {
+            "inputs": [
+                {"name": n, "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}
+                for n in ("INPUT0", "INPUT1")
+            ]
+        }  # fmt: skip
+    ).encode()
+    with tempfile.TemporaryDirectory() as root:
+        repository = Path(root) / "models"
+        for name, (code, mode, count) in models.items():
+            (repository / name / "1").mkdir(parents=True)
+            (repository / name / "1" / "model.py").write_text(code)
+            cfg = config(name, mode, count)
+            cfg["max_batch_size"] = 0
+            for entry in cfg["input"] + cfg["output"]:
+                entry["dims"] = [1, 16]
+            (repository / name / "config.json").write_text(json.dumps(cfg))
+        server = ServerProcess(repository, Path(root) / "server.log", log_level="warning").start()
+        try:
+            results: dict[str, list[tuple[float, float]]] = {name: [] for name in models}
+            for number in range(rounds):
+                order = list(models) if number % 2 == 0 else list(reversed(models))
+                for name in order:
+                    pids = [server.proc.pid, *children(server.proc.pid)]
+                    before = cpu_of(pids)
+                    rate, note = run_wrk(
+                        f"http://127.0.0.1:{server.port}/v2/models/{name}/infer", body, "application/json",
+                        8, duration,
+                    )  # fmt: skip
+                    used = cpu_of(pids) - before
+                    results[name].append((rate, used / max(1.0, rate * duration) * 1e6))
+                    if note:
+                        print(f"  {name}: {note}", file=sys.stderr)
+            print(f"REST, wrk -t1 -c8, {rounds} rounds of {duration:g} s (median):")
+            for name, runs in results.items():
+                rates = sorted(r for r, _ in runs)
+                cpus = sorted(c for _, c in runs)
+                print(
+                    f"  {name:15s} {rates[len(rates) // 2]:8.0f} req/s {cpus[len(cpus) // 2]:6.0f} µs CPU/req"
+                )
+        finally:
+            server.stop()
+            subprocess.run(["true"], check=False)
+
+
+def children(pid: int) -> list[int]:
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def cpu_of(pids: list[int]) -> float:
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--loops", type=int, default=12000, help="the busy model's loop (~1 ms)")
+    parser.add_argument("--rest", action="store_true", help="over REST against a real server (wrk)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=3)
     args = parser.parse_args()
+    if args.rest:
+        rest(args.loops, args.rounds, args.duration)
+        return
     with tempfile.TemporaryDirectory() as root:
         print("simple, one batch at a time:")
         for mode in ("thread", "process", "thread", "process"):
