@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 from e2e_helpers import ServerProcess, write_model
+from grps_helpers import gtensor, streamed
 
 PROCESS = 'parameters { key: "EXECUTION_MODE" value: { string_value: "process" } }\n'
 
@@ -110,6 +111,31 @@ class Model:
 """
 
 
+# Our API's streaming model from a process: one answer per yield; N = 99 aborts the process mid-stream.
+COUNTER = (
+    """
+name: "counter"
+backend: "python"
+max_batch_size: 0
+input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "I" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+    + PROCESS
+)
+COUNTER_PY = """
+import os
+import numpy as np
+
+class Model:
+    async def execute_stream(self, inputs):
+        n = int(inputs["N"][0])
+        for i in range(min(n, 3), 0, -1):
+            yield {"I": np.array([i], np.int32)}
+        if n == 99:
+            os.abort()
+"""
+
+
 def fragile(server: ServerProcess, mode: int) -> httpx.Response:
     body = {"inputs": [{"name": "MODE", "datatype": "INT32", "shape": [1], "data": [mode]}]}
     return httpx.post(f"{server.base_url}/v2/models/fragile/infer", json=body, timeout=30)
@@ -162,6 +188,7 @@ def server(start_server, repo: Path) -> Iterator[ServerProcess]:
     write_model(repo, "echo", ECHO % ("echo", PROCESS), {1: ECHO_PY})
     write_model(repo, "echo_thread", ECHO % ("echo_thread", ""), {1: ECHO_PY})
     write_model(repo, "recorder", ECHO % ("recorder", PROCESS), {1: RECORDER_PY})
+    write_model(repo, "counter", COUNTER, {1: COUNTER_PY})
     yield start_server(repo, extra_args=("--model-control-mode", "explicit", "--load-model", "*"))
 
 
@@ -183,6 +210,23 @@ def test_our_api_in_a_process_bytes_and_parameters(server: ServerProcess) -> Non
     assert info["parameters"] == {"mode": "loud"} and info["pid"] != server.proc.pid
     texts, info = echo(server, "echo_thread", ["x"])
     assert texts == ["X"] and info["pid"] == server.proc.pid  # the in-thread mode, the default
+
+
+def test_a_streaming_model_of_our_api_streams_from_a_process_and_a_crash_ends_its_stream(
+    server: ServerProcess,
+) -> None:
+    with httpx.Client(base_url=server.base_url, timeout=30) as client:
+        body = {"model": "counter", "gtensors": {"tensors": [gtensor("N", "DT_INT32", [1], [3])]}}
+        answers = streamed(client, body)
+        assert [a["gtensors"]["tensors"][0]["flat_int32"] for a in answers] == [[3], [2], [1]]
+        body["gtensors"]["tensors"][0]["flat_int32"] = [99]
+        answers = streamed(client, body)
+    assert [a["gtensors"]["tensors"][0]["flat_int32"] for a in answers[:3]] == [[3], [2], [1]]
+    assert "model 'counter' instance 0 exited (signal 6: SIGABRT)" in json.dumps(answers[3:])
+    wait_until(lambda: restarts(server, "counter") == 1, "the instance restarted")
+    with httpx.Client(base_url=server.base_url, timeout=30) as client:
+        body["gtensors"]["tensors"][0]["flat_int32"] = [1]
+        assert [a["gtensors"]["tensors"][0]["flat_int32"] for a in streamed(client, body)] == [[1]]
 
 
 def test_app_monitor_from_a_process_records_in_the_server(server: ServerProcess) -> None:
