@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -136,6 +137,14 @@ class Model:
 """
 
 
+ENV = 'parameters { key: "EXECUTION_ENV_PATH" value: { string_value: "%s" } }\n'
+# The interpreter its process runs: the path it was started as (sys.executable resolves no links).
+ENV_PY = ECHO_PY.replace(
+    '"python": sys.executable,',
+    '"python": os.environ.get("_", ""), "from_tarball": os.environ.get("FROM_TARBALL"),',
+)
+
+
 def fragile(server: ServerProcess, mode: int) -> httpx.Response:
     body = {"inputs": [{"name": "MODE", "datatype": "INT32", "shape": [1], "data": [mode]}]}
     return httpx.post(f"{server.base_url}/v2/models/fragile/infer", json=body, timeout=30)
@@ -208,6 +217,9 @@ def test_our_api_in_a_process_bytes_and_parameters(server: ServerProcess) -> Non
     texts, info = echo(server, "echo", ["abc", "héllo", ""], mode="loud")
     assert texts == ["ABC", "HÉLLO", ""]
     assert info["parameters"] == {"mode": "loud"} and info["pid"] != server.proc.pid
+    big = ["x" * 1_500_000, "y" * 700_000]  # past the 1 MiB the arena starts with: it grows, both ways
+    texts, _ = echo(server, "echo", big)
+    assert texts == [t.upper() for t in big]
     texts, info = echo(server, "echo_thread", ["x"])
     assert texts == ["X"] and info["pid"] == server.proc.pid  # the in-thread mode, the default
 
@@ -338,3 +350,27 @@ def test_a_model_runs_in_the_venv_that_execution_env_path_names(
     texts, info = echo(server, "in_venv", ["z"])
     assert texts == ["Z"]
     assert Path(info["python"]).parent == venv / "bin"
+
+
+def test_a_conda_pack_tarball_is_unpacked_and_its_python_runs_the_model(
+    start_server, repo: Path, tmp_path: Path
+) -> None:
+    """A tarball holding bin/python (a script that marks its environment and runs this interpreter, as
+    a packed environment's python would run): the model's processes run it, the unpacked copy goes at
+    unload."""
+    packed = tmp_path / "packed"
+    (packed / "bin").mkdir(parents=True)
+    script = packed / "bin" / "python"
+    script.write_text(f'#!/bin/sh\nexport FROM_TARBALL="$0"\nexec {sys.executable} "$@"\n')
+    script.chmod(0o755)
+    model_dir = repo / "in_tarball"
+    write_model(repo, "in_tarball", ECHO % ("in_tarball", PROCESS + ENV % "env.tar.gz"), {1: ENV_PY})
+    with tarfile.open(model_dir / "env.tar.gz", "w:gz") as archive:
+        archive.add(packed / "bin", arcname="bin")
+    server = start_server(repo)
+    texts, info = echo(server, "in_tarball", ["q"])
+    assert texts == ["Q"]
+    unpacked = Path(info["from_tarball"]).parent.parent  # <unpacked>/bin/python
+    assert unpacked.name.startswith("tensorgate-env-in_tarball-") and unpacked.is_dir()
+    assert server.stop() == 0
+    assert not unpacked.exists()
