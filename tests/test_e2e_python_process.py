@@ -145,6 +145,43 @@ ENV_PY = ECHO_PY.replace(
 )
 
 
+# BLS from threads the model starts, while execute waits for them: each calls fragile (in its own
+# processes), whose answer (its instance's pid) this model answers.
+FANOUT = (
+    """
+name: "fanout"
+backend: "python"
+max_batch_size: 0
+input [ { name: "MODE" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "PID" data_type: TYPE_INT64 dims: [ 2 ] } ]
+"""
+    + PROCESS
+)
+FANOUT_PY = """
+from concurrent.futures import ThreadPoolExecutor
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+def call(mode):
+    request = pb_utils.InferenceRequest(
+        model_name="fragile", inputs=[pb_utils.Tensor("MODE", mode)], requested_output_names=["PID"])
+    response = request.exec()
+    if response.has_error():
+        raise pb_utils.TritonModelException(response.error().message())
+    return pb_utils.get_output_tensor_by_name(response, "PID").as_numpy()[0]
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        with ThreadPoolExecutor(2) as pool:
+            for request in requests:
+                mode = pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()
+                pids = np.array(list(pool.map(call, [mode, mode])), dtype=np.int64)
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("PID", pids)]))
+        return responses
+"""
+
+
 def fragile(server: ServerProcess, mode: int) -> httpx.Response:
     body = {"inputs": [{"name": "MODE", "datatype": "INT32", "shape": [1], "data": [mode]}]}
     return httpx.post(f"{server.base_url}/v2/models/fragile/infer", json=body, timeout=30)
@@ -198,6 +235,7 @@ def server(start_server, repo: Path) -> Iterator[ServerProcess]:
     write_model(repo, "echo_thread", ECHO % ("echo_thread", ""), {1: ECHO_PY})
     write_model(repo, "recorder", ECHO % ("recorder", PROCESS), {1: RECORDER_PY})
     write_model(repo, "counter", COUNTER, {1: COUNTER_PY})
+    write_model(repo, "fanout", FANOUT, {1: FANOUT_PY})
     yield start_server(repo, extra_args=("--model-control-mode", "explicit", "--load-model", "*"))
 
 
@@ -239,6 +277,14 @@ def test_a_streaming_model_of_our_api_streams_from_a_process_and_a_crash_ends_it
     with httpx.Client(base_url=server.base_url, timeout=30) as client:
         body["gtensors"]["tensors"][0]["flat_int32"] = [1]
         assert [a["gtensors"]["tensors"][0]["flat_int32"] for a in streamed(client, body)] == [[1]]
+
+
+def test_bls_from_threads_of_a_model_in_a_process_to_a_model_in_others(server: ServerProcess) -> None:
+    body = {"inputs": [{"name": "MODE", "datatype": "INT32", "shape": [1], "data": [0]}]}
+    response = httpx.post(f"{server.base_url}/v2/models/fanout/infer", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    pids = response.json()["outputs"][0]["data"]
+    assert set(pids) <= {pid for _, pid, _ in started_pids(server)}
 
 
 def test_app_monitor_from_a_process_records_in_the_server(server: ServerProcess) -> None:

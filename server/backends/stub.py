@@ -15,6 +15,7 @@ import ctypes
 import inspect
 import json
 import logging
+import queue
 import signal
 import socket
 import sys
@@ -35,42 +36,60 @@ PR_SET_PDEATHSIG = 1
 
 
 class Link:
-    """The process's end of its socket. Messages are read on the main thread only: by its serve loop,
-    by a BLS call made from it (which reads until its answer comes, keeping what else comes for the
-    serve loop), or by the event loop of an `async def execute` while it runs there. Messages are sent
-    from any thread. BLS answers go to whichever thread waits for them."""
+    """The process's end of its socket. A reader thread of its own reads every message: BLS answers go
+    straight to the thread that waits for them (whichever: `execute`, a thread the model started, the
+    event loop of an `async def execute`), cancels take effect at once, and the rest waits in the inbox
+    for the main thread, which runs the model. Messages are sent from any thread."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self._frames = Frames()
         self._pending: list[Any] = []
-        self._backlog: list[Any] = []  # messages a BLS wait read past, for the serve loop
         self._lock = threading.Lock()
         self._replies: dict[int, Callable[[list], None]] = {}  # BLS call -> where its answer goes
         self._next = 0
-        self.main = threading.get_ident()
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.on_cancel: Callable[[int], None] = lambda call: None
 
     def send(self, message: list) -> None:
         data = channel.frame(message)
         with self._lock:
             self.sock.sendall(data)
 
-    def receive(self) -> Any:
-        """The serve loop's next message (None at the end); BLS answers are delivered on the way."""
-        while True:
-            message = self._backlog.pop(0) if self._backlog else self._read()
-            if message is None or message[0] != channel.REPLY:
-                return message
-            self._deliver(message)
-
-    def _read(self) -> Any:
+    def first(self) -> Any:
+        """The first message (the model to load), read before the reader starts."""
         return channel.receive(self.sock, self._frames, self._pending)
 
-    def _deliver(self, message: list) -> None:
+    def start(self) -> None:
+        threading.Thread(target=self._read_all, name="reader", daemon=True).start()
+
+    def _read_all(self) -> None:
+        while True:
+            try:
+                message = channel.receive(self.sock, self._frames, self._pending)
+            except OSError:
+                message = None
+            if message is None:
+                self.inbox.put(None)
+                self._fail_calls()
+                return
+            kind = message[0]
+            if kind == channel.REPLY:
+                with self._lock:
+                    deliver = self._replies.pop(message[1], None)
+                if deliver is not None:
+                    deliver(message)
+            elif kind == channel.CANCEL:
+                self.on_cancel(message[1])
+            else:
+                self.inbox.put(message)
+
+    def _fail_calls(self) -> None:
+        """The server is gone: BLS calls still waiting get an error answer."""
         with self._lock:
-            deliver = self._replies.pop(message[1], None)
-        if deliver is not None:
-            deliver(message)
+            waiting, self._replies = self._replies, {}
+        for call, deliver in waiting.items():
+            deliver([channel.REPLY, call, [[1, pb_utils.TritonError.UNAVAILABLE, "the server went away"]]])
 
     def call(self, message: list, deliver: Callable[[list], None]) -> None:
         """Sends a BLS request (its call number set here); its answer goes to `deliver`."""
@@ -79,34 +98,6 @@ class Link:
             message[1] = self._next
             self._replies[self._next] = deliver
         self.send(message)
-
-    def wait(self, done: threading.Event) -> None:
-        """Blocking until `done`: on the main thread, reading the socket meanwhile (nobody else does)."""
-        if threading.get_ident() != self.main:
-            done.wait()
-            return
-        while not done.is_set():
-            message = self._read()
-            if message is None:
-                raise pb_utils.TritonModelException("the server closed this model's connection")
-            if message[0] == channel.REPLY:
-                self._deliver(message)
-            else:
-                self._backlog.append(message)
-
-    def readable(self) -> None:
-        """What the event loop of an `async def execute` calls when the socket has data."""
-        try:
-            data = self.sock.recv(65536, socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return
-        self._pending.extend(self._frames.feed(data) if data else [None])
-        while self._pending:
-            message = self._pending.pop(0)
-            if message is not None and message[0] == channel.REPLY:
-                self._deliver(message)
-            else:
-                self._backlog.append(message)
 
 
 class Calls:
@@ -124,7 +115,7 @@ class Calls:
             done.set()
 
         self.link.call(_bls_message(request, decoupled), deliver)
-        self.link.wait(done)
+        done.wait()
         return _bls_responses(answer[0])
 
     async def async_exec(
@@ -246,12 +237,7 @@ class Stub:
         if inspect.isawaitable(result):
             if self.loop is None:
                 self.loop = asyncio.new_event_loop()
-            # the socket read meanwhile, for the answers of its BLS calls (async_exec)
-            self.loop.add_reader(self.link.sock.fileno(), self.link.readable)
-            try:
-                result = self.loop.run_until_complete(result)
-            finally:
-                self.loop.remove_reader(self.link.sock.fileno())
+            result = self.loop.run_until_complete(result)
         return result
 
     # ------------------------------------------------------------------------------------- serving
@@ -259,7 +245,7 @@ class Stub:
     def serve(self) -> None:
         link = self.link
         while True:
-            message = link.receive()
+            message = link.inbox.get()
             if message is None or message[0] == channel.STOP:
                 return
             kind, call = message[0], message[1]
@@ -269,8 +255,6 @@ class Stub:
                     self._execute(call, message)
                 elif kind == channel.STREAM:
                     self._stream(call, message[2], message[3])
-                elif kind == channel.CANCEL:
-                    self._cancel(call)
             except Exception as e:  # noqa: BLE001 (the model's fault fails its call, not the process)
                 link.send([channel.ERROR, call] + _error(e))
 
@@ -371,7 +355,8 @@ class Stub:
         if not stop.is_set():
             self.link.send(message)
 
-    def _cancel(self, call: int) -> None:
+    def cancel(self, call: int) -> None:
+        """The client of a streamed request went away (called by the reader thread)."""
         held = self.streams.pop(call, None)
         if isinstance(held, threading.Event):
             held.set()
@@ -422,7 +407,7 @@ def _die_with_server() -> None:
 def main(argv: list[str]) -> int:
     _die_with_server()
     link = Link(socket.socket(fileno=int(argv[0])))
-    first = link.receive()
+    first = link.first()
     if first is None:
         return 0
     logging.getLogger("tensorgate.model").addHandler(_ToServer(link))
@@ -434,6 +419,8 @@ def main(argv: list[str]) -> int:
         return _complete(link, first[2], first[3])
     _, config, version, version_dir, instance, arena_size = first
     stub = Stub(link, Arena(int(argv[1]), arena_size))
+    link.on_cancel = stub.cancel
+    link.start()
     try:
         info = stub.load(config, version, version_dir, instance)
     except BaseException as e:  # noqa: BLE001 (a model's code may raise anything, SystemExit included)
