@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -347,6 +348,18 @@ def test_a_dead_instance_fails_its_request_alone_and_is_restarted(
     for model in ("echo", "echo_thread"):
         stats = httpx.get(f"{server.base_url}/v2/models/{model}/stats", timeout=10).json()
         assert stats["model_stats"][0]["inference_stats"]["fail"]["count"] == 0
+
+
+def test_an_idle_instance_killed_from_outside_is_restarted_without_a_request(server: ServerProcess) -> None:
+    """As the OOM killer kills a process that is not executing: the server notices at once."""
+    name, victim, _ = started_pids(server)[0]
+    os.kill(victim, signal.SIGKILL)
+    wait_until(lambda: restarts(server, "fragile") == 1, "the killed instance restarted")
+    index = name.rsplit("_", 1)[1]
+    assert f"model 'fragile' instance {index} exited (signal 9: SIGKILL)" in server.log_text()
+    answered = fragile(server, 0)
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["outputs"][0]["data"][0] != victim
 
 
 def test_unload_finalizes_and_ends_the_processes_and_reload_starts_new_ones(server: ServerProcess) -> None:

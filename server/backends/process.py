@@ -106,6 +106,7 @@ class Instance:
             channel.frame(
                 [
                     channel.LOAD,
+                    0,
                     self.owner.config,
                     self.owner.version,
                     str(self.owner.version_dir),
@@ -122,8 +123,12 @@ class Instance:
         self.frames, self.pending = Frames(), []
         try:
             answer = channel.receive(self.sock, self.frames, self.pending)
-            while answer is not None and answer[0] == channel.LOG:  # initialize's log lines
-                self.received(answer)
+            while answer is not None and answer[0] in (channel.LOG, channel.METRIC, channel.CALL):
+                if answer[0] == channel.CALL:  # from initialize: no loop serves this instance yet
+                    refused = [[1, pb_utils.TritonError.UNAVAILABLE, "BLS is not available in initialize"]]
+                    self.sock.sendall(channel.frame([channel.REPLY, answer[1], refused]))
+                else:
+                    self.received(answer)
                 answer = channel.receive(self.sock, self.frames, self.pending)
         except TimeoutError:
             self.kill()
@@ -164,15 +169,15 @@ class Instance:
                 self.transport.pause_reading()  # read here from now on
         deadline = time.monotonic() + STOP_TIMEOUT
         try:
-            assert self.sock is not None
-            with socket.socket(fileno=os.dup(self.sock.fileno())) as reader:
-                reader.settimeout(STOP_TIMEOUT)
-                reader.sendall(channel.frame([channel.STOP, 0]))
-                while (message := channel.receive(reader, self.frames, self.pending)) is not None:
-                    if message[0] == channel.LOG:
-                        self.received(message)
-                    reader.settimeout(max(0.01, deadline - time.monotonic()))
-        except (OSError, AssertionError):  # gone already; or finalize ran past its time (TimeoutError)
+            if self.sock is not None:
+                with socket.socket(fileno=os.dup(self.sock.fileno())) as reader:
+                    reader.settimeout(STOP_TIMEOUT)
+                    reader.sendall(channel.frame([channel.STOP, 0]))
+                    while (message := channel.receive(reader, self.frames, self.pending)) is not None:
+                        if message[0] in (channel.LOG, channel.METRIC):
+                            self.received(message)
+                        reader.settimeout(max(0.01, deadline - time.monotonic()))
+        except OSError:  # gone already; or finalize ran past its time (TimeoutError)
             pass
         if self.transport is not None:
             with contextlib.suppress(RuntimeError):
@@ -319,6 +324,7 @@ class ProcessBackend(Backend):
             self.close()
             raise
         self._idle = list(reversed(self._all))
+        self._watch()
         info = infos[0]
         self.per_request = info["triton"]
         if self.per_request:
@@ -331,6 +337,27 @@ class ProcessBackend(Backend):
             self.stream_only = not info["execute"]
             self.execute = self._execute_ours if info["execute"] else self._refuse
             self.execute_stream = self._stream_ours if info["stream"] else None
+
+    def _watch(self) -> None:
+        """The instances' sockets handed to the server's loop now, so that one dying while idle (the OOM
+        killer, a kill) is restarted at once. Without a running server, the loop of their first use."""
+        loop = self.host.loop if self.host is not None else None
+        if loop is None or not loop.is_running():
+            return
+
+        async def attach_all() -> None:
+            for instance in self._all:
+                if instance.alive and instance.transport is None:
+                    await instance.attach()
+
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            loop.create_task(attach_all())
+        else:
+            asyncio.run_coroutine_threadsafe(attach_all(), loop).result()
 
     def _on_loop_thread(self, action: Callable[[], Any]) -> Any:
         """Runs `action` on the event loop's thread when the server runs (a loading thread may end; the
@@ -435,12 +462,16 @@ class ProcessBackend(Backend):
             call = instance.new_call()
             future = instance.call(build(instance, call))
             if not self.timeout:
-                return instance, await future
+                answer = await future
+                instance.failures = 0  # it serves: a later death starts the backoff again
+                return instance, answer
             timer = asyncio.get_running_loop().call_later(self.timeout, self._expire, instance, future)
             try:
-                return instance, await future
+                answer = await future
             finally:
                 timer.cancel()
+            instance.failures = 0
+            return instance, answer
         finally:
             self._give(instance)
 

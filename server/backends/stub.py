@@ -417,7 +417,7 @@ def main(argv: list[str]) -> int:
     use_app_monitor(_Monitor(link))
     if first[0] == channel.COMPLETE:
         return _complete(link, first[2], first[3])
-    _, config, version, version_dir, instance, arena_size = first
+    _, _, config, version, version_dir, instance, arena_size = first
     stub = Stub(link, Arena(int(argv[1]), arena_size))
     link.on_cancel = stub.cancel
     link.start()
