@@ -155,8 +155,7 @@ def inline(name: str, array: np.ndarray) -> list:
     """A tensor carried in the message itself."""
     if array.dtype.kind == "O":
         return [name, BYTES, list(array.shape), -1, encode_bytes(array)]
-    array = np.ascontiguousarray(array)
-    return [name, array.dtype.str, list(array.shape), -1, array.tobytes()]
+    return [name, array.dtype.str, list(array.shape), -1, array.tobytes()]  # C order, whatever its strides
 
 
 def inline_array(descriptor: list) -> np.ndarray:
