@@ -257,7 +257,7 @@ class Instance:
         calls, self.calls = self.calls, {}
         for target in calls.values():
             if isinstance(target, asyncio.Queue):
-                target.put_nowait([channel.ERROR, 0, None, error])
+                target.put_nowait([channel.ERROR, 0, None, error, ""])
             elif not target.done():
                 target.set_exception(error)
         self.owner.lost(self)
@@ -489,7 +489,7 @@ class ProcessBackend(Backend):
             return text
         if kind is not None:
             return InferError(ErrorKind[kind], text)
-        log.error("%s: execute failed: %s", self.label, text)
+        log.error("%s: execute failed: %s\n%s", self.label, text, answer[4] if len(answer) > 4 else "")
         return InferError(ErrorKind.INTERNAL, f"{self.label} failed: {text}")
 
     # ---------------------------------------------------------------------------------- Triton's API

@@ -20,6 +20,7 @@ import signal
 import socket
 import sys
 import threading
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -393,10 +394,11 @@ def _checked(name: str, count: int, responses: Any) -> list[dict | pb_utils.Trit
 
 
 def _error(error: BaseException) -> list:
-    """[kind, message]: an InferError's kind and message as they are; else kind None and the exception."""
+    """[kind, message, traceback]: an InferError's kind and message as they are (no traceback); else
+    kind None, the exception, and its traceback for the server's log."""
     if isinstance(error, InferError):
-        return [error.kind.name, error.message]
-    return [None, f"{type(error).__name__}: {error}"]
+        return [error.kind.name, error.message, ""]
+    return [None, f"{type(error).__name__}: {error}", "".join(traceback.format_exception(error))]
 
 
 def _die_with_server() -> None:
