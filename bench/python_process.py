@@ -119,30 +119,39 @@ def measure(root: Path, code: str, mode: str, count: int, calls: int, parallel: 
         backend.close()
 
 
-def rest(loops: int, rounds: int, duration: float) -> None:
-    """req/s and server CPU µs per request (the server and its instance processes), over REST."""
+TRITON_PORTS = ("18975", "18976", "18977")  # HTTP, gRPC, metrics
+TRITON_CONFIG = """name: "{name}"
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "INPUT0" data_type: TYPE_INT32 dims: [ 1, 16 ] }}, {{ name: "INPUT1" data_type: TYPE_INT32 dims: [ 1, 16 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 1, 16 ] }}, {{ name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 1, 16 ] }} ]
+instance_group [ {{ count: {count} kind: KIND_CPU }} ]
+"""  # noqa: E501
+
+
+def rest(loops: int, rounds: int, duration: float, triton: str) -> None:
+    """req/s and server CPU µs per request (the server's process tree: its instance processes, or Triton's
+    stubs), over REST; `triton`: the kit of ../shared/triton (set up), to run the busy model files on
+    Triton 2.51's python backend too."""
     import subprocess
     import sys
 
     from bench.crosscheck import run_wrk
     from tests.e2e_helpers import ServerProcess
 
+    busy = BUSY_PY.replace("LOOPS", str(loops))
     models = {  # name: (code, mode, count), `max_batch_size 0` as the issue's figure asks
-        "busy_thread_1": (BUSY_PY.replace("LOOPS", str(loops)), "thread", 1),
-        "busy_thread_2": (BUSY_PY.replace("LOOPS", str(loops)), "thread", 2),
-        "busy_process_1": (BUSY_PY.replace("LOOPS", str(loops)), "process", 1),
-        "busy_process_2": (BUSY_PY.replace("LOOPS", str(loops)), "process", 2),
+        "busy_thread_1": (busy, "thread", 1),
+        "busy_thread_2": (busy, "thread", 2),
+        "busy_process_1": (busy, "process", 1),
+        "busy_process_2": (busy, "process", 2),
         "simple_thread": (SIMPLE_PY, "thread", 1),
         "simple_process": (SIMPLE_PY, "process", 1),
     }
     body = json.dumps(
-        {
-            "inputs": [
-                {"name": n, "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}
-                for n in ("INPUT0", "INPUT1")
-            ]
-        }  # fmt: skip
-    ).encode()
+        {"inputs": [{"name": n, "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}
+                    for n in ("INPUT0", "INPUT1")]}
+    ).encode()  # fmt: skip
     with tempfile.TemporaryDirectory() as root:
         repository = Path(root) / "models"
         for name, (code, mode, count) in models.items():
@@ -154,31 +163,48 @@ def rest(loops: int, rounds: int, duration: float) -> None:
                 entry["dims"] = [1, 16]
             (repository / name / "config.json").write_text(json.dumps(cfg))
         server = ServerProcess(repository, Path(root) / "server.log", log_level="warning").start()
+        targets = {name: (server.port, server.proc.pid) for name in models}
+        triton_pid = None
+        if triton:
+            triton_repo = Path(root) / "triton"
+            for name, count in (("triton_busy_1", 1), ("triton_busy_2", 2)):
+                (triton_repo / name / "1").mkdir(parents=True)
+                (triton_repo / name / "1" / "model.py").write_text(busy)
+                (triton_repo / name / "config.pbtxt").write_text(TRITON_CONFIG.format(name=name, count=count))
+            started = subprocess.run(
+                [f"{triton}/start.sh", "python", *TRITON_PORTS, f"--model-repository={triton_repo}"],
+                capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            triton_pid = int(started.stdout.split()[-1])
+            port = int(TRITON_PORTS[0])
+            targets.update({"triton_busy_1": (port, triton_pid), "triton_busy_2": (port, triton_pid)})
         try:
-            results: dict[str, list[tuple[float, float]]] = {name: [] for name in models}
+            results: dict[str, list[tuple[float, float]]] = {name: [] for name in targets}
             for number in range(rounds):
-                order = list(models) if number % 2 == 0 else list(reversed(models))
+                order = list(targets) if number % 2 == 0 else list(reversed(targets))
                 for name in order:
-                    pids = [server.proc.pid, *children(server.proc.pid)]
+                    port, pid = targets[name]
+                    pids = [pid, *children(pid)]
                     before = cpu_of(pids)
-                    rate, note = run_wrk(
-                        f"http://127.0.0.1:{server.port}/v2/models/{name}/infer", body, "application/json",
-                        8, duration,
-                    )  # fmt: skip
+                    url = f"http://127.0.0.1:{port}/v2/models/{name}/infer"
+                    rate, note = run_wrk(url, body, "application/json", 8, duration)
                     used = cpu_of(pids) - before
                     results[name].append((rate, used / max(1.0, rate * duration) * 1e6))
                     if note:
                         print(f"  {name}: {note}", file=sys.stderr)
-            print(f"REST, wrk -t1 -c8, {rounds} rounds of {duration:g} s (median):")
+            print(f"REST, wrk -t1 -c8, {rounds} rounds of {duration:g} s, alternating (median):")
             for name, runs in results.items():
                 rates = sorted(r for r, _ in runs)
                 cpus = sorted(c for _, c in runs)
+                rate, cpu = rates[len(rates) // 2], cpus[len(cpus) // 2]
                 print(
-                    f"  {name:15s} {rates[len(rates) // 2]:8.0f} req/s {cpus[len(cpus) // 2]:6.0f} µs CPU/req"
+                    f"  {name:15s} {rate:8.0f} req/s {cpu:6.0f} µs CPU/req  rounds {[round(r) for r, _ in runs]}"
                 )
         finally:
             server.stop()
-            subprocess.run(["true"], check=False)
+            if triton_pid is not None:
+                os.kill(triton_pid, 15)
+                subprocess.run(["tail", f"--pid={triton_pid}", "-f", "/dev/null"], check=False, timeout=60)
 
 
 def children(pid: int) -> list[int]:
@@ -204,9 +230,10 @@ def main() -> None:
     parser.add_argument("--rest", action="store_true", help="over REST against a real server (wrk)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=3)
+    parser.add_argument("--triton", default="", help="with --rest: the Triton kit folder (../shared/triton)")
     args = parser.parse_args()
     if args.rest:
-        rest(args.loops, args.rounds, args.duration)
+        rest(args.loops, args.rounds, args.duration, args.triton)
         return
     with tempfile.TemporaryDirectory() as root:
         print("simple, one batch at a time:")
