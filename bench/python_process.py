@@ -197,9 +197,8 @@ def rest(loops: int, rounds: int, duration: float, triton: str) -> None:
                 rates = sorted(r for r, _ in runs)
                 cpus = sorted(c for _, c in runs)
                 rate, cpu = rates[len(rates) // 2], cpus[len(cpus) // 2]
-                print(
-                    f"  {name:15s} {rate:8.0f} req/s {cpu:6.0f} µs CPU/req  rounds {[round(r) for r, _ in runs]}"
-                )
+                each = [round(r) for r, _ in runs]
+                print(f"  {name:15s} {rate:8.0f} req/s {cpu:6.0f} µs CPU/req  rounds {each}")
         finally:
             server.stop()
             if triton_pid is not None:

@@ -232,7 +232,9 @@ def gone(pid: int) -> bool:
 @pytest.fixture
 def server(start_server, repo: Path) -> Iterator[ServerProcess]:
     write_model(repo, "fragile", FRAGILE, {1: FRAGILE_PY})
-    write_model(repo, "echo", ECHO % ("echo", PROCESS), {1: ECHO_PY})
+    text = '{ key: "TEXT" value: { data_type: TYPE_STRING dims: [ 2 ] zero_data: true } }'
+    warmup = f'model_warmup [ {{ name: "w" batch_size: 1 count: 2 inputs {text} }} ]\n'
+    write_model(repo, "echo", ECHO % ("echo", PROCESS + warmup), {1: ECHO_PY})  # warmed up in its process
     write_model(repo, "echo_thread", ECHO % ("echo_thread", ""), {1: ECHO_PY})
     write_model(repo, "recorder", ECHO % ("recorder", PROCESS), {1: RECORDER_PY})
     write_model(repo, "counter", COUNTER, {1: COUNTER_PY})
