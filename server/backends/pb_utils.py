@@ -9,7 +9,9 @@ constants. What Triton spreads over shared memory and a stub process runs here i
 tensors are numpy arrays, always on the CPU (`is_cpu()` is True; `to_dlpack`/`from_dlpack` exchange
 them with torch or CuPy), and a BLS call goes through the called model's own scheduler and batcher
 without serializing anything: the server the calls go to is the host the python backend loaded the
-model for (`attach_host`, at load; one per process, as Triton's stub serves one server).
+model for (`attach_host`, at load; one per process, as Triton's stub serves one server). In a model's
+own process (`EXECUTION_MODE process`), BLS calls go to the server through the `Caller` the process
+attaches (server/backends/stub.py).
 """
 
 import asyncio
