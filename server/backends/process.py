@@ -459,21 +459,19 @@ class ProcessBackend(Backend):
         the execute timeout, if any)."""
         instance = await self._take()
         try:
-            call = instance.new_call()
-            future = instance.call(build(instance, call))
-            if not self.timeout:
-                answer = await future
-                instance.failures = 0  # it serves: a later death starts the backoff again
-                return instance, answer
-            timer = asyncio.get_running_loop().call_later(self.timeout, self._expire, instance, future)
-            try:
-                answer = await future
-            finally:
-                timer.cancel()
-            instance.failures = 0
-            return instance, answer
-        finally:
+            future = instance.call(build(instance, instance.new_call()))
+        except BaseException:
             self._give(instance)
+            raise
+        # Free again once its answer is in (or it died), even when this call is cancelled meanwhile: the
+        # next batch must not overwrite the arena while the process still reads and writes it.
+        future.add_done_callback(lambda _: self._give(instance))
+        if self.timeout:
+            timer = asyncio.get_running_loop().call_later(self.timeout, self._expire, instance, future)
+            future.add_done_callback(lambda _: timer.cancel())
+        answer = await asyncio.shield(future)
+        instance.failures = 0  # it serves: a later death starts the backoff again
+        return instance, answer
 
     def _expire(self, instance: Instance, future: asyncio.Future) -> None:
         if not future.done():
