@@ -389,12 +389,18 @@ def test_a_bad_execution_mode_or_timeout_fails_the_load_with_the_reason(start_se
         "    def execute", "    def initialize(self, config):\n        1 / 0\n\n    def execute"
     )
     write_model(repo, "bad_init", ECHO % ("bad_init", PROCESS), {1: raises})
+    aborts = ECHO_PY.replace(
+        "    def execute", "    def initialize(self, config):\n        os.abort()\n\n    def execute"
+    )
+    write_model(repo, "init_aborts", ECHO % ("init_aborts", PROCESS), {1: aborts})
     server = start_server(repo)
     index = httpx.post(f"{server.base_url}/v2/repository/index", timeout=10).json()
     reasons = {entry["name"]: entry.get("reason", "") for entry in index}
     assert "EXECUTION_MODE is 'process' or 'thread', not 'fork'" in reasons["bad_mode"]
     assert "EXECUTE_TIMEOUT_MS is a number of milliseconds, not 'soon'" in reasons["bad_timeout"]
     assert "ZeroDivisionError: division by zero" in reasons["bad_init"]
+    assert "instance 0 exited (signal 6: SIGABRT) while loading its model" in reasons["init_aborts"]
+    assert httpx.get(f"{server.base_url}/v2/health/live", timeout=10).status_code == 200
 
 
 def test_a_model_runs_in_the_venv_that_execution_env_path_names(

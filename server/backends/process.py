@@ -135,10 +135,14 @@ class Instance:
             raise RuntimeError(
                 f"instance {self.index} did not load its model in {START_TIMEOUT:.0f} s"
             ) from None
-        if answer is None or answer[0] != channel.READY:
-            why = answer[2] if answer is not None else exited(self.process)
+        if answer is None:  # it ended before answering: how, once it has
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(5)
             self.kill()
-            raise RuntimeError(why)
+            raise RuntimeError(f"instance {self.index} {exited(self.process)} while loading its model")
+        if answer[0] != channel.READY:
+            self.kill()
+            raise RuntimeError(answer[2])
         self.sock.settimeout(None)
         self.sock.setblocking(False)
         self.alive = True
