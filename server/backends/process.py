@@ -71,7 +71,9 @@ class Instance:
     def __init__(self, owner: ProcessBackend, index: int) -> None:
         self.owner = owner
         self.index = index
-        self.arena = Arena.create(f"tensorgate-{owner.name}-{index}", ARENA_SIZE)
+        self.arena = Arena.create(
+            f"tensorgate-{owner.name[:200]}-{index}", ARENA_SIZE
+        )  # a label (<= 249 bytes)
         self.process: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
         self.transport: asyncio.Transport | None = None
