@@ -71,9 +71,8 @@ class Instance:
     def __init__(self, owner: ProcessBackend, index: int) -> None:
         self.owner = owner
         self.index = index
-        self.arena = Arena.create(
-            f"tensorgate-{owner.name[:200]}-{index}", ARENA_SIZE
-        )  # a label (<= 249 bytes)
+        label = owner.name.encode()[:200].decode(errors="ignore")  # the kernel takes at most 249 bytes
+        self.arena = Arena.create(f"tensorgate-{label}-{index}", ARENA_SIZE)
         self.process: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
         self.transport: asyncio.Transport | None = None
