@@ -94,7 +94,7 @@ def measure(root: Path, code: str, mode: str, count: int, calls: int, parallel: 
     (version / "model.py").write_text(code)
     backend = load_backend(version, config(name, mode, count), 1)
     try:
-        pids = [i.process.pid for i in getattr(backend, "_all", [])]
+        pids = children(os.getpid())  # the instance processes, in process mode
         execute = backend.execute
         if mode == "thread" and parallel > 1:  # as the batcher runs it: a worker thread per instance
             from concurrent.futures import ThreadPoolExecutor

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import server.backends.pb_utils as pb_utils
-from batcher.staging import instance_count
+from batcher.staging import HostStaging, instance_count
 from codec.errors import ErrorKind, InferError
 from codec.tensor import custom_parameters
 from server.backends import channel
@@ -318,6 +318,7 @@ class ProcessBackend(Backend):
             pb_utils.attach_host(host)
         self.python, self._unpacked = interpreter(config, version_dir.parent)
         self.instances = instance_count(config, "cpu")
+        self.staging = HostStaging()  # numpy on the host, whatever the instance group's kind: no CUDA IPC yet
         self._all = [Instance(self, i) for i in range(self.instances)]
         self._idle: list[Instance] = []
         self._waiters: deque[asyncio.Future] = deque()
