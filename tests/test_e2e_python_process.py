@@ -385,6 +385,8 @@ def test_a_bad_execution_mode_or_timeout_fails_the_load_with_the_reason(start_se
     write_model(repo, "bad_mode", ECHO % ("bad_mode", PROCESS.replace("process", "fork")), {1: ECHO_PY})
     timeout = 'parameters { key: "EXECUTE_TIMEOUT_MS" value: { string_value: "soon" } }\n'
     write_model(repo, "bad_timeout", ECHO % ("bad_timeout", PROCESS + timeout), {1: ECHO_PY})
+    negative = ECHO % ("negative_timeout", PROCESS + timeout.replace("soon", "-5"))
+    write_model(repo, "negative_timeout", negative, {1: ECHO_PY})
     raises = ECHO_PY.replace(
         "    def execute", "    def initialize(self, config):\n        1 / 0\n\n    def execute"
     )
@@ -397,7 +399,8 @@ def test_a_bad_execution_mode_or_timeout_fails_the_load_with_the_reason(start_se
     index = httpx.post(f"{server.base_url}/v2/repository/index", timeout=10).json()
     reasons = {entry["name"]: entry.get("reason", "") for entry in index}
     assert "EXECUTION_MODE is 'process' or 'thread', not 'fork'" in reasons["bad_mode"]
-    assert "EXECUTE_TIMEOUT_MS is a number of milliseconds, not 'soon'" in reasons["bad_timeout"]
+    assert "EXECUTE_TIMEOUT_MS is a number of milliseconds (0: none), not 'soon'" in reasons["bad_timeout"]
+    assert "EXECUTE_TIMEOUT_MS is a number of milliseconds (0: none), not '-5'" in reasons["negative_timeout"]
     assert "ZeroDivisionError: division by zero" in reasons["bad_init"]
     assert "instance 0 exited (signal 6: SIGABRT) while loading its model" in reasons["init_aborts"]
     assert httpx.get(f"{server.base_url}/v2/health/live", timeout=10).status_code == 200

@@ -311,9 +311,11 @@ class ProcessBackend(Backend):
         self.restarts = 0
         timeout = parameter(config, "EXECUTE_TIMEOUT_MS", "0")
         try:
-            self.timeout = float(timeout) / 1000
+            self.timeout = float(timeout) / 1000  # 0: none
         except ValueError:
-            raise ValueError(f"EXECUTE_TIMEOUT_MS is a number of milliseconds, not {timeout!r}") from None
+            self.timeout = -1.0
+        if not self.timeout >= 0:  # NaN too
+            raise ValueError(f"EXECUTE_TIMEOUT_MS is a number of milliseconds (0: none), not {timeout!r}")
         if host is not None:  # the BLS calls of the model's processes go through this server
             pb_utils.attach_host(host)
         self.python, self._unpacked = interpreter(config, version_dir.parent)
