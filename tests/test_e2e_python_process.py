@@ -395,6 +395,8 @@ def test_a_bad_execution_mode_or_timeout_fails_the_load_with_the_reason(start_se
         "    def execute", "    def initialize(self, config):\n        os.abort()\n\n    def execute"
     )
     write_model(repo, "init_aborts", ECHO % ("init_aborts", PROCESS), {1: aborts})
+    http = ECHO_PY + "\n    def handle_http(self, http):\n        return b''\n"
+    write_model(repo, "with_http", ECHO % ("with_http", PROCESS), {1: http})
     server = start_server(repo)
     index = httpx.post(f"{server.base_url}/v2/repository/index", timeout=10).json()
     reasons = {entry["name"]: entry.get("reason", "") for entry in index}
@@ -403,6 +405,7 @@ def test_a_bad_execution_mode_or_timeout_fails_the_load_with_the_reason(start_se
     assert "EXECUTE_TIMEOUT_MS is a number of milliseconds (0: none), not '-5'" in reasons["negative_timeout"]
     assert "ZeroDivisionError: division by zero" in reasons["bad_init"]
     assert "instance 0 exited (signal 6: SIGABRT) while loading its model" in reasons["init_aborts"]
+    assert "handle_http runs in the server's process: set parameters" in reasons["with_http"]
     assert httpx.get(f"{server.base_url}/v2/health/live", timeout=10).status_code == 200
 
 
