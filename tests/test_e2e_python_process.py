@@ -381,7 +381,9 @@ def test_the_processes_die_with_the_server(server: ServerProcess) -> None:
     wait_until(lambda: all(gone(pid) for pid in pids), "the instances died with the server")
 
 
-def test_a_model_that_cannot_load_fails_its_load_with_the_reason_the_server_lives(start_server, repo: Path) -> None:
+def test_a_model_that_cannot_load_fails_its_load_with_the_reason_the_server_lives(
+    start_server, repo: Path
+) -> None:
     write_model(repo, "bad_mode", ECHO % ("bad_mode", PROCESS.replace("process", "fork")), {1: ECHO_PY})
     timeout = 'parameters { key: "EXECUTE_TIMEOUT_MS" value: { string_value: "soon" } }\n'
     write_model(repo, "bad_timeout", ECHO % ("bad_timeout", PROCESS + timeout), {1: ECHO_PY})
