@@ -8,6 +8,7 @@ monitor, its statistics and the repository behind them.
 import math
 import threading
 
+AGGREGATIONS = ("max", "min", "avg", "inc", "cdf")
 MAX_VALUES = 100_000  # values a cdf metric keeps per second; past that the second's sample is its first ones
 
 
@@ -35,15 +36,26 @@ class AppMonitor:
     def cdf(self, name: str, value: float) -> None:
         self._put(name, "cdf", value)
 
-    def _put(self, name: str, aggregation: str, value: float) -> None:
+    def record(self, name: str, aggregation: str, value: float) -> None:
+        """A value aggregated as `aggregation` (max, min, avg, inc or cdf); raises ValueError on a bad
+        name, value or aggregation."""
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"metric '{name}': no aggregation {aggregation!r}")
+        self._put(name, aggregation, value)
+
+    def _check(self, name: str, aggregation: str, value: float) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError("a metric name is a non-empty string")
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise ValueError(f"metric '{name}': a value is a finite int or float, got {value!r}")
         with self._lock:
             kind = self._kinds.setdefault(name, aggregation)
-            if kind != aggregation:
-                raise ValueError(f"metric '{name}' is aggregated as {kind}, not {aggregation}")
+        if kind != aggregation:
+            raise ValueError(f"metric '{name}' is aggregated as {kind}, not {aggregation}")
+
+    def _put(self, name: str, aggregation: str, value: float) -> None:
+        self._check(name, aggregation, value)
+        with self._lock:
             entry = self._current.get(name)
             if entry is None:
                 self._current[name] = (aggregation, [value])

@@ -33,6 +33,7 @@ PLAIN = b"text/plain; charset=utf-8"  # the 404 and 405 answers
 METRICS_PATH = "/metrics"
 
 APP_METRIC = "tensorgate_app_metric"
+RESTARTS = "tensorgate_python_instance_restarts"  # ours: a process-mode python model's (a counter)
 PENDING = "nv_inference_pending_request_count"  # a gauge: requests in the model's queue now
 # Triton's per model version counters (core src/metrics.cc): name, HELP text, what it counts.
 COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], int]], ...] = (
@@ -132,6 +133,13 @@ class ModelMetrics:
             queued = version.scheduler.pending if version.scheduler is not None else 0
             pending.add_sample(PENDING, {"model": version.name, "version": version.version_str}, queued)
         yield pending
+        processes = [v for v in versions if v.backend is not None and v.backend.restarts is not None]
+        if processes:
+            family = Metric(RESTARTS, "Python model instances restarted after their process died", "counter")
+            for version in processes:
+                labels = {"model": version.name, "version": version.version_str}
+                family.add_sample(RESTARTS, labels, version.backend.restarts)
+            yield family
 
 
 def exposition(registry: CollectorRegistry) -> bytes:

@@ -49,7 +49,14 @@ def model_statistics(repository: Repository, name: str = "", version: str = "") 
     "inference_stats", "batch_stats"}, ...]}` as Triton answers GET .../stats; raises InferError."""
     return {
         "model_stats": [
-            {"name": v.name, "version": v.version_str, **v.stats.as_dict()}
+            {"name": v.name, "version": v.version_str, **v.stats.as_dict(), **_restarts(v)}
             for v in ready_versions(repository, name, version)
         ]
     }
+
+
+def _restarts(version: ModelVersion) -> dict:
+    """`instance_restarts`, ours (not Triton's), for a python model whose instances are processes: how
+    often one died and was started again (server/backends/process.py)."""
+    backend = version.backend
+    return {} if backend is None or backend.restarts is None else {"instance_restarts": backend.restarts}

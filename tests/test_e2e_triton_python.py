@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import e2e_helpers
 import httpx
 import numpy as np
 import pytest
@@ -294,9 +295,23 @@ def marker(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("marker") / "finalized"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, marker: Path) -> Iterator[ServerProcess]:
+def in_mode(config: str, mode: str) -> str:
+    """A python model's config run in `mode`: each instance a process, or threads of the server's."""
+    return config + f'parameters {{ key: "EXECUTION_MODE" value: {{ string_value: "{mode}" }} }}\n'
+
+
+# Every test of a model of this module runs with its instances in threads of the server and in processes
+# of their own (server/backends/process.py).
+@pytest.fixture(scope="module", params=["thread", "process"])
+def server(
+    tmp_path_factory: pytest.TempPathFactory, marker: Path, request: pytest.FixtureRequest
+) -> Iterator[ServerProcess]:
     repository = tmp_path_factory.mktemp("triton_models")
+    mode = request.param
+
+    def write_model(repository: Path, name: str, config: str, versions: dict) -> None:
+        e2e_helpers.write_model(repository, name, in_mode(config, mode), versions)
+
     write_model(repository, "add_sub", ADD_SUB, {1: ADD_SUB_PY})
     write_model(repository, "add_sub_four", ADD_SUB_FOUR, {1: ADD_SUB_PY})
     write_model(repository, "introspect", INTROSPECT % marker, {1: INTROSPECT_PY})
@@ -497,8 +512,11 @@ def test_auto_complete_config_fills_the_config(server: ServerProcess) -> None:
     assert outputs_of(response) == {"OUT": [10, 20, 30, 40]}
 
 
-def test_auto_complete_config_that_disagrees_with_the_config_fails_the_load(start_server, repo: Path) -> None:
-    config = AUTO + 'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_auto_complete_config_that_disagrees_with_the_config_fails_the_load(
+    start_server, repo: Path, mode: str
+) -> None:
+    config = in_mode(AUTO + 'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 2 ] } ]\n', mode)
     write_model(repo, "auto", config, {1: AUTO_PY})
     server = start_server(repo)
     index = httpx.post(f"{server.base_url}/v2/repository/index").json()

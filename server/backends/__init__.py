@@ -57,6 +57,12 @@ def complete_config(version_dir: Path, config: dict, host: Host | None = None) -
     if backend == "python":
         model = version_dir / "model.py"
         if model.is_file() and b"auto_complete_config" in model.read_bytes():
+            from server.backends.python import execution_mode
+
+            if execution_mode(config) == "process":  # the model's code runs in its processes only
+                from server.backends.process import complete_in_process
+
+                return complete_in_process(version_dir, config)
             from server.backends.triton_python import complete
 
             return complete(version_dir, config, host)

@@ -42,6 +42,9 @@ class Backend(Protocol):
     execute_stream: Callable[..., AsyncIterator[Any]] | None = None
     stream_only: bool = False
 
+    # Instances restarted after their process died (server/backends/process.py); None: not processes.
+    restarts: int | None = None
+
     # grps customized HTTP (server/endpoints/customized.py): handle_http(http), plain or async.
     handle_http: Callable[[Any], Any] | None = None
 

@@ -69,6 +69,11 @@ class ModelModule:
             self.close()
 
 
+def use_app_monitor(monitor: AppMonitor) -> None:
+    """Where grps's `app_monitor` records, for model code (a model's process forwards it to the server)."""
+    _grps_monitor.app_monitor = monitor  # type: ignore[attr-defined]
+
+
 def _install_aliases(host: Host | None) -> None:
     """What model.py files written for other servers import, found here, pointed at the host: Triton's
     `triton_python_backend_utils` and grps's `grps_framework.monitor.monitor.app_monitor`. Without a

@@ -9,7 +9,9 @@ constants. What Triton spreads over shared memory and a stub process runs here i
 tensors are numpy arrays, always on the CPU (`is_cpu()` is True; `to_dlpack`/`from_dlpack` exchange
 them with torch or CuPy), and a BLS call goes through the called model's own scheduler and batcher
 without serializing anything: the server the calls go to is the host the python backend loaded the
-model for (`attach_host`, at load; one per process, as Triton's stub serves one server).
+model for (`attach_host`, at load; one per process, as Triton's stub serves one server). In a model's
+own process (`EXECUTION_MODE process`), BLS calls go to the server through the `Caller` the process
+attaches (server/backends/stub.py).
 """
 
 import asyncio
@@ -17,7 +19,7 @@ import json
 import logging
 import struct
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -47,6 +49,24 @@ _V2_OF_NUMBER = {number: v2 for v2, number in _TRITON_TYPE_NUMBERS.items()}
 log = logging.getLogger("tensorgate.model")
 
 _host: "Host | None" = None  # where BLS calls go: the server's models and event loop
+
+
+class Caller(Protocol):
+    """Where a model's BLS calls go when it runs in a process of its own (server/backends/stub.py): to
+    the server, answered with the call's responses (one; a decoupled call's all)."""
+
+    def exec(self, request: "InferenceRequest", decoupled: bool) -> "list[InferenceResponse]": ...
+
+    async def async_exec(self, request: "InferenceRequest", decoupled: bool) -> "list[InferenceResponse]": ...
+
+
+_caller: Caller | None = None
+
+
+def attach_caller(caller: Caller) -> None:
+    """A model's process: its BLS calls go to the server through `caller`."""
+    global _caller
+    _caller = caller
 
 
 def attach_host(host: "Host") -> None:
@@ -329,6 +349,9 @@ class InferenceRequest:
     def exec(self, decoupled: bool = False) -> Any:
         """Blocking BLS call, from a model's execute running in a worker thread. An error comes back as
         a response with `has_error()`; `decoupled=True` gives an iterator over the responses."""
+        if _caller is not None:
+            responses = _caller.exec(self, decoupled)
+            return iter(responses) if decoupled else responses[0]
         loop = None if _host is None else _host.loop
         if loop is None:
             raise TritonModelException("BLS needs the server running: no repository is bound")
@@ -347,6 +370,9 @@ class InferenceRequest:
 
     async def async_exec(self, decoupled: bool = False) -> Any:
         """BLS call from an `async def execute` (or any coroutine on the server's loop)."""
+        if _caller is not None:
+            responses = await _caller.async_exec(self, decoupled)
+            return _aiter(responses) if decoupled else responses[0]
         if decoupled:
             return self._stream()
         try:
@@ -381,6 +407,11 @@ class InferenceRequest:
             request.trace = self._trace._trace.child()
         request.sequence_id, request.sequence_flags = self._correlation_id, self._flags  # a stateful model's
         return version, request
+
+
+async def _aiter(responses: list[InferenceResponse]) -> AsyncIterator[InferenceResponse]:
+    for response in responses:
+        yield response
 
 
 def _error_response(error: InferError) -> InferenceResponse:

@@ -40,10 +40,17 @@ from server.backends.module import ModelModule
 if TYPE_CHECKING:
     from server.backends.base import Host
 
+DEFAULT_MODE = "thread"  # EXECUTION_MODE when the config names none (README "The python backend")
+
 
 def load_python(version_dir: Path, config: dict, version: int, host: Host | None = None) -> Backend:
     """The model.py of a version folder: Triton's API when it imports `triton_python_backend_utils`
     (server/backends/triton_python.py), else ours. The module shared by both: server/backends/module.py."""
+    mode = execution_mode(config)
+    if mode == "process":
+        from server.backends.process import ProcessBackend
+
+        return ProcessBackend(version_dir, config, version, host)
     module = ModelModule(version_dir, config, version, host)
     try:
         if module.uses_triton_api:
@@ -54,6 +61,23 @@ def load_python(version_dir: Path, config: dict, version: int, host: Host | None
     except BaseException:
         module.close()
         raise
+
+
+def execution_mode(config: dict) -> str:
+    """Where the model's instances run: `process` (each in a process of its own, server/backends/
+    process.py) or `thread` (threads of the server's process), as the config's EXECUTION_MODE says."""
+    mode = parameter(config, "EXECUTION_MODE", DEFAULT_MODE).lower()
+    if mode not in ("process", "thread"):
+        raise ValueError(f"model '{config['name']}': EXECUTION_MODE is 'process' or 'thread', not {mode!r}")
+    return mode
+
+
+def parameter(config: dict, key: str, default: str = "") -> str:
+    """A string parameter of the config (`parameters { key: "K" value: { string_value: "V" } }`)."""
+    entry = (config.get("parameters") or {}).get(key)
+    if isinstance(entry, dict):
+        return str(entry.get("string_value", default))
+    return default if entry is None else str(entry)
 
 
 class PythonBackend(Backend):

@@ -14,8 +14,9 @@ model_instance_kind, model_instance_name, model_instance_device_id. `execute` re
 one batch apart (dynamic batching gives several, each with its own tensors), runs in a worker thread (so
 a BLS `exec()` may block on another model; `async def execute` runs on the event loop and uses
 `await async_exec()`), and answers one response per request, in order; a response with a TritonError
-fails its request alone, an exception fails the batch. Where Triton runs one stub process per instance,
-here `instance_group` count threads share the one model object.
+fails its request alone, an exception fails the batch. Here `instance_group` count threads share the one
+model object; with `EXECUTION_MODE process` each instance is a process of its own instead, as Triton's
+stubs are (server/backends/process.py, which runs this API's model there through server/backends/stub.py).
 
 Decoupled models (`model_transaction_policy { decoupled: true }`) answer through
 `request.get_response_sender()`, from any thread, until TRITONSERVER_RESPONSE_COMPLETE_FINAL: they are
@@ -73,7 +74,7 @@ class TritonPythonBackend(Backend):
             self.execute = self._execute
         self.execute_stream = self._execute_decoupled if decoupled else None
         if hasattr(self.model, "initialize"):
-            self.model.initialize(_initialize_args(config, version, module))
+            self.model.initialize(initialize_args(config, version, module.path))
 
     def _requests(self, jobs: list[Job]) -> list[pb_utils.InferenceRequest]:
         name, version, dtypes = self.name, self.version, self.dtypes
@@ -170,7 +171,8 @@ def complete(version_dir: Path, config: dict, host: Host | None = None) -> dict:
         module.close()
 
 
-def _initialize_args(config: dict, version: int, module: ModelModule) -> dict[str, str]:
+def initialize_args(config: dict, version: int, model_path: Path, instance: int = 0) -> dict[str, str]:
+    """initialize's `args`, as Triton gives them, for instance number `instance` of the model."""
     groups = config.get("instance_group") or [{}]
     kind = groups[0].get("kind", "KIND_CPU")
     gpus = groups[0].get("gpus") or [0]
@@ -178,8 +180,8 @@ def _initialize_args(config: dict, version: int, module: ModelModule) -> dict[st
         "model_config": json.dumps(config),
         "model_name": config["name"],
         "model_version": str(version),
-        "model_repository": str(module.path.parent.parent),
+        "model_repository": str(model_path.parent.parent),
         "model_instance_kind": "GPU" if kind == "KIND_GPU" else "CPU",
-        "model_instance_name": f"{config['name']}_0",
+        "model_instance_name": f"{config['name']}_{instance}",
         "model_instance_device_id": str(gpus[0]) if kind == "KIND_GPU" else "0",
     }

@@ -1,0 +1,693 @@
+"""Python model instances in processes of their own (Triton's stub design): `EXECUTION_MODE process`.
+
+Each instance of the model's instance_group is a process (server/backends/stub.py) that loads the model.py
+and runs it; the batcher hands each batch to a free one, so `count: 4` gets four cores for pure-Python
+code, and a model that crashes takes only its own requests with it. Messages and the shared-memory arena:
+server/backends/channel.py. The server copies a batch's inputs into the instance's arena, the process
+writes the outputs after them, and the server copies them out (the arena is the next batch's).
+
+Faults: an instance whose process ends (a signal, an exit, the OOM killer) fails the requests it holds at
+once ("model 'x' instance 1 exited (signal 6: SIGABRT)") and is started again after a backoff (0.1 s,
+doubling to 10 s while it keeps failing); the model stays ready while any instance runs. With
+`EXECUTE_TIMEOUT_MS`, an instance whose execute runs longer is killed and restarted, its requests failed
+with a timeout error. `restarts` counts the restarts (the statistics' `instance_restarts`, and the
+metric tensorgate_python_instance_restarts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import server.backends.pb_utils as pb_utils
+from batcher.staging import HostStaging, instance_count
+from codec.errors import ErrorKind, InferError
+from codec.tensor import custom_parameters
+from server.backends import channel
+from server.backends.base import Backend, stream_only_error
+from server.backends.channel import Arena, Frames
+from server.backends.python import parameter
+
+if TYPE_CHECKING:
+    from batcher.scheduler import Job
+    from server.backends.base import Host
+
+log = logging.getLogger("tensorgate.python")
+model_log = logging.getLogger("tensorgate.model")
+
+ARENA_SIZE = 1 << 20  # to start with: it grows to the largest batch
+START_TIMEOUT = 120.0  # s for a process to load its model (initialize included)
+STOP_TIMEOUT = 10.0  # s for finalize at unload, before the process is killed
+BACKOFF_FIRST, BACKOFF_MAX = 0.1, 10.0
+# Where the server's own packages are (this file is server/backends/process.py), for processes that run
+# another environment's interpreter; what that environment lacks is found in the server's own sys.path.
+ROOT = str(Path(__file__).resolve().parents[2])
+BOOTSTRAP = (
+    "import os, sys, runpy; sys.path.insert(1, os.environ['TENSORGATE_ROOT']); "
+    "sys.path.extend(os.environ['TENSORGATE_FALLBACK_PATH'].split(os.pathsep)); "
+    "runpy.run_module('server.backends.stub', run_name='__main__', alter_sys=True)"
+)
+
+
+class Instance:
+    """One process of the model and the server's end of its socket."""
+
+    def __init__(self, owner: ProcessBackend, index: int) -> None:
+        self.owner = owner
+        self.index = index
+        label = owner.name.encode()[:200].decode(errors="ignore")  # the kernel takes at most 249 bytes
+        self.arena = Arena.create(f"tensorgate-{label}-{index}", ARENA_SIZE)
+        self.process: subprocess.Popen | None = None
+        self.sock: socket.socket | None = None
+        self.transport: asyncio.Transport | None = None
+        self.alive = False
+        self.stopping = False
+        self.cause = ""  # why the server killed it (a timeout), for the error of its requests
+        self.calls: dict[int, asyncio.Future | asyncio.Queue] = {}
+        self.frames = Frames()
+        self.pending: list = []  # messages read by the handshake past its answer
+        self.next_call = 0
+        self.failures = 0  # consecutive failed starts or deaths: the backoff grows with them
+
+    # ---------------------------------------------------------------------------------- lifecycle
+
+    def spawn(self) -> None:
+        """Starts the process (on the thread that stays: the kernel's parent-death signal follows the
+        thread that forked, server/backends/stub.py)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        env = dict(os.environ)
+        env["TENSORGATE_ROOT"] = ROOT
+        env["TENSORGATE_FALLBACK_PATH"] = os.pathsep.join(p for p in sys.path if p)
+        try:
+            self.process = subprocess.Popen(
+                [self.owner.python, "-c", BOOTSTRAP, str(theirs.fileno()), str(self.arena.fd)],
+                pass_fds=(theirs.fileno(), self.arena.fd),
+                env=env,
+            )
+        finally:
+            theirs.close()
+        self.sock = ours
+        self.sock.sendall(
+            channel.frame(
+                [
+                    channel.LOAD,
+                    0,
+                    self.owner.config,
+                    self.owner.version,
+                    str(self.owner.version_dir),
+                    self.index,
+                    self.arena.size,
+                ]
+            )  # fmt: skip
+        )
+
+    def handshake(self) -> dict:
+        """Blocking: waits for the model to load in the process; its answer, or raises why not."""
+        assert self.sock is not None and self.process is not None
+        self.sock.settimeout(START_TIMEOUT)
+        self.frames, self.pending = Frames(), []
+        try:
+            answer = channel.receive(self.sock, self.frames, self.pending)
+            while answer is not None and answer[0] in (channel.LOG, channel.METRIC, channel.CALL):
+                if answer[0] == channel.CALL:  # from initialize: no loop serves this instance yet
+                    refused = [[1, pb_utils.TritonError.UNAVAILABLE, "BLS is not available in initialize"]]
+                    self.sock.sendall(channel.frame([channel.REPLY, answer[1], refused]))
+                else:
+                    self.received(answer)
+                answer = channel.receive(self.sock, self.frames, self.pending)
+        except TimeoutError:
+            self.kill()
+            raise RuntimeError(
+                f"instance {self.index} did not load its model in {START_TIMEOUT:.0f} s"
+            ) from None
+        if answer is None:  # it ended before answering: how, once it has
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(5)
+            self.kill()
+            raise RuntimeError(f"instance {self.index} {exited(self.process)} while loading its model")
+        if answer[0] != channel.READY:
+            self.kill()
+            raise RuntimeError(answer[2])
+        self.sock.settimeout(None)
+        self.sock.setblocking(False)
+        self.alive = True
+        return answer[2]
+
+    async def attach(self) -> None:
+        """The socket handed to the event loop (once, from the loop: the instance serves from here on)."""
+        loop = asyncio.get_running_loop()
+        self.transport, protocol = await loop.connect_accepted_socket(lambda: _Protocol(self), self.sock)
+        protocol.frames = self.frames  # what the handshake read past its answer
+        pending, self.pending = self.pending, []
+        for message in pending:
+            self.received(message)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+
+    def stop(self) -> None:
+        """Blocking: STOP sent, the process's last messages read (finalize's log lines) until it closes
+        its end and exits; killed when finalize takes longer than STOP_TIMEOUT."""
+        self.stopping = True
+        process = self.process
+        if process is None:
+            return
+        if self.transport is not None:
+            with contextlib.suppress(RuntimeError):  # RuntimeError: the transport's loop is closed
+                self.transport.pause_reading()  # read here from now on
+        deadline = time.monotonic() + STOP_TIMEOUT
+        try:
+            if self.sock is not None:
+                with socket.socket(fileno=os.dup(self.sock.fileno())) as reader:
+                    reader.settimeout(STOP_TIMEOUT)
+                    reader.sendall(channel.frame([channel.STOP, 0]))
+                    while (message := channel.receive(reader, self.frames, self.pending)) is not None:
+                        if message[0] in (channel.LOG, channel.METRIC):
+                            self.received(message)
+                        reader.settimeout(max(0.01, deadline - time.monotonic()))
+        except OSError:  # gone already; or finalize ran past its time (TimeoutError)
+            pass
+        if self.transport is not None:
+            with contextlib.suppress(RuntimeError):
+                self.transport.close()
+        if self.sock is not None:
+            self.sock.close()
+        try:
+            process.wait(max(0.01, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("model '%s' instance %d: finalize took over %.0f s; killed", self.owner.name,
+                        self.index, STOP_TIMEOUT)  # fmt: skip
+            process.kill()
+            process.wait()
+
+    # ---------------------------------------------------------------------------------- calls
+
+    def call(self, message: list) -> asyncio.Future:
+        """Sends a message that expects one answer; the future of that answer."""
+        future = asyncio.get_running_loop().create_future()
+        self.calls[message[1]] = future
+        self.transport.write(channel.frame(message))  # type: ignore[union-attr]
+        return future
+
+    def open_stream(self, message: list) -> asyncio.Queue:
+        queue: asyncio.Queue = asyncio.Queue()
+        self.calls[message[1]] = queue
+        self.transport.write(channel.frame(message))  # type: ignore[union-attr]
+        return queue
+
+    def new_call(self) -> int:
+        self.next_call += 1
+        return self.next_call
+
+    def send(self, message: list) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(channel.frame(message))
+
+    def received(self, message: list) -> None:
+        kind = message[0]
+        if kind == channel.LOG:
+            model_log.log(message[1], "%s", message[2])
+            return
+        if kind == channel.METRIC:
+            self.owner.record(message[2], message[3], message[4])
+            return
+        if kind == channel.CALL:
+            self.owner.bls(self, message)
+            return
+        target = self.calls.get(message[1])
+        if target is None:  # a cancelled stream's late answers
+            return
+        if isinstance(target, asyncio.Queue):
+            target.put_nowait(message)
+            if kind in (channel.END, channel.ERROR):
+                del self.calls[message[1]]
+        else:
+            del self.calls[message[1]]
+            if not target.done():
+                target.set_result(message)
+
+    def died(self) -> None:
+        """Its socket ended: the process is gone (or going). Fails what it held and has it restarted."""
+        self.alive = False
+        self.transport = None
+        process = self.process
+        if process is not None:
+            try:
+                process.wait(5)  # the socket closes as the process exits: this is a moment at most
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self.stopping:
+            return
+        cause = self.cause or exited(process)
+        error = InferError(ErrorKind.INTERNAL, f"model '{self.owner.name}' instance {self.index} {cause}")
+        log.error("%s", error.message)
+        calls, self.calls = self.calls, {}
+        for target in calls.values():
+            if isinstance(target, asyncio.Queue):
+                target.put_nowait([channel.ERROR, 0, None, error, ""])
+            elif not target.done():
+                target.set_exception(error)
+        self.owner.lost(self)
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self, instance: Instance) -> None:
+        self.instance = instance
+        self.frames = Frames()
+
+    def data_received(self, data: bytes) -> None:
+        for message in self.frames.feed(data):
+            try:
+                self.instance.received(message)
+            except Exception:  # a fault in one message is not the link's end
+                log.exception("model '%s' instance %d: a message failed", self.instance.owner.name,
+                              self.instance.index)  # fmt: skip
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.instance.died()
+
+
+def exited(process: subprocess.Popen | None) -> str:
+    """How a process ended, as the error of its requests says it."""
+    code = None if process is None else process.poll()
+    if code is None:
+        return "exited"
+    if code < 0:
+        try:
+            return f"exited (signal {-code}: {signal.Signals(-code).name})"
+        except ValueError:
+            return f"exited (signal {-code})"
+    return f"exited (exit code {code})"
+
+
+class ProcessBackend(Backend):
+    is_async = True  # execute sends the batch and awaits the answer on the event loop
+
+    def __init__(self, version_dir: Path, config: dict, version: int, host: Host | None = None) -> None:
+        self.name = config["name"]
+        self.version = version
+        self.version_dir = version_dir
+        self.config = config
+        self.host = host
+        self.label = f"model '{self.name}' version {version}"
+        self.restarts = 0
+        timeout = parameter(config, "EXECUTE_TIMEOUT_MS", "0")
+        try:
+            self.timeout = float(timeout) / 1000  # 0: none
+        except ValueError:
+            self.timeout = -1.0
+        if not self.timeout >= 0:  # NaN too
+            raise ValueError(f"EXECUTE_TIMEOUT_MS is a number of milliseconds (0: none), not {timeout!r}")
+        if host is not None:  # the BLS calls of the model's processes go through this server
+            pb_utils.attach_host(host)
+        self.python, self._unpacked = interpreter(config, version_dir.parent)
+        self.instances = instance_count(config, "cpu")
+        self.staging = HostStaging()  # numpy on the host, whatever the instance group's kind: no CUDA IPC yet
+        self._all = [Instance(self, i) for i in range(self.instances)]
+        self._idle: list[Instance] = []
+        self._waiters: deque[asyncio.Future] = deque()
+        self._closed = False
+        try:
+            self._on_loop_thread(lambda: [instance.spawn() for instance in self._all])
+            infos = [instance.handshake() for instance in self._all]
+        except BaseException:
+            self.close()
+            raise
+        self._idle = list(reversed(self._all))
+        self._watch()
+        info = infos[0]
+        self.per_request = info["triton"]
+        if self.per_request:
+            decoupled = bool((config.get("model_transaction_policy") or {}).get("decoupled", False))
+            self.stream_only = decoupled
+            self.execute = self._refuse if decoupled else self._execute_triton
+            self.execute_stream = self._stream_triton if decoupled else None
+        else:
+            self.with_parameters = info["with_parameters"]
+            self.stream_only = not info["execute"]
+            self.execute = self._execute_ours if info["execute"] else self._refuse
+            self.execute_stream = self._stream_ours if info["stream"] else None
+
+    def _watch(self) -> None:
+        """The instances' sockets handed to the server's loop now, so that one dying while idle (the OOM
+        killer, a kill) is restarted at once. Without a running server, the loop of their first use."""
+        loop = self.host.loop if self.host is not None else None
+        if loop is None or not loop.is_running():
+            return
+
+        async def attach_all() -> None:
+            for instance in self._all:
+                if instance.alive and instance.transport is None:
+                    await instance.attach()
+
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            loop.create_task(attach_all())
+        else:
+            asyncio.run_coroutine_threadsafe(attach_all(), loop).result()
+
+    def _on_loop_thread(self, action: Callable[[], Any]) -> Any:
+        """Runs `action` on the event loop's thread when the server runs (a loading thread may end; the
+        processes it forked would die with it), else here."""
+        loop = self.host.loop if self.host is not None else None
+        if loop is None or not loop.is_running():
+            return action()
+        try:
+            if asyncio.get_running_loop() is loop:
+                return action()
+        except RuntimeError:
+            pass
+        done = threading.Event()
+        outcome: list[Any] = []
+
+        def run() -> None:
+            try:
+                outcome.append((True, action()))
+            except BaseException as e:  # noqa: BLE001
+                outcome.append((False, e))
+            done.set()
+
+        loop.call_soon_threadsafe(run)
+        done.wait()
+        ok, value = outcome[0]
+        if not ok:
+            raise value
+        return value
+
+    # ---------------------------------------------------------------------------------- instances
+
+    async def _take(self) -> Instance:
+        """A free running instance (its socket handed to this loop the first time it is taken)."""
+        while True:
+            if self._idle:
+                instance = self._idle.pop()
+            else:
+                if not any(instance.alive for instance in self._all):
+                    raise InferError(
+                        ErrorKind.UNAVAILABLE, f"{self.label}: no instance is running (restarting)"
+                    )
+                waiter = asyncio.get_running_loop().create_future()
+                self._waiters.append(waiter)
+                instance = await waiter
+            if instance.alive and instance.transport is None:
+                await instance.attach()
+            if instance.alive and instance.transport is not None:
+                return instance
+
+    def _give(self, instance: Instance) -> None:
+        if not instance.alive:
+            return
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(instance)
+                return
+        self._idle.append(instance)
+
+    def lost(self, instance: Instance) -> None:
+        """An instance died: out of the idle ones, and started again after its backoff."""
+        if instance in self._idle:
+            self._idle.remove(instance)
+        if self._closed:
+            return
+        if not any(i.alive for i in self._all):  # nothing left to wait for until the restart
+            error = InferError(ErrorKind.UNAVAILABLE, f"{self.label}: no instance is running (restarting)")
+            while self._waiters:
+                waiter = self._waiters.popleft()
+                if not waiter.done():
+                    waiter.set_exception(error)
+        asyncio.get_running_loop().create_task(self._restart(instance))
+
+    async def _restart(self, instance: Instance) -> None:
+        instance.failures += 1
+        await asyncio.sleep(min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (instance.failures - 1)))
+        if self._closed:
+            return
+        instance.cause = ""
+        try:
+            instance.spawn()
+            await asyncio.to_thread(instance.handshake)
+            await instance.attach()
+        except Exception as e:  # noqa: BLE001 (the model may fail to load now: try again later)
+            log.error("%s instance %d: restart failed: %s", self.label, instance.index, e)
+            instance.kill()
+            if not self._closed:
+                asyncio.get_running_loop().create_task(self._restart(instance))
+            return
+        if self._closed:
+            instance.stop()
+            return
+        self.restarts += 1
+        log.warning("%s instance %d: restarted", self.label, instance.index)
+        self._give(instance)
+
+    async def _run(self, build: Callable[[Instance, int], list]) -> tuple[Instance, list]:
+        """One call on a free instance: its message built for that instance, its answer awaited (with
+        the execute timeout, if any)."""
+        instance = await self._take()
+        try:
+            future = instance.call(build(instance, instance.new_call()))
+        except BaseException:
+            self._give(instance)
+            raise
+        # Free again once its answer is in (or it died), even when this call is cancelled meanwhile: the
+        # next batch must not overwrite the arena while the process still reads and writes it.
+        future.add_done_callback(lambda _: self._give(instance))
+        if self.timeout:
+            timer = asyncio.get_running_loop().call_later(self.timeout, self._expire, instance, future)
+            future.add_done_callback(lambda _: timer.cancel())
+        answer = await asyncio.shield(future)
+        instance.failures = 0  # it serves: a later death starts the backoff again
+        return instance, answer
+
+    def _expire(self, instance: Instance, future: asyncio.Future) -> None:
+        if not future.done():
+            instance.cause = (
+                f"timed out: execute ran past EXECUTE_TIMEOUT_MS ({self.timeout * 1000:g} ms); "
+                "the instance is restarted"
+            )
+            instance.kill()
+
+    def _failed(self, answer: list) -> InferError:
+        kind, text = answer[2], answer[3]
+        if isinstance(text, InferError):
+            return text
+        if kind is not None:
+            return InferError(ErrorKind[kind], text)
+        log.error("%s: execute failed: %s\n%s", self.label, text, answer[4] if len(answer) > 4 else "")
+        return InferError(ErrorKind.INTERNAL, f"{self.label} failed: {text}")
+
+    # ---------------------------------------------------------------------------------- Triton's API
+
+    async def _execute_triton(self, jobs: list[Job]) -> list:
+        def build(instance: Instance, call: int) -> list:
+            arena, end, requests = instance.arena, 0, []
+            for job in jobs:
+                descriptors, end = arena.write(job.inputs, end)
+                requests.append([descriptors, _meta(job.request)])
+            return [channel.EXECUTE, call, arena.size, requests, end]
+
+        instance, answer = await self._run(build)
+        if answer[0] == channel.ERROR:
+            raise self._failed(answer)
+        arena = instance.arena
+        arena.follow(answer[2])
+        return [
+            {d[0]: arena.read(d, copy=True) for d in entry[1]}
+            if entry[0] == 0
+            else pb_utils.as_infer_error(pb_utils.TritonError(entry[2], entry[1]))
+            for entry in answer[3]
+        ]
+
+    def _refuse(self, *_: Any) -> Any:
+        raise stream_only_error(self.name)
+
+    async def _stream_triton(self, inputs: dict[str, Any], request: Any = None) -> AsyncIterator[dict]:
+        tensors = [channel.inline(name, array) for name, array in inputs.items()]
+        async for outputs in self._stream(tensors, _meta(request)):
+            yield outputs
+
+    # ---------------------------------------------------------------------------------- our API
+
+    async def _execute_ours(self, inputs: dict[str, Any], parameters: Any = None) -> dict:
+        def build(instance: Instance, call: int) -> list:
+            descriptors, end = instance.arena.write(inputs, 0)
+            return [channel.EXECUTE, call, instance.arena.size, descriptors, end, parameters]
+
+        instance, answer = await self._run(build)
+        if answer[0] == channel.ERROR:
+            raise self._failed(answer)
+        if answer[3] is None:
+            raise InferError(ErrorKind.INTERNAL, f"{self.label} returned {answer[4]}, not a dict of outputs")
+        arena = instance.arena
+        arena.follow(answer[2])
+        return {d[0]: arena.read(d, copy=True) for d in answer[3]}
+
+    async def _stream_ours(self, inputs: dict[str, Any], parameters: Any = None) -> AsyncIterator[dict]:
+        tensors = [channel.inline(name, array) for name, array in inputs.items()]
+        async for outputs in self._stream(tensors, parameters):
+            yield outputs
+
+    # ---------------------------------------------------------------------------------- streams
+
+    async def _stream(self, tensors: list, meta: Any) -> AsyncIterator[dict]:
+        """One streamed request on an instance (streams share instances with batches: their tensors
+        travel in the messages, not in the arena)."""
+        instance = await self._take()
+        self._give(instance)  # not held: a stream does not occupy the instance between its answers
+        call = instance.new_call()
+        queue = instance.open_stream([channel.STREAM, call, tensors, meta])
+        finished = False
+        try:
+            while True:
+                message = await queue.get()
+                kind = message[0]
+                if kind == channel.END:
+                    finished = True
+                    return
+                if kind == channel.ERROR:
+                    finished = True
+                    raise self._failed(message)
+                if message[2] is None:  # a response with an error
+                    finished = True
+                    raise pb_utils.as_infer_error(pb_utils.TritonError(message[4], message[3]))
+                yield {d[0]: channel.inline_array(d) for d in message[2]}
+        finally:
+            if not finished:
+                instance.calls.pop(call, None)
+                instance.send([channel.CANCEL, call])
+
+    # ---------------------------------------------------------------------------------- BLS
+
+    def record(self, name: str, aggregation: str, value: float) -> None:
+        """A value the model's process recorded with grps's app_monitor, in the server's."""
+        if self.host is None:
+            return
+        try:
+            self.host.app_monitor.record(name, aggregation, value)
+        except ValueError as e:  # checked in the process already: a disagreement between processes
+            log.warning("%s: app_monitor: %s", self.label, e)
+
+    def bls(self, instance: Instance, message: list) -> None:
+        """A BLS request from a model's process: answered through the server's schedulers."""
+        asyncio.get_running_loop().create_task(_answer_bls(self.host, instance, message))
+
+    def close(self) -> None:
+        self._closed = True
+        for instance in self._all:
+            instance.stop()
+        for instance in self._all:
+            instance.arena.close()
+        if self._unpacked is not None:
+            shutil.rmtree(self._unpacked, ignore_errors=True)
+
+
+def _meta(request: Any) -> list:
+    """What a Triton model reads of a request besides its tensors: [id, correlation id, flags,
+    parameters (JSON), requested outputs (None: all)]."""
+    if request is None:
+        return ["", 0, 0, "{}", None]
+    parameters = json.dumps(custom_parameters(request.parameters)) if request.parameters else "{}"
+    requested = None if request.outputs is None else [o.name for o in request.outputs]
+    return [request.id or "", request.sequence_id, request.sequence_flags, parameters, requested]
+
+
+async def _answer_bls(host: Host | None, instance: Instance, message: list) -> None:
+    """A model process's BLS request run as the in-thread mode runs it (pb_utils, on this server), its
+    responses sent back: [REPLY, call, [[0, tensors] or [1, code, message], ...]]."""
+    _, call, model, version, tensors, requested, request_id, correlation_id, flags, parameters, decoupled = (
+        message
+    )
+    try:
+        inputs = [pb_utils.Tensor(d[0], channel.inline_array(d)) for d in tensors]
+        request = pb_utils.InferenceRequest(
+            model, inputs, requested, version, correlation_id, request_id, flags, parameters=parameters
+        )
+        if decoupled:
+            responses = [r async for r in await request.async_exec(decoupled=True)]
+        else:
+            responses = [await request.async_exec()]
+    except Exception as e:  # noqa: BLE001 (a bad request from the model: its call fails, not the server)
+        responses = [pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{type(e).__name__}: {e}"))]
+    answers = []
+    for response in responses:
+        error = response.error()
+        if error is not None:
+            answers.append([1, error.code(), error.message()])
+        else:
+            answers.append([0, [channel.inline(t.name(), t.as_numpy()) for t in response.output_tensors()]])
+    instance.send([channel.REPLY, call, answers])
+
+
+def interpreter(config: dict, model_dir: Path) -> tuple[str, str | None]:
+    """The python a model's processes run: the server's, or that of the venv folder or conda-pack tarball
+    that EXECUTION_ENV_PATH names (relative to the model's folder; $$TRITON_MODEL_DIRECTORY too); and
+    the folder a tarball was unpacked into (removed at unload), if any."""
+    env_path = parameter(config, "EXECUTION_ENV_PATH")
+    if not env_path:
+        return sys.executable, None
+    path = Path(env_path.replace("$$TRITON_MODEL_DIRECTORY", str(model_dir)))
+    if not path.is_absolute():
+        path = model_dir / path
+    unpacked = None
+    if path.is_file() and path.name.endswith((".tar.gz", ".tgz", ".tar")):
+        unpacked = tempfile.mkdtemp(prefix=f"tensorgate-env-{config['name']}-")
+        with tarfile.open(path) as archive:
+            archive.extractall(unpacked, filter="data")
+        path = Path(unpacked)
+    python = path / "bin" / "python"
+    if not python.exists():
+        if unpacked is not None:
+            shutil.rmtree(unpacked, ignore_errors=True)
+        raise FileNotFoundError(f"EXECUTION_ENV_PATH {env_path!r}: no bin/python in {path}")
+    return str(python), unpacked
+
+
+def complete_in_process(version_dir: Path, config: dict) -> dict:
+    """auto_complete_config run in a process of its own, with the model's interpreter: in process mode
+    the model's code never runs in the server's process."""
+    python, unpacked = interpreter(config, version_dir.parent)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    env = {**os.environ, "TENSORGATE_ROOT": ROOT, "TENSORGATE_FALLBACK_PATH": os.pathsep.join(sys.path)}
+    try:
+        with ours:
+            process = subprocess.Popen(
+                [python, "-c", BOOTSTRAP, str(theirs.fileno()), "-1"], pass_fds=(theirs.fileno(),), env=env
+            )
+            theirs.close()
+            ours.sendall(channel.frame([channel.COMPLETE, 0, config, str(version_dir)]))
+            ours.settimeout(START_TIMEOUT)
+            frames, pending = Frames(), []
+            while (answer := channel.receive(ours, frames, pending)) is not None and answer[0] == channel.LOG:
+                model_log.log(answer[1], "%s", answer[2])
+        process.wait(STOP_TIMEOUT)
+    finally:
+        theirs.close()
+        if unpacked is not None:
+            shutil.rmtree(unpacked, ignore_errors=True)
+    if answer is None:
+        raise RuntimeError(f"auto_complete_config: the model's process {exited(process)}")
+    if answer[0] != channel.READY:
+        raise RuntimeError(answer[2])
+    return json.loads(answer[2])

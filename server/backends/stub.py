@@ -1,0 +1,453 @@
+"""A python model instance in its own process: `python -m server.backends.stub SOCKET_FD ARENA_FD`.
+
+Started by server/backends/process.py, one per instance. It loads the model.py (either python API), runs
+initialize, then answers the server's messages (server/backends/channel.py) one at a time on its main
+thread until STOP (finalize, exit 0) or the end of its socket. A decoupled model's response sender may
+answer from any thread; a streaming model of our API runs in a thread of its own. The kernel kills it
+when the server dies (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import inspect
+import json
+import logging
+import queue
+import signal
+import socket
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import server.backends.pb_utils as pb_utils
+from codec.datatypes import BY_CONFIG
+from codec.errors import ErrorKind, InferError
+from server.app_monitor import AppMonitor
+from server.backends import channel
+from server.backends.channel import Arena, Frames
+from server.backends.module import ModelModule, use_app_monitor
+
+PR_SET_PDEATHSIG = 1
+
+
+class Link:
+    """The process's end of its socket. A reader thread of its own reads every message: BLS answers go
+    straight to the thread that waits for them (whichever: `execute`, a thread the model started, the
+    event loop of an `async def execute`), cancels take effect at once, and the rest waits in the inbox
+    for the main thread, which runs the model. Messages are sent from any thread."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._frames = Frames()
+        self._pending: list[Any] = []
+        self._lock = threading.Lock()
+        self._replies: dict[int, Callable[[list], None]] = {}  # BLS call -> where its answer goes
+        self._next = 0
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.on_cancel: Callable[[int], None] = lambda call: None
+
+    def send(self, message: list) -> None:
+        data = channel.frame(message)
+        with self._lock:
+            self.sock.sendall(data)
+
+    def first(self) -> Any:
+        """The first message (the model to load), read before the reader starts."""
+        return channel.receive(self.sock, self._frames, self._pending)
+
+    def start(self) -> None:
+        threading.Thread(target=self._read_all, name="reader", daemon=True).start()
+
+    def _read_all(self) -> None:
+        while True:
+            try:
+                message = channel.receive(self.sock, self._frames, self._pending)
+            except OSError:
+                message = None
+            if message is None:
+                self.inbox.put(None)
+                self._fail_calls()
+                return
+            kind = message[0]
+            if kind == channel.REPLY:
+                with self._lock:
+                    deliver = self._replies.pop(message[1], None)
+                if deliver is not None:
+                    deliver(message)
+            elif kind == channel.CANCEL:
+                self.on_cancel(message[1])
+            else:
+                self.inbox.put(message)
+
+    def _fail_calls(self) -> None:
+        """The server is gone: BLS calls still waiting get an error answer."""
+        with self._lock:
+            waiting, self._replies = self._replies, {}
+        for call, deliver in waiting.items():
+            deliver([channel.REPLY, call, [[1, pb_utils.TritonError.UNAVAILABLE, "the server went away"]]])
+
+    def call(self, message: list, deliver: Callable[[list], None]) -> None:
+        """Sends a BLS request (its call number set here); its answer goes to `deliver`."""
+        with self._lock:
+            self._next += 1
+            message[1] = self._next
+            self._replies[self._next] = deliver
+        self.send(message)
+
+
+class Calls:
+    """BLS from this process (pb_utils.InferenceRequest.exec / async_exec): each request sent to the
+    server, which runs it through the called model's scheduler and answers its responses."""
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+
+    def exec(self, request: pb_utils.InferenceRequest, decoupled: bool) -> list[pb_utils.InferenceResponse]:
+        done, answer = threading.Event(), []
+
+        def deliver(message: list) -> None:
+            answer.append(message)
+            done.set()
+
+        self.link.call(_bls_message(request, decoupled), deliver)
+        done.wait()
+        return _bls_responses(answer[0])
+
+    async def async_exec(
+        self, request: pb_utils.InferenceRequest, decoupled: bool
+    ) -> list[pb_utils.InferenceResponse]:
+        loop = asyncio.get_running_loop()
+        answer = loop.create_future()
+        self.link.call(
+            _bls_message(request, decoupled),
+            lambda message: loop.call_soon_threadsafe(answer.set_result, message),
+        )
+        return _bls_responses(await answer)
+
+
+def _bls_message(request: pb_utils.InferenceRequest, decoupled: bool) -> list:
+    tensors = [channel.inline(t.name(), t.as_numpy()) for t in request.inputs()]
+    return [
+        channel.CALL, 0, request.model_name(), request.model_version(), tensors,
+        request.requested_output_names(), request.request_id(), request.correlation_id(), request.flags(),
+        request.parameters(), decoupled,
+    ]  # fmt: skip
+
+
+def _bls_responses(message: list) -> list[pb_utils.InferenceResponse]:
+    responses = []
+    for entry in message[2]:
+        if entry[0] == 0:
+            tensors = [pb_utils.Tensor(d[0], channel.inline_array(d)) for d in entry[1]]
+            responses.append(pb_utils.InferenceResponse(tensors))
+        else:
+            responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(entry[2], entry[1])))
+    return responses
+
+
+class _ToServer(logging.Handler):
+    """pb_utils.Logger's lines (logger `tensorgate.model`), sent to the server's log."""
+
+    def __init__(self, link: Link) -> None:
+        super().__init__()
+        self.link = link
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(OSError):
+            self.link.send([channel.LOG, record.levelno, record.getMessage()])
+
+
+class _Monitor(AppMonitor):
+    """grps's app_monitor in a model's process: each value checked here, recorded by the server's."""
+
+    def __init__(self, link: Link) -> None:
+        super().__init__()
+        self.link = link
+
+    def _put(self, name: str, aggregation: str, value: float) -> None:
+        self._check(name, aggregation, value)
+        self.link.send([channel.METRIC, 0, name, aggregation, value])
+
+
+class Stub:
+    def __init__(self, link: Link, arena: Arena) -> None:
+        self.link = link
+        self.arena = arena
+        self.streams: dict[int, Any] = {}  # call -> a streamed request's sender, or our API's stop event
+        self.loop: asyncio.AbstractEventLoop | None = None  # for `async def execute`, made when needed
+
+    # ------------------------------------------------------------------------------------- loading
+
+    def load(self, config: dict, version: int, version_dir: str, instance: int) -> dict:
+        self.config = config
+        self.name = config["name"]
+        self.version = version
+        self.module = ModelModule(Path(version_dir), config, version)
+        self.model = self.module.model_class()
+        self.triton = self.module.uses_triton_api
+        if self.triton:
+            return self._load_triton(config, version, instance)
+        return self._load_ours(config)
+
+    def _load_triton(self, config: dict, version: int, instance: int) -> dict:
+        from batcher.sequence_inputs import added_inputs
+        from server.backends.triton_python import initialize_args
+
+        if getattr(self.model, "execute", None) is None:
+            raise TypeError(f"{self.module.path}: TritonPythonModel must define execute(self, requests)")
+        self.dtypes = {entry["name"]: BY_CONFIG[entry["data_type"]].v2 for entry in config["input"]}
+        self.dtypes.update({name: BY_CONFIG[t].v2 for name, t in added_inputs(config).items()})
+        if hasattr(self.model, "initialize"):
+            self._call(self.model.initialize, initialize_args(config, version, self.module.path, instance))
+        return {"triton": True}
+
+    def _load_ours(self, config: dict) -> dict:
+        from server.backends.python import _takes_parameters
+
+        if hasattr(self.model, "initialize"):
+            self._call(self.model.initialize, config)
+        execute = getattr(self.model, "execute", None)
+        stream = getattr(self.model, "execute_stream", None)
+        if stream is not None and not inspect.isasyncgenfunction(stream):
+            raise TypeError(f"{self.module.path}: execute_stream must be an async generator")
+        if getattr(self.model, "handle_http", None) is not None:
+            raise TypeError(
+                f"{self.module.path}: handle_http runs in the server's process: "
+                'set parameters { key: "EXECUTION_MODE" value: { string_value: "thread" } }'
+            )
+        with_parameters = (execute is not None and _takes_parameters(execute)) or (
+            stream is not None and _takes_parameters(stream)
+        )
+        self.with_parameters = with_parameters
+        return {
+            "triton": False,
+            "execute": execute is not None,
+            "stream": stream is not None,
+            "with_parameters": with_parameters,
+        }
+
+    def _call(self, function: Any, *args: Any) -> Any:
+        """A model method, awaited on this process's loop when it is `async def`."""
+        result = function(*args)
+        if inspect.isawaitable(result):
+            if self.loop is None:
+                self.loop = asyncio.new_event_loop()
+            result = self.loop.run_until_complete(result)
+        return result
+
+    # ------------------------------------------------------------------------------------- serving
+
+    def serve(self) -> None:
+        link = self.link
+        while True:
+            message = link.inbox.get()
+            if message is None or message[0] == channel.STOP:
+                return
+            kind, call = message[0], message[1]
+            try:
+                if kind == channel.EXECUTE:
+                    self.arena.follow(message[2])
+                    self._execute(call, message)
+                elif kind == channel.STREAM:
+                    self._stream(call, message[2], message[3])
+            except Exception as e:  # noqa: BLE001 (the model's fault fails its call, not the process)
+                link.send([channel.ERROR, call] + _error(e))
+
+    def _execute(self, call: int, message: list) -> None:
+        if self.triton:
+            answers, end = [], message[4]
+            requests = [self._request(inputs, meta, None) for inputs, meta in message[3]]
+            responses = self._call(self.model.execute, requests)
+            for outputs in _checked(self.name, len(requests), responses):
+                if isinstance(outputs, dict):
+                    descriptors, end = self.arena.write(outputs, end)
+                    answers.append([0, descriptors])
+                else:
+                    answers.append([1, outputs.code(), outputs.message()])
+            self.link.send([channel.RESULT, call, self.arena.size, answers])
+            return
+        _, _, _, descriptors, end, parameters = message
+        inputs = {d[0]: self.arena.read(d, copy=False) for d in descriptors}
+        execute = self.model.execute
+        produced = (
+            self._call(execute, inputs, parameters) if self.with_parameters else self._call(execute, inputs)
+        )
+        if not isinstance(produced, dict):
+            self.link.send([channel.RESULT, call, self.arena.size, None, type(produced).__name__])
+            return
+        outputs = {name: channel.as_array(value) for name, value in produced.items()}
+        descriptors, _ = self.arena.write(outputs, end)
+        self.link.send([channel.RESULT, call, self.arena.size, descriptors])
+
+    def _request(self, inputs: list, meta: list, sender: Any) -> pb_utils.InferenceRequest:
+        request_id, correlation_id, flags, parameters, requested = meta
+        request = pb_utils.InferenceRequest(self.name, model_version=self.version)
+        request._inputs = [
+            pb_utils.Tensor._of(d[0], self.arena.read(d, copy=False), self.dtypes[d[0]]) for d in inputs
+        ]
+        request._request_id, request._correlation_id, request._flags = request_id, correlation_id, flags
+        request._parameters = parameters
+        if requested is not None:
+            request._requested = requested
+        request._sender = sender
+        return request
+
+    def _stream(self, call: int, inputs: list, meta: Any) -> None:
+        if self.triton:
+            link = self.link
+
+            def deliver(response: pb_utils.InferenceResponse | None, flags: int) -> None:
+                if response is not None:
+                    if response.has_error():
+                        error = response.error()
+                        link.send([channel.PART, call, None, error.code(), error.message()])
+                    else:
+                        tensors = [channel.inline(t.name(), t.as_numpy()) for t in response.output_tensors()]
+                        link.send([channel.PART, call, tensors])
+                if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                    self.streams.pop(call, None)
+                    link.send([channel.END, call])
+
+            sender = pb_utils.InferenceResponseSender(deliver)
+            self.streams[call] = sender
+            try:
+                self._call(self.model.execute, [self._request(inputs, meta, sender)])
+            except BaseException:
+                self.streams.pop(call, None)
+                raise
+            return
+        stop = threading.Event()
+        self.streams[call] = stop
+        arrays = {d[0]: channel.inline_array(d) for d in inputs}
+        threading.Thread(target=self._run_stream, args=(call, arrays, meta, stop), daemon=True).start()
+
+    def _run_stream(self, call: int, inputs: dict, parameters: Any, stop: threading.Event) -> None:
+        """Our API's `execute_stream` in its own thread: each yield a PART, until the end or CANCEL."""
+
+        async def drive() -> None:
+            stream = self.model.execute_stream
+            produced = stream(inputs, parameters) if self.with_parameters else stream(inputs)
+            try:
+                async for outputs in produced:
+                    if stop.is_set():
+                        return
+                    if not isinstance(outputs, dict):
+                        raise TypeError(
+                            f"execute_stream yielded {type(outputs).__name__}, not a dict of outputs"
+                        )
+                    tensors = [channel.inline(n, channel.as_array(v)) for n, v in outputs.items()]
+                    self.link.send([channel.PART, call, tensors])
+            finally:
+                await produced.aclose()
+
+        try:
+            asyncio.run(drive())
+            message = [channel.END, call]
+        except Exception as e:  # noqa: BLE001
+            message = [channel.ERROR, call] + _error(e)
+        finally:
+            self.streams.pop(call, None)
+        if not stop.is_set():
+            self.link.send(message)
+
+    def cancel(self, call: int) -> None:
+        """The client of a streamed request went away (called by the reader thread)."""
+        held = self.streams.pop(call, None)
+        if isinstance(held, threading.Event):
+            held.set()
+        elif held is not None:
+            held._cancelled = True
+
+    def finalize(self) -> None:
+        self.module.unload(self.model)
+
+
+def _checked(name: str, count: int, responses: Any) -> list[dict | pb_utils.TritonError]:
+    """A Triton model's responses, one per request: its outputs, or the TritonError that answers it."""
+    if not isinstance(responses, list) or len(responses) != count:
+        got = f"{len(responses)} responses" if isinstance(responses, list) else repr(type(responses).__name__)
+        raise InferError(
+            ErrorKind.INTERNAL,
+            f"model '{name}': execute() must return a list of one InferenceResponse per request "
+            f"({count}), got {got}",
+        )
+    answers: list[dict | pb_utils.TritonError] = []
+    for response in responses:
+        if not isinstance(response, pb_utils.InferenceResponse):
+            answers.append(
+                pb_utils.TritonError(
+                    f"model '{name}': execute() returned {type(response).__name__} where an "
+                    "InferenceResponse was expected"
+                )
+            )
+        elif response.has_error():
+            answers.append(response.error())
+        else:
+            answers.append({t.name(): channel.as_array(t.as_numpy()) for t in response.output_tensors()})
+    return answers
+
+
+def _error(error: BaseException) -> list:
+    """[kind, message, traceback]: an InferError's kind and message as they are (no traceback); else
+    kind None, the exception, and its traceback for the server's log."""
+    if isinstance(error, InferError):
+        return [error.kind.name, error.message, ""]
+    return [None, f"{type(error).__name__}: {error}", "".join(traceback.format_exception(error))]
+
+
+def _die_with_server() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def main(argv: list[str]) -> int:
+    _die_with_server()
+    link = Link(socket.socket(fileno=int(argv[0])))
+    first = link.first()
+    if first is None:
+        return 0
+    logging.getLogger("tensorgate.model").addHandler(_ToServer(link))
+    logging.getLogger("tensorgate.model").setLevel(logging.DEBUG)
+    logging.getLogger("tensorgate.model").propagate = False
+    pb_utils.attach_caller(Calls(link))
+    use_app_monitor(_Monitor(link))
+    if first[0] == channel.COMPLETE:
+        return _complete(link, first[2], first[3])
+    _, _, config, version, version_dir, instance, arena_size = first
+    stub = Stub(link, Arena(int(argv[1]), arena_size))
+    link.on_cancel = stub.cancel
+    link.start()
+    try:
+        info = stub.load(config, version, version_dir, instance)
+    except BaseException as e:  # noqa: BLE001 (a model's code may raise anything, SystemExit included)
+        link.send([channel.FAILED, 0, f"{type(e).__name__}: {e}"])
+        return 1
+    link.send([channel.READY, 0, info])
+    try:
+        stub.serve()
+    finally:
+        stub.finalize()
+    return 0
+
+
+def _complete(link: Link, config: dict, version_dir: str) -> int:
+    """auto_complete_config, run here so that the model's code never runs in the server's process."""
+    from server.backends.triton_python import complete
+
+    try:
+        completed = complete(Path(version_dir), config)
+    except BaseException as e:  # noqa: BLE001
+        link.send([channel.FAILED, 0, f"{type(e).__name__}: {e}"])
+        return 1
+    link.send([channel.READY, 0, json.dumps(completed)])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
