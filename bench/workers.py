@@ -15,7 +15,8 @@ median of the rounds):
 - binary: a 64 MiB FP32 tensor through identity_fp32 and back over HTTP/1.1 (bench.transport's `binary`) on
   the largest worker count, on `--binary-connections` connections one after the other (the kernel picks
   the process of each; the one whose CPU grew most served it): GB/s both ways, peak RSS growth of all its
-  processes over the payload.
+  processes over the payload (past each warm-up trip), and the resident memory the server keeps after all
+  of them (a worker's arena keeps the pages it used).
 - batching: the example MLP (dynamic batching) at 64 connections (h2load --h1 -c64, one binary row a
   request); the mean batch size from the statistics (rows inferred / executions).
 
@@ -44,7 +45,7 @@ from bench.grpc_bench import grpc_body
 from bench.grpc_bench import h2load as grpc_h2load
 from bench.grpc_load import INFER_PATH
 from bench.grpc_load import infer_request as grpc_request
-from bench.procs import ServerProcess, cpu_clock, process_tree, serve_argv
+from bench.procs import ServerProcess, cpu_clock, memory_kib, process_tree, serve_argv
 from bench.transport import _run, binary, binary_body, h2load, json_files, measure, save, summarize, wrk
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -244,6 +245,11 @@ def report(results: dict, args) -> str:
             f"| its peak RSS growth, all processes | {value['rss_growth_x']:.2f}x the payload | | "
             f"<= {rss}x | {yes(value['rss_growth_x'] <= rss)} |"
         )
+    if "binary_kept_x" in results:
+        lines.append(
+            f"| resident memory kept after them, all processes (an arena keeps the pages it used) | "
+            f"{results['binary_kept_x']:.2f}x the payload | | - | - |"
+        )
     batches = results.get("batching", {})
     if "w1" in batches and "w2" in batches:
         one, two = batches["w1"]["mean_batch"], batches["w2"]["mean_batch"]
@@ -303,9 +309,12 @@ def main(argv: list[str] | None = None) -> int:
                 largest = f"w{args.workers[-1]}"
                 for key in [key for key in servers if key != largest]:
                     servers.pop(key).stop()  # the round trip alone on the cores
+                before = memory_kib(servers[largest].pid)["VmRSS"]
                 results["binary"] = [
                     served(servers[largest], args, files) for _ in range(args.binary_connections)
                 ]
+                kept = memory_kib(servers[largest].pid)["VmRSS"] - before
+                results["binary_kept_x"] = kept * 1024 / len(files["binary"][1])
         finally:
             for server in servers.values():
                 server.stop()
