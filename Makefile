@@ -18,15 +18,19 @@ serve: $(STAMP)
 	$(BIN)/tensorgate serve --model-repository $(REPO) $(ARGS)
 
 # The whole suite on our transport, then the HTTP end-to-end tests again on the reference transport
-# (hypercorn): a difference between the two is a failing test; then every end-to-end test again with
+# (hypercorn): a difference between the two is a failing test; then the end-to-end tests again with
 # `--workers 2` (front-end workers beside the engine). Tests marked `ours` cover our transport's own
 # limits (counted per process) and are not run in those two passes.
 HTTP_E2E = $(filter-out %grpc.py %grpc_stream.py,$(wildcard tests/test_e2e_*.py))
+# With --workers 2: every protocol and API through a worker; not what runs inside the engine alone (the
+# backends, model processes, warmup) or the transport's own parsing (the same code in every process).
+ENGINE_ONLY = malformed security python_process triton_python triton_examples pytorch gpu warmup scale_out
+WORKERS_E2E = $(filter-out $(ENGINE_ONLY:%=tests/test_e2e_%.py),$(wildcard tests/test_e2e_*.py))
 
 test: lint browser peers
 	TENSORGATE_REQUIRE_FUZZ=1 $(BIN)/python -m pytest -q $(ARGS)
 	TENSORGATE_TEST_HTTP_SERVER=hypercorn $(BIN)/python -m pytest -q -m "not ours" $(HTTP_E2E) $(ARGS)
-	TENSORGATE_TEST_WORKERS=2 $(BIN)/python -m pytest -q -m "not ours" $(wildcard tests/test_e2e_*.py) $(ARGS)
+	TENSORGATE_TEST_WORKERS=2 $(BIN)/python -m pytest -q -m "not ours" $(WORKERS_E2E) $(ARGS)
 
 # The monitor page's browser test drives Debian's chromium through chromium-driver. Installed here where
 # apt-get can (root, a Debian machine); otherwise that one test is skipped, and this says why.
