@@ -90,7 +90,7 @@ class DirectScheduler(Scheduler):
             await self._slots.acquire()
             queue_ns = perf_counter_ns() - start
             if executor.in_thread:
-                work = asyncio.get_running_loop().run_in_executor(executor.pool, executor.run_one, job)
+                work = executor.threads.submit(executor.run_one, job)
                 work.add_done_callback(self._thread_done)
                 handed_off = True
                 # A caller that goes away does not stop the thread: its slot frees when the thread ends.

@@ -5,7 +5,7 @@ How `execute` runs:
 - a plain function runs on the event loop (cheap numpy models: no thread hand-off);
 - a backend with `in_thread = True`, and any model staged on a GPU (the staging is `blocking`: its copies
   and syncs wait on the device), runs in a worker thread, staging included, so the loop keeps serving; the
-  pool has one thread per instance, each set up once by the staging (its device and compute stream);
+  threads are one per instance, each set up once by the staging (its device and compute stream);
 - an `async def execute` is awaited on the loop, staging around it (on a GPU, its staging waits there).
 The infer time of a batch staged on a GPU ends when the device has run what execute queued.
 Any exception becomes an INTERNAL InferError naming the model; its traceback goes to the log.
@@ -17,15 +17,14 @@ answers it alone. A `with_parameters` backend (our python API's `execute(inputs,
 is given beside the batch the custom parameters its requests share.
 """
 
-import asyncio
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from time import perf_counter_ns
 from typing import Any
 
 from batcher.scheduler import Arrays, Job
 from batcher.staging import HostStaging, Staging
+from batcher.threads import Threads
 from codec.errors import ErrorKind, InferError
 from codec.tensor import custom_parameters
 
@@ -61,7 +60,7 @@ class Executor:
         self.inline = not is_async and not self.in_thread
         self.instances = instances
         self.host = type(self.staging) is HostStaging  # staging is then the identity for one request
-        self._pool: ThreadPoolExecutor | None = None
+        self._threads: Threads | None = None
 
     def run_batch(self, jobs: list[Job]) -> Result:
         """Blocking: one batch of these jobs, in batch order."""
@@ -121,17 +120,14 @@ class Executor:
         if self.is_async:
             return await self.run_async(jobs)
         if self.in_thread:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self.pool, self.run_batch, jobs)
+            return await self.threads.submit(self.run_batch, jobs)
         return self.run_batch(jobs)
 
     @property
-    def pool(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(
-                self.instances, thread_name_prefix="execute", initializer=self.staging.enter_thread
-            )
-        return self._pool
+    def threads(self) -> Threads:
+        if self._threads is None:
+            self._threads = Threads(self.instances, "execute", self.staging.enter_thread)
+        return self._threads
 
     def _gather(self, jobs: list[Job]) -> tuple[dict[str, Any], int, int]:
         """The batch arrays (each input's arrays of the jobs, in order, staged as one), and the clock
@@ -156,9 +152,9 @@ class Executor:
         return InferError(ErrorKind.INTERNAL, f"{self.label} failed: {type(error).__name__}: {error}")
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-            self._pool = None
+        if self._threads is not None:
+            self._threads.close()
+            self._threads = None
         self.staging.close()
 
 

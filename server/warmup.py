@@ -227,5 +227,5 @@ def _execute(executor: Executor, jobs: list[Job], loop: asyncio.AbstractEventLoo
     if executor.is_async:
         return _on_loop(executor.run_async(jobs), loop)
     if executor.in_thread:
-        return executor.pool.submit(executor.run_batch, jobs).result()
+        return executor.threads.run(executor.run_batch, jobs)
     return executor.run_batch(jobs)
