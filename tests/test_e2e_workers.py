@@ -224,3 +224,44 @@ def test_large_tensors_cross_in_shared_memory_whose_regions_are_used_again(start
     assert binary_trip(worker, "negate", values) == (200, (-values).tobytes())
     for sock in held.values():
         sock.close()
+
+
+SLOW_IDENTITY = (
+    "import asyncio\n\n\nclass Model:\n    async def execute(self, inputs):\n"
+    "        await asyncio.sleep(1.0)\n        return {'OUTPUT0': inputs['INPUT0']}\n"
+)
+
+
+def test_a_worker_killed_while_the_engine_works_on_its_tensors(start_server, repo) -> None:
+    # the engine holds arrays over the dead worker's shared memory: it finishes that request without
+    # harm, and the worker that replaces it moves large tensors through shared memory of its own
+    write_model(repo, "slow", {"name": "slow", **FP32_CONFIG}, {1: SLOW_IDENTITY})
+    write_model(repo, "identity", {"name": "identity", **FP32_CONFIG}, {1: IDENTITY})
+    server = start_server(repo, extra_args=("--workers", "2", "--worker-arena-bytes", str(16 * MIB)))
+    held = connections_on_every_process(server, 2)
+    (victim,) = (pid for pid in held if pid != server.proc.pid)
+    values = np.arange(6 * MIB // 4, dtype=np.float32)
+    outcome = []
+    caller = threading.Thread(target=lambda: outcome.append(_trip_or_error(held[victim], "slow", values)))
+    caller.start()
+    time.sleep(0.4)  # the request is in the engine, waiting in the model
+    os.kill(victim, signal.SIGKILL)
+    caller.join(10)
+    assert outcome and outcome[0][0] is None, outcome  # its connection died with its worker
+    deadline = time.monotonic() + 20
+    while victim in workers_of(server) or not workers_of(server):
+        assert time.monotonic() < deadline, "the dead worker was not replaced"
+        time.sleep(0.05)
+    time.sleep(1.0)  # the engine's slow request ends, over the dead worker's memory
+    fresh = connections_on_every_process(server, 2)
+    for pid, sock in fresh.items():
+        assert binary_trip(sock, "identity", values + pid) == (200, (values + pid).tobytes())
+        sock.close()
+    assert "Traceback" not in server.log_text()
+
+
+def _trip_or_error(sock: socket.socket, model: str, values: np.ndarray) -> tuple[int | None, bytes]:
+    try:
+        return binary_trip(sock, model, values)
+    except (OSError, http.client.HTTPException):
+        return None, b""
