@@ -528,3 +528,11 @@ def load_model_config(model_dir: Path) -> dict:
     except (OSError, UnicodeDecodeError, ConfigError) as e:
         raise ConfigError(f"model '{model}': {path.name}: {e}") from None
     return normalize_config(raw, model)
+
+
+def parameter(config: dict, key: str, default: str = "") -> str:
+    """A string parameter of the config (`parameters { key: "K" value: { string_value: "V" } }`)."""
+    entry = (config.get("parameters") or {}).get(key)
+    if isinstance(entry, dict):
+        return str(entry.get("string_value", default))
+    return default if entry is None else str(entry)

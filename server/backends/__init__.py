@@ -60,7 +60,7 @@ def complete_config(version_dir: Path, config: dict, host: Host | None = None) -
             from server.backends.python import execution_mode
 
             if execution_mode(config) == "process":  # the model's code runs in its processes only
-                from server.backends.process import complete_in_process
+                from server.backends.instance import complete_in_process
 
                 return complete_in_process(version_dir, config)
             from server.backends.triton_python import complete

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from server.backends.base import Backend, stream_only_error
 from server.backends.module import ModelModule
+from server.model_config import parameter
 
 if TYPE_CHECKING:
     from server.backends.base import Host
@@ -70,14 +71,6 @@ def execution_mode(config: dict) -> str:
     if mode not in ("process", "thread"):
         raise ValueError(f"model '{config['name']}': EXECUTION_MODE is 'process' or 'thread', not {mode!r}")
     return mode
-
-
-def parameter(config: dict, key: str, default: str = "") -> str:
-    """A string parameter of the config (`parameters { key: "K" value: { string_value: "V" } }`)."""
-    entry = (config.get("parameters") or {}).get(key)
-    if isinstance(entry, dict):
-        return str(entry.get("string_value", default))
-    return default if entry is None else str(entry)
 
 
 class PythonBackend(Backend):

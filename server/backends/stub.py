@@ -25,11 +25,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import server.backends.channel as channel
 import server.backends.pb_utils as pb_utils
 from codec.datatypes import BY_CONFIG
 from codec.errors import ErrorKind, InferError
 from server.app_monitor import AppMonitor
-from server.backends import channel
 from server.backends.channel import Arena, Frames
 from server.backends.module import ModelModule, use_app_monitor
 

@@ -1,0 +1,352 @@
+"""One instance of a python model in a process of its own (`EXECUTION_MODE process`, server/backends/
+process.py schedules batches over them): the process started on server/backends/stub.py with the model's
+interpreter, its model loaded, the calls it answers over its socket, and how it ended when it dies. Also
+the python a model's processes run (EXECUTION_ENV_PATH) and auto_complete_config run in such a process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Protocol
+
+import server.backends.channel as channel
+import server.backends.pb_utils as pb_utils
+from codec.errors import ErrorKind, InferError
+from server.backends.channel import Arena, Frames
+from server.model_config import parameter
+
+log = logging.getLogger("tensorgate.python")
+model_log = logging.getLogger("tensorgate.model")
+
+ARENA_SIZE = 1 << 20  # to start with: it grows to the largest batch
+START_TIMEOUT = 120.0  # s for a process to load its model (initialize included)
+STOP_TIMEOUT = 10.0  # s for finalize at unload, before the process is killed
+# Where the server's own packages are (this file is server/backends/instance.py), for processes that run
+# another environment's interpreter; what that environment lacks is found in the server's own sys.path.
+ROOT = str(Path(__file__).resolve().parents[2])
+BOOTSTRAP = (
+    "import os, sys, runpy; sys.path.insert(1, os.environ['TENSORGATE_ROOT']); "
+    "sys.path.extend(os.environ['TENSORGATE_FALLBACK_PATH'].split(os.pathsep)); "
+    "runpy.run_module('server.backends.stub', run_name='__main__', alter_sys=True)"
+)
+
+
+class Owner(Protocol):
+    """What an instance needs of the backend whose instance it is (server/backends/process.py)."""
+
+    name: str
+    config: dict
+    version: int
+    version_dir: Path
+    python: str
+
+    def lost(self, instance: Instance) -> None:
+        """The instance died: have it restarted."""
+
+    def record(self, name: str, aggregation: str, value: float) -> None:
+        """A value the model gave grps's app_monitor."""
+
+    def bls(self, instance: Instance, message: list) -> None:
+        """A BLS request from the model's process, to be answered over its socket."""
+
+
+def start_stub(python: str, arena_fd: int = -1) -> tuple[subprocess.Popen, socket.socket]:
+    """A process running server/backends/stub.py with `python`, and the server's end of its socket."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    env = {
+        **os.environ,
+        "TENSORGATE_ROOT": ROOT,
+        "TENSORGATE_FALLBACK_PATH": os.pathsep.join(p for p in sys.path if p),
+    }
+    fds = (theirs.fileno(),) if arena_fd < 0 else (theirs.fileno(), arena_fd)
+    try:
+        process = subprocess.Popen(
+            [python, "-c", BOOTSTRAP, str(theirs.fileno()), str(arena_fd)], pass_fds=fds, env=env
+        )
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    return process, ours
+
+
+class Instance:
+    """One process of the model and the server's end of its socket."""
+
+    def __init__(self, owner: Owner, index: int) -> None:
+        self.owner = owner
+        self.index = index
+        label = owner.name.encode()[:200].decode(errors="ignore")  # the kernel takes at most 249 bytes
+        self.arena = Arena.create(f"tensorgate-{label}-{index}", ARENA_SIZE)
+        self.process: subprocess.Popen | None = None
+        self.sock: socket.socket | None = None
+        self.transport: asyncio.Transport | None = None
+        self.alive = False
+        self.stopping = False
+        self.cause = ""  # why the server killed it (a timeout), for the error of its requests
+        self.calls: dict[int, asyncio.Future | asyncio.Queue] = {}
+        self.frames = Frames()
+        self.pending: list = []  # messages read by the handshake past its answer
+        self.next_call = 0
+        self.failures = 0  # consecutive failed starts or deaths: the backoff grows with them
+
+    # ---------------------------------------------------------------------------------- lifecycle
+
+    def spawn(self) -> None:
+        """Starts the process (on the thread that stays: the kernel's parent-death signal follows the
+        thread that forked, server/backends/stub.py)."""
+        self.process, self.sock = start_stub(self.owner.python, self.arena.fd)
+        self.sock.sendall(
+            channel.frame(
+                [
+                    channel.LOAD,
+                    0,
+                    self.owner.config,
+                    self.owner.version,
+                    str(self.owner.version_dir),
+                    self.index,
+                    self.arena.size,
+                ]
+            )  # fmt: skip
+        )
+
+    def handshake(self) -> dict:
+        """Blocking: waits for the model to load in the process; its answer, or raises why not."""
+        assert self.sock is not None and self.process is not None
+        self.sock.settimeout(START_TIMEOUT)
+        self.frames, self.pending = Frames(), []
+        try:
+            answer = channel.receive(self.sock, self.frames, self.pending)
+            while answer is not None and answer[0] in (channel.LOG, channel.METRIC, channel.CALL):
+                if answer[0] == channel.CALL:  # from initialize: no loop serves this instance yet
+                    refused = [[1, pb_utils.TritonError.UNAVAILABLE, "BLS is not available in initialize"]]
+                    self.sock.sendall(channel.frame([channel.REPLY, answer[1], refused]))
+                else:
+                    self.received(answer)
+                answer = channel.receive(self.sock, self.frames, self.pending)
+        except TimeoutError:
+            self.kill()
+            raise RuntimeError(
+                f"instance {self.index} did not load its model in {START_TIMEOUT:.0f} s"
+            ) from None
+        if answer is None:  # it ended before answering: how, once it has
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(5)
+            self.kill()
+            raise RuntimeError(f"instance {self.index} {exited(self.process)} while loading its model")
+        if answer[0] != channel.READY:
+            self.kill()
+            raise RuntimeError(answer[2])
+        self.sock.settimeout(None)
+        self.sock.setblocking(False)
+        self.alive = True
+        return answer[2]
+
+    async def attach(self) -> None:
+        """The socket handed to the event loop (once, from the loop: the instance serves from here on)."""
+        loop = asyncio.get_running_loop()
+        self.transport, protocol = await loop.connect_accepted_socket(lambda: _Protocol(self), self.sock)
+        protocol.frames = self.frames  # what the handshake read past its answer
+        pending, self.pending = self.pending, []
+        for message in pending:
+            self.received(message)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+
+    def stop(self) -> None:
+        """Blocking: STOP sent, the process's last messages read (finalize's log lines) until it closes
+        its end and exits; killed when finalize takes longer than STOP_TIMEOUT."""
+        self.stopping = True
+        process = self.process
+        if process is None:
+            return
+        if self.transport is not None:
+            with contextlib.suppress(RuntimeError):  # RuntimeError: the transport's loop is closed
+                self.transport.pause_reading()  # read here from now on
+        deadline = time.monotonic() + STOP_TIMEOUT
+        try:
+            if self.sock is not None:
+                with socket.socket(fileno=os.dup(self.sock.fileno())) as reader:
+                    reader.settimeout(STOP_TIMEOUT)
+                    reader.sendall(channel.frame([channel.STOP, 0]))
+                    while (message := channel.receive(reader, self.frames, self.pending)) is not None:
+                        if message[0] in (channel.LOG, channel.METRIC):
+                            self.received(message)
+                        reader.settimeout(max(0.01, deadline - time.monotonic()))
+        except OSError:  # gone already; or finalize ran past its time (TimeoutError)
+            pass
+        if self.transport is not None:
+            with contextlib.suppress(RuntimeError):
+                self.transport.close()
+        if self.sock is not None:
+            self.sock.close()
+        try:
+            process.wait(max(0.01, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log.warning("model '%s' instance %d: finalize took over %.0f s; killed", self.owner.name,
+                        self.index, STOP_TIMEOUT)  # fmt: skip
+            process.kill()
+            process.wait()
+
+    # ---------------------------------------------------------------------------------- calls
+
+    def call(self, message: list) -> asyncio.Future:
+        """Sends a message that expects one answer; the future of that answer."""
+        future = asyncio.get_running_loop().create_future()
+        self.calls[message[1]] = future
+        self.transport.write(channel.frame(message))  # type: ignore[union-attr]
+        return future
+
+    def open_stream(self, message: list) -> asyncio.Queue:
+        queue: asyncio.Queue = asyncio.Queue()
+        self.calls[message[1]] = queue
+        self.transport.write(channel.frame(message))  # type: ignore[union-attr]
+        return queue
+
+    def new_call(self) -> int:
+        self.next_call += 1
+        return self.next_call
+
+    def send(self, message: list) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(channel.frame(message))
+
+    def received(self, message: list) -> None:
+        kind = message[0]
+        if kind == channel.LOG:
+            model_log.log(message[1], "%s", message[2])
+            return
+        if kind == channel.METRIC:
+            self.owner.record(message[2], message[3], message[4])
+            return
+        if kind == channel.CALL:
+            self.owner.bls(self, message)
+            return
+        target = self.calls.get(message[1])
+        if target is None:  # a cancelled stream's late answers
+            return
+        if isinstance(target, asyncio.Queue):
+            target.put_nowait(message)
+            if kind in (channel.END, channel.ERROR):
+                del self.calls[message[1]]
+        else:
+            del self.calls[message[1]]
+            if not target.done():
+                target.set_result(message)
+
+    def died(self) -> None:
+        """Its socket ended: the process is gone (or going). Fails what it held and has it restarted."""
+        self.alive = False
+        self.transport = None
+        process = self.process
+        if process is not None:
+            try:
+                process.wait(5)  # the socket closes as the process exits: this is a moment at most
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self.stopping:
+            return
+        cause = self.cause or exited(process)
+        error = InferError(ErrorKind.INTERNAL, f"model '{self.owner.name}' instance {self.index} {cause}")
+        log.error("%s", error.message)
+        calls, self.calls = self.calls, {}
+        for target in calls.values():
+            if isinstance(target, asyncio.Queue):
+                target.put_nowait([channel.ERROR, 0, None, error, ""])
+            elif not target.done():
+                target.set_exception(error)
+        self.owner.lost(self)
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self, instance: Instance) -> None:
+        self.instance = instance
+        self.frames = Frames()
+
+    def data_received(self, data: bytes) -> None:
+        for message in self.frames.feed(data):
+            try:
+                self.instance.received(message)
+            except Exception:  # a fault in one message is not the link's end
+                log.exception("model '%s' instance %d: a message failed", self.instance.owner.name,
+                              self.instance.index)  # fmt: skip
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.instance.died()
+
+
+def exited(process: subprocess.Popen | None) -> str:
+    """How a process ended, as the error of its requests says it."""
+    code = None if process is None else process.poll()
+    if code is None:
+        return "exited"
+    if code < 0:
+        try:
+            return f"exited (signal {-code}: {signal.Signals(-code).name})"
+        except ValueError:
+            return f"exited (signal {-code})"
+    return f"exited (exit code {code})"
+
+
+def interpreter(config: dict, model_dir: Path) -> tuple[str, str | None]:
+    """The python a model's processes run: the server's, or that of the venv folder or conda-pack tarball
+    that EXECUTION_ENV_PATH names (relative to the model's folder; $$TRITON_MODEL_DIRECTORY too); and
+    the folder a tarball was unpacked into (removed at unload), if any."""
+    env_path = parameter(config, "EXECUTION_ENV_PATH")
+    if not env_path:
+        return sys.executable, None
+    path = Path(env_path.replace("$$TRITON_MODEL_DIRECTORY", str(model_dir)))
+    if not path.is_absolute():
+        path = model_dir / path
+    unpacked = None
+    if path.is_file() and path.name.endswith((".tar.gz", ".tgz", ".tar")):
+        unpacked = tempfile.mkdtemp(prefix=f"tensorgate-env-{config['name']}-")
+        with tarfile.open(path) as archive:
+            archive.extractall(unpacked, filter="data")
+        path = Path(unpacked)
+    python = path / "bin" / "python"
+    if not python.exists():
+        if unpacked is not None:
+            shutil.rmtree(unpacked, ignore_errors=True)
+        raise FileNotFoundError(f"EXECUTION_ENV_PATH {env_path!r}: no bin/python in {path}")
+    return str(python), unpacked
+
+
+def complete_in_process(version_dir: Path, config: dict) -> dict:
+    """auto_complete_config run in a process of its own, with the model's interpreter: in process mode
+    the model's code never runs in the server's process."""
+    python, unpacked = interpreter(config, version_dir.parent)
+    try:
+        process, ours = start_stub(python)
+        with ours:
+            ours.sendall(channel.frame([channel.COMPLETE, 0, config, str(version_dir)]))
+            ours.settimeout(START_TIMEOUT)
+            frames, pending = Frames(), []
+            while (answer := channel.receive(ours, frames, pending)) is not None and answer[0] == channel.LOG:
+                model_log.log(answer[1], "%s", answer[2])
+        process.wait(STOP_TIMEOUT)
+    finally:
+        if unpacked is not None:
+            shutil.rmtree(unpacked, ignore_errors=True)
+    if answer is None:
+        raise RuntimeError(f"auto_complete_config: the model's process {exited(process)}")
+    if answer[0] != channel.READY:
+        raise RuntimeError(answer[2])
+    return json.loads(answer[2])
