@@ -19,7 +19,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,7 +28,7 @@ from pathlib import Path
 import httpx
 
 from bench.procs import ServerProcess, cpu_clock, serve_argv
-from bench.transport import _WRK, save
+from bench.transport import save, wrk
 
 TARGET = 0.5  # hit / miss, server CPU per request
 MODEL = "mlp"
@@ -56,21 +55,15 @@ SCRIPTS = {
 }
 
 
+PATH = f"/v2/models/{MODEL}/infer"
+
+
 def copy_model(repository: Path) -> None:
     """The example MLP with the response cache enabled."""
     target = repository / MODEL
     shutil.copytree(EXAMPLE, target)
     config = target / "config.pbtxt"
     config.write_text(config.read_text() + "response_cache { enable: true }\n")
-
-
-def wrk(port: int, script: str, seconds: float, connections: int) -> tuple[int, float, str]:
-    argv = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "-s", script]
-    argv.append(f"http://127.0.0.1:{port}/v2/models/{MODEL}/infer")
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 30).stdout
-    found = _WRK.search(out)
-    note = "errors" if ("Non-2xx" in out or "Socket errors" in out) else ""
-    return (int(found.group(1)), float(found.group(2)), note) if found else (0, 0.0, out[-200:])
 
 
 def counts(port: int) -> dict[str, int]:
@@ -100,11 +93,13 @@ def main(argv: list[str] | None = None) -> int:
         command = [*serve_argv(str(repository)), "--cache-config", f"local,size={CACHE_BYTES}"]
         with ServerProcess(command) as server:
             for name in order:  # warm-up: torch's first runs, the batcher, the hit's one miss
-                wrk(server.port, scripts[name], 1, args.connections)
+                wrk(server.port, scripts[name], 1, args.connections, path=PATH)
             for round_number in range(args.rounds):
                 for name in order if round_number % 2 == 0 else order[::-1]:
                     before, cpu = counts(server.port), cpu_clock(server.pid)
-                    requests, seconds, note = wrk(server.port, scripts[name], args.duration, args.connections)
+                    requests, seconds, note = wrk(
+                        server.port, scripts[name], args.duration, args.connections, path=PATH
+                    )
                     used = cpu_clock(server.pid) - cpu
                     time.sleep(0.5)  # the requests wrk left in flight are answered
                     after = counts(server.port)

@@ -17,7 +17,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,7 +26,7 @@ import httpx
 
 from bench.crosscheck import _lua_string
 from bench.procs import ServerProcess, cpu_clock, serve_argv
-from bench.transport import _WRK, save
+from bench.transport import save, wrk
 
 TARGET = 1.5  # ensemble / sum of its steps alone, server CPU per request
 BODIES = {
@@ -37,15 +36,6 @@ BODIES = {
     "postprocess": {"name": "LOGITS", "datatype": "FP32", "shape": [1, 10], "data": [0.5] * 10},
 }
 STEPS = ("preprocess", "onnx_mlp", "postprocess")
-
-
-def wrk(port: int, model: str, script: str, seconds: float, connections: int) -> tuple[int, float, str]:
-    argv = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "-s", script]
-    argv.append(f"http://127.0.0.1:{port}/v2/models/{model}/infer")
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 30).stdout
-    found = _WRK.search(out)
-    note = "errors" if ("Non-2xx" in out or "Socket errors" in out) else ""
-    return (int(found.group(1)), float(found.group(2)), note) if found else (0, 0.0, out[-200:])
 
 
 def successes(port: int, model: str) -> int:
@@ -73,13 +63,17 @@ def main(argv: list[str] | None = None) -> int:
                 f.write(f'wrk.method = "POST"\nwrk.body = {_lua_string(body)}\n')
                 f.write('wrk.headers["Content-Type"] = "application/json"\n')
         for model in order:  # warm-up: first calls, batchers, onnxruntime's first run
-            wrk(server.port, model, scripts[model], 1, args.connections)
+            wrk(server.port, scripts[model], 1, args.connections, path=f"/v2/models/{model}/infer")
         for round_number in range(args.rounds):
             for model in order if round_number % 2 == 0 else order[::-1]:
                 before = {name: successes(server.port, name) for name in order}
                 cpu = cpu_clock(server.pid)
                 requests, seconds, note = wrk(
-                    server.port, model, scripts[model], args.duration, args.connections
+                    server.port,
+                    scripts[model],
+                    args.duration,
+                    args.connections,
+                    path=f"/v2/models/{model}/infer",
                 )
                 used = cpu_clock(server.pid) - cpu
                 time.sleep(0.5)  # the requests wrk left in flight are answered

@@ -68,8 +68,14 @@ _H2LOAD_TIME = re.compile(r"finished in ([\d.]+)(m?s)")
 
 
 def wrk(
-    port: int, script: str, seconds: float, connections: int = 16, threads: int = 1
+    port: int,
+    script: str,
+    seconds: float,
+    connections: int = 16,
+    threads: int = 1,
+    path: str = JSON_PATH,
 ) -> tuple[int, float, str]:
+    """wrk's run of `script` on `path`: (requests, seconds, a note when it saw errors)."""
     out = _run(
         [
             "wrk",
@@ -78,7 +84,7 @@ def wrk(
             f"-d{max(1, round(seconds))}s",
             "-s",
             script,
-            f"http://127.0.0.1:{port}{JSON_PATH}",
+            f"http://127.0.0.1:{port}{path}",
         ],
         seconds + 30,
     )
