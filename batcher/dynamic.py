@@ -319,10 +319,6 @@ class DynamicBatcher(Scheduler):
                 batch.outcome = self._split(jobs, outputs)
             except InferError as e:
                 error = e
-            except Exception as e:  # outputs numpy cannot make an array of
-                error = InferError(
-                    ErrorKind.INTERNAL, f"{self.executor.label} returned outputs that are not arrays: {e}"
-                )
             else:
                 answered = jobs
                 if self.executor.per_request:  # a request the model refused fails alone
@@ -404,7 +400,12 @@ def split_outputs(
         if dtypes and name not in dtypes:
             continue  # not a configured output: never answered
         if not isinstance(output, np.ndarray):
-            output = np.asarray(output, dtype=dtypes.get(name))
+            try:
+                output = np.asarray(output, dtype=dtypes.get(name))
+            except Exception as e:  # outputs numpy cannot make an array of
+                raise InferError(
+                    ErrorKind.INTERNAL, f"{label} returned outputs that are not arrays: {e}"
+                ) from None
         if output.ndim == 0 or output.shape[0] != total:
             got = "a scalar" if output.ndim == 0 else f"{output.shape[0]} rows"
             raise InferError(

@@ -201,10 +201,6 @@ class DirectStrategy:
                 answers = split_outputs(self.executor, self.batched, self._dtypes, jobs, outputs)
             except InferError as e:
                 error = e
-            except Exception as e:  # outputs numpy cannot make an array of
-                error = InferError(
-                    ErrorKind.INTERNAL, f"{self.executor.label} returned outputs that are not arrays: {e}"
-                )
             else:
                 self.stats.record_batch(len(jobs), input_ns, infer_ns, output_ns)
         for index, job in enumerate(jobs):

@@ -9,6 +9,7 @@ takes sequences at all is the engine's business (batcher/sequence.py): a model w
 `sequence_batching` ignores them, as Triton's does, and its python models still read them.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 from codec.errors import invalid
@@ -30,14 +31,9 @@ def from_json(parameters: dict[str, Any]) -> tuple[int | str, int]:
             raise invalid(f"Unable to parse 'sequence_id': {sequence_id} is not a uint64")
     elif type(sequence_id) is not str:
         raise invalid(f"Unable to parse 'sequence_id': expected a uint64 or a string, got {sequence_id!r}")
-    flags = 0
-    for key, flag in (("sequence_start", START), ("sequence_end", END)):
-        value = parameters.pop(key, False)
-        if type(value) is not bool:
-            raise invalid(f"Unable to parse '{key}': expected a boolean, got {value!r}")
-        if value:
-            flags |= flag
-    return sequence_id, flags
+    return sequence_id, _flags(
+        parameters, lambda key, value: f"Unable to parse '{key}': expected a boolean, got {value!r}"
+    )
 
 
 def from_grpc(parameters: dict[str, Any]) -> tuple[int | str, int]:
@@ -50,11 +46,18 @@ def from_grpc(parameters: dict[str, Any]) -> tuple[int | str, int]:
         sequence_id &= UINT64  # an int64_param holds the uint64's bits, as Triton casts it
     elif type(sequence_id) is not str:
         raise invalid("invalid value type for 'sequence_id' parameter, expected int64_param or string_param.")
+    return sequence_id, _flags(
+        parameters, lambda key, _: f"invalid value type for '{key}' parameter, expected bool_param."
+    )
+
+
+def _flags(parameters: dict[str, Any], not_bool: Callable[[str, Any], str]) -> int:
+    """START and END from the boolean parameters (taken out); `not_bool(key, value)`: the error's text."""
     flags = 0
     for key, flag in (("sequence_start", START), ("sequence_end", END)):
         value = parameters.pop(key, False)
         if type(value) is not bool:
-            raise invalid(f"invalid value type for '{key}' parameter, expected bool_param.")
+            raise invalid(not_bool(key, value))
         if value:
             flags |= flag
-    return sequence_id, flags
+    return flags
