@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import time
+from typing import Protocol
 
 import hpack
 
@@ -31,6 +32,50 @@ ERROR_FIELD = 0x0A  # a ModelStreamInferResponse that starts with error_message 
 
 def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
     return len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream.to_bytes(4, "big") + payload
+
+
+class FrameClient(Protocol):
+    """A client protocol on raw HTTP/2 frames (this bench's, bench/sequence.py's)."""
+
+    buffer: bytes
+    unacked: int
+    transport: asyncio.Transport | None
+
+    def _answers(self, stream: int, payload: bytes) -> list[bytes]:
+        """The frames to send for a DATA frame's payload on `stream`."""
+
+    def ended(self, stream: int) -> None:
+        """`stream` ended (trailers, a reset, GOAWAY) before its run did."""
+
+
+def answer_frames(client: FrameClient, data: bytes) -> None:
+    """The whole frames in `client.buffer` + `data` handled: DATA to `_answers`, SETTINGS and PING
+    acknowledged, the connection window given back each MiB; what they call for written at once."""
+    buffer = client.buffer + data if client.buffer else data
+    out, pos = [], 0
+    while len(buffer) - pos >= 9:
+        length = int.from_bytes(buffer[pos : pos + 3], "big")
+        end = pos + 9 + length
+        if end > len(buffer):
+            break
+        kind, flags = buffer[pos + 3], buffer[pos + 4]
+        stream = int.from_bytes(buffer[pos + 5 : pos + 9], "big")
+        if kind == DATA:
+            client.unacked += length
+            out += client._answers(stream, buffer[pos + 9 : end])
+        elif kind == HEADERS and flags & END_STREAM or kind in (RST_STREAM, GOAWAY):
+            client.ended(stream)
+        elif kind == SETTINGS and not flags & ACK:
+            out.append(frame(SETTINGS, ACK, 0))
+        elif kind == PING and not flags & ACK:
+            out.append(frame(PING, ACK, 0, buffer[pos + 9 : end]))
+        pos = end
+    client.buffer = buffer[pos:]
+    if client.unacked > 1 << 20:  # the server's windows for its answers (ours is never exhausted)
+        out.append(frame(8, 0, 0, client.unacked.to_bytes(4, "big")))
+        client.unacked = 0
+    if out and client.transport is not None:
+        client.transport.write(b"".join(out))
 
 
 class PingPong(asyncio.Protocol):
@@ -68,32 +113,10 @@ class PingPong(asyncio.Protocol):
         transport.write(b"".join(out))  # type: ignore[attr-defined]
 
     def data_received(self, data: bytes) -> None:
-        buffer = self.buffer + data if self.buffer else data
-        out = []
-        pos = 0
-        while len(buffer) - pos >= 9:
-            length = int.from_bytes(buffer[pos : pos + 3], "big")
-            end = pos + 9 + length
-            if end > len(buffer):
-                break
-            kind, flags = buffer[pos + 3], buffer[pos + 4]
-            stream = int.from_bytes(buffer[pos + 5 : pos + 9], "big")
-            if kind == DATA:
-                self.unacked += length
-                out += self._answers(stream, buffer[pos + 9 : end])
-            elif kind == HEADERS and flags & END_STREAM or kind in (RST_STREAM, GOAWAY):
-                self.counts["errors"] += 1  # a stream that ends (trailers, reset) ends the run for it
-            elif kind == SETTINGS and not flags & ACK:
-                out.append(frame(SETTINGS, ACK, 0))
-            elif kind == PING and not flags & ACK:
-                out.append(frame(PING, ACK, 0, buffer[pos + 9 : end]))
-            pos = end
-        self.buffer = buffer[pos:]
-        if self.unacked > 1 << 20:  # the server's windows for its answers (ours is never exhausted)
-            out.append(frame(8, 0, 0, self.unacked.to_bytes(4, "big")))
-            self.unacked = 0
-        if out and self.transport is not None:
-            self.transport.write(b"".join(out))
+        answer_frames(self, data)
+
+    def ended(self, stream: int) -> None:
+        self.counts["errors"] += 1  # a stream that ends (trailers, reset) ends the run for it
 
     def _answers(self, stream: int, payload: bytes) -> list[bytes]:
         data = self.pending[stream] + payload

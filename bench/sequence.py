@@ -49,14 +49,11 @@ from bench.grpc_load import STREAM_PATH
 from bench.grpc_pingpong import (
     DATA,
     END_HEADERS,
-    END_STREAM,
-    GOAWAY,
     HEADERS,
-    PING,
     PREFACE,
-    RST_STREAM,
     SETTINGS,
     WINDOW,
+    answer_frames,
     frame,
 )
 from bench.h1client import build_request, parse_head
@@ -168,31 +165,10 @@ class _Streams(asyncio.Protocol):
         transport.write(b"".join(out))  # type: ignore[attr-defined]
 
     def data_received(self, data: bytes) -> None:
-        buffer = self.buffer + data if self.buffer else data
-        out, pos = [], 0
-        while len(buffer) - pos >= 9:
-            length = int.from_bytes(buffer[pos : pos + 3], "big")
-            end = pos + 9 + length
-            if end > len(buffer):
-                break
-            kind, flags = buffer[pos + 3], buffer[pos + 4]
-            stream = int.from_bytes(buffer[pos + 5 : pos + 9], "big")
-            if kind == DATA:
-                self.unacked += length
-                out += self._answers(stream, buffer[pos + 9 : end])
-            elif kind == HEADERS and flags & END_STREAM or kind in (RST_STREAM, GOAWAY):
-                self.run.fail(f"stream {stream} ended early")
-            elif kind == SETTINGS and not flags & 1:
-                out.append(frame(SETTINGS, 1, 0))
-            elif kind == PING and not flags & 1:
-                out.append(frame(PING, 1, 0, buffer[pos + 9 : end]))
-            pos = end
-        self.buffer = buffer[pos:]
-        if self.unacked > 1 << 20:
-            out.append(frame(8, 0, 0, self.unacked.to_bytes(4, "big")))
-            self.unacked = 0
-        if out:
-            self.transport.write(b"".join(out))  # type: ignore[attr-defined]
+        answer_frames(self, data)
+
+    def ended(self, stream: int) -> None:
+        self.run.fail(f"stream {stream} ended early")
 
     def _answers(self, stream: int, payload: bytes) -> list[bytes]:
         data = self.pending[stream] + payload
