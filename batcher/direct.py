@@ -18,7 +18,8 @@ class DirectScheduler(Scheduler):
 
     A plain `execute` runs to completion on the event loop, so requests never overlap and there is
     nothing to wait for. An `async def execute`, or a backend that runs in a worker thread, runs with at
-    most `instances` (instance_group count) requests in flight; the others wait their turn.
+    most `instances` (instance_group count) requests in flight, or `queued` times that where a backend's
+    instances hold more than one (Backend.queued); the others wait their turn.
     """
 
     def __init__(self, executor: Executor, stats: ModelStats | None = None) -> None:
@@ -29,7 +30,7 @@ class DirectScheduler(Scheduler):
             executor.inline and executor.host and not (executor.per_request or executor.with_parameters)
         )
         self.pending = 0  # no queue: requests waiting for an instance are counted as executing
-        self._slots = asyncio.Semaphore(executor.instances)
+        self._slots = asyncio.Semaphore(executor.instances * executor.queued)
         self._in_flight = InFlight()  # requests executing or waiting for a slot: what drain() waits for
 
     async def run(self, job: Job) -> Arrays:

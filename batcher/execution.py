@@ -44,6 +44,7 @@ class Executor:
         is_async: bool = False,
         in_thread: bool = False,
         instances: int = 1,
+        queued: int = 1,
         staging: Staging | None = None,
         per_request: bool = False,
         with_parameters: bool = False,
@@ -59,6 +60,7 @@ class Executor:
         self.in_thread = (in_thread or self.staging.blocking) and not is_async
         self.inline = not is_async and not self.in_thread
         self.instances = instances
+        self.queued = queued  # batches an instance may hold at once (Backend.queued)
         self.host = type(self.staging) is HostStaging  # staging is then the identity for one request
         self._threads: Threads | None = None
 

@@ -4,8 +4,9 @@ in-thread mode, per batch, without HTTP: `python -m bench.python_process [--call
 s, the model order reversed every other round).
 
 For `simple` written as a Triton python model (one request per batch) it runs N batches one after the
-other through each mode's backend and prints the wall time and the CPU time (server and instance process
-together) per batch; the difference of the CPU times is the hop's cost. Then a ~1 ms pure-Python model
+other through each mode's backend, the thread mode's in a worker thread as the server runs it, and prints
+the wall time and the CPU time (server and instance process together) per batch; the difference of the
+CPU times is the hop's cost. Then a ~1 ms pure-Python model
 with 1 and 2 instances, batches two at a time: batches per second (process mode uses the second core).
 """
 
@@ -24,6 +25,7 @@ import numpy as np
 import uvloop
 
 from batcher.scheduler import Job
+from batcher.threads import Threads
 from codec.tensor import InferRequest
 from server.backends import load_backend
 
@@ -95,14 +97,12 @@ def measure(root: Path, code: str, mode: str, count: int, calls: int, parallel: 
     backend = load_backend(version, config(name, mode, count), 1)
     try:
         pids = children(os.getpid())  # the instance processes, in process mode
-        execute = backend.execute
-        if mode == "thread" and parallel > 1:  # as the batcher runs it: a worker thread per instance
-            from concurrent.futures import ThreadPoolExecutor
-
-            pool = ThreadPoolExecutor(count)
+        if mode == "thread":  # as the server runs a Triton python model's execute: in a worker thread
+            threads = Threads(count, "execute")
+            execute = backend.execute
 
             async def threaded(jobs: list[Job]) -> list:
-                return await asyncio.get_running_loop().run_in_executor(pool, execute, jobs)
+                return await threads.submit(execute, jobs)
 
             backend.execute = threaded  # type: ignore[method-assign]
 
@@ -132,7 +132,9 @@ instance_group [ {{ count: {count} kind: KIND_CPU }} ]
 def rest(loops: int, rounds: int, duration: float, triton: str) -> None:
     """req/s and server CPU µs per request (the server's process tree: its instance processes, or Triton's
     stubs), over REST; `triton`: the kit of ../shared/triton (set up), to run the busy model files on
-    Triton 2.51's python backend too."""
+    Triton 2.51's python backend too, and ours in process mode once more with the interpreter Triton's stub
+    runs (a venv of it as EXECUTION_ENV_PATH: Debian's build runs the model's own loop ~1.3x faster than
+    a build without PGO, which is a difference of interpreters, not of servers)."""
     import subprocess
     import sys
 
@@ -148,6 +150,10 @@ def rest(loops: int, rounds: int, duration: float, triton: str) -> None:
         "simple_thread": (SIMPLE_PY, "thread", 1),
         "simple_process": (SIMPLE_PY, "process", 1),
     }
+    stub_python = triton_interpreter() if triton else None
+    if stub_python:
+        models["busy_process_1_as_triton"] = (busy, "process", 1)
+        models["busy_process_2_as_triton"] = (busy, "process", 2)
     body = json.dumps(
         {"inputs": [{"name": n, "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}
                     for n in ("INPUT0", "INPUT1")]}
@@ -159,6 +165,11 @@ def rest(loops: int, rounds: int, duration: float, triton: str) -> None:
             (repository / name / "1" / "model.py").write_text(code)
             cfg = config(name, mode, count)
             cfg["max_batch_size"] = 0
+            if name.endswith("_as_triton"):
+                venv = Path(root) / "triton-python"
+                if not venv.exists():
+                    subprocess.run([stub_python, "-m", "venv", "--without-pip", str(venv)], check=True)
+                cfg["parameters"]["EXECUTION_ENV_PATH"] = {"string_value": str(venv)}
             for entry in cfg["input"] + cfg["output"]:
                 entry["dims"] = [1, 16]
             (repository / name / "config.json").write_text(json.dumps(cfg))
@@ -198,12 +209,24 @@ def rest(loops: int, rounds: int, duration: float, triton: str) -> None:
                 cpus = sorted(c for _, c in runs)
                 rate, cpu = rates[len(rates) // 2], cpus[len(cpus) // 2]
                 each = [round(r) for r, _ in runs]
-                print(f"  {name:15s} {rate:8.0f} req/s {cpu:6.0f} µs CPU/req  rounds {each}")
+                print(f"  {name:24s} {rate:8.0f} req/s {cpu:6.0f} µs CPU/req  rounds {each}")
         finally:
             server.stop()
             if triton_pid is not None:
                 os.kill(triton_pid, 15)
                 subprocess.run(["tail", f"--pid={triton_pid}", "-f", "/dev/null"], check=False, timeout=60)
+
+
+def triton_interpreter() -> str | None:
+    """The python Triton's stub runs: the base interpreter of the kit's venv ($TRITON_HOME/venv)."""
+    cfg = Path(os.environ.get("TRITON_HOME", "/tmp/triton251")) / "venv" / "pyvenv.cfg"
+    if not cfg.exists():
+        return None
+    for line in cfg.read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "executable":
+            return value.strip()
+    return None
 
 
 def children(pid: int) -> list[int]:

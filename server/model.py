@@ -122,6 +122,7 @@ class ModelVersion:
                 is_async=backend.is_async,
                 in_thread=backend.in_thread,
                 instances=backend.instances or instance_count(self.config, staging.device),
+                queued=backend.queued,
                 staging=staging,
                 per_request=backend.per_request,  # it reads each request apart (Triton's python API)
                 with_parameters=backend.with_parameters,  # it is given the requests' custom parameters

@@ -183,6 +183,58 @@ class TritonPythonModel:
 """
 
 
+# Two instances without the dynamic batcher: a small batch may wait in a busy instance's socket behind the
+# one it executes (server/backends/process.py). MODE 0 answers X + 1 at once, 1 aborts after 0.4 s, 5
+# answers after 0.4 s.
+QUEUE = (
+    """
+name: "queue"
+backend: "python"
+max_batch_size: 0
+input [
+  { name: "X" data_type: TYPE_INT32 dims: [ -1 ] },
+  { name: "MODE" data_type: TYPE_INT32 dims: [ 1 ] }
+]
+output [
+  { name: "Y" data_type: TYPE_INT32 dims: [ -1 ] },
+  { name: "PID" data_type: TYPE_INT64 dims: [ 1 ] }
+]
+instance_group [ { count: 2 kind: KIND_CPU } ]
+"""
+    + PROCESS
+)
+QUEUE_PY = """
+import os, time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            mode = int(pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()[0])
+            if mode in (1, 5):
+                time.sleep(0.4)
+            if mode == 1:
+                os.abort()
+            pid = np.array([os.getpid()], dtype=np.int64)
+            responses.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("Y", x + 1), pb_utils.Tensor("PID", pid)]))
+        return responses
+"""
+
+
+def queue(server: ServerProcess, x: list[int], mode: int = 0) -> httpx.Response:
+    body = {
+        "inputs": [
+            {"name": "X", "datatype": "INT32", "shape": [len(x)], "data": x},
+            {"name": "MODE", "datatype": "INT32", "shape": [1], "data": [mode]},
+        ]
+    }
+    return httpx.post(f"{server.base_url}/v2/models/queue/infer", json=body, timeout=30)
+
+
 def fragile(server: ServerProcess, mode: int) -> httpx.Response:
     body = {"inputs": [{"name": "MODE", "datatype": "INT32", "shape": [1], "data": [mode]}]}
     return httpx.post(f"{server.base_url}/v2/models/fragile/infer", json=body, timeout=30)
@@ -239,6 +291,7 @@ def server(start_server, repo: Path) -> Iterator[ServerProcess]:
     write_model(repo, "recorder", ECHO % ("recorder", PROCESS), {1: RECORDER_PY})
     write_model(repo, "counter", COUNTER, {1: COUNTER_PY})
     write_model(repo, "fanout", FANOUT, {1: FANOUT_PY})
+    write_model(repo, "queue", QUEUE, {1: QUEUE_PY})
     yield start_server(repo, extra_args=("--model-control-mode", "explicit", "--load-model", "*"))
 
 
@@ -350,6 +403,47 @@ def test_a_dead_instance_fails_its_request_alone_and_is_restarted(
     for model in ("echo", "echo_thread"):
         stats = httpx.get(f"{server.base_url}/v2/models/{model}/stats", timeout=10).json()
         assert stats["model_stats"][0]["inference_stats"]["fail"]["count"] == 0
+
+
+def test_small_and_large_batches_in_flight_together_each_get_their_own_answer(server: ServerProcess) -> None:
+    """Eight clients at once on two instances: small batches travel in the messages and queue behind
+    busy instances, large ones (80 KB, past INLINE_BYTES) go through the arena; every answer is its own
+    request's."""
+    sizes = [16, 20_000, 3, 16, 20_000, 1, 700, 16] * 4
+
+    def one(number: int) -> int:
+        x = [(number * 7919 + i) % 100_003 for i in range(sizes[number])]
+        answered = queue(server, x)
+        assert answered.status_code == 200, answered.text
+        outputs = {o["name"]: o["data"] for o in answered.json()["outputs"]}
+        assert outputs["Y"] == [v + 1 for v in x]
+        return outputs["PID"][0]
+
+    with ThreadPoolExecutor(8) as pool:
+        pids = set(pool.map(one, range(len(sizes))))
+    assert len(pids) == 2 and server.proc.pid not in pids
+
+
+def test_a_batch_queued_behind_one_that_kills_its_instance_is_answered_by_another(
+    server: ServerProcess,
+) -> None:
+    """Both instances busy (one about to abort, one slow), two small batches queue, one behind each;
+    the one behind the abort never began, so it is sent again and answered: only the aborting request
+    fails."""
+    with ThreadPoolExecutor(4) as pool:
+        dying = pool.submit(queue, server, [1], 1)
+        time.sleep(0.1)
+        slow = pool.submit(queue, server, [2], 5)
+        time.sleep(0.1)
+        waiting = [pool.submit(queue, server, [10 + n]) for n in range(2)]
+        failed = dying.result()
+        assert failed.status_code == 500, failed.text
+        assert failed.json()["error"].endswith("exited (signal 6: SIGABRT)"), failed.text
+        for number, answered in enumerate([slow, *waiting]):
+            response = answered.result()
+            assert response.status_code == 200, response.text
+            assert response.json()["outputs"][0]["data"] == [[3, 11, 12][number]]
+    wait_until(lambda: restarts(server, "queue") == 1, "the instance restarted")
 
 
 def test_an_idle_instance_killed_from_outside_is_restarted_without_a_request(server: ServerProcess) -> None:

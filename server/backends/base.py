@@ -28,6 +28,9 @@ class Backend(Protocol):
     is_async: bool = False  # execute is `async def`: awaited on the event loop
     in_thread: bool = False  # execute blocks (a forward pass): the batcher runs it in a worker thread
     instances: int = 0  # batches in flight at once; 0: the config's instance_group count
+    # batches each instance may hold at once without the dynamic batcher (batcher/direct.py): above 1, the
+    # next waits in an instance's process while it executes one (server/backends/process.py)
+    queued: int = 1
     staging: Staging | None = None  # the staging it built for itself (its device); None: the config's
     # Triton's python API: `execute(jobs)` is given the batch's requests apart (batcher/job.py: each with
     # its arrays and its InferRequest) and answers one entry per job, its outputs or the InferError that

@@ -7,8 +7,9 @@ the process writes its outputs after them, and each message names where (a tenso
 side grows it (ftruncate) when a batch does not fit and says the new size in its message; the other side
 maps it again. Nothing is pickled: a descriptor is [name, dtype, shape, offset, size], `dtype` numpy's
 `dtype.str` or "BYTES" (then the bytes are Triton's serialized form: each element a 4-byte length and its
-bytes, codec/bytes_tensor.py). A tensor that travels in the message itself (a decoupled model's answers,
-a BLS call's tensors) has offset -1 and its bytes in place of its size.
+bytes, codec/bytes_tensor.py). A tensor that travels in the message itself (a small batch's tensors both
+ways, a decoupled model's answers, a BLS call's tensors) has offset -1 and its bytes in place of its size.
+An EXECUTE whose end offset is -1 is such a batch: its outputs are answered in the message too.
 """
 
 from __future__ import annotations
@@ -156,6 +157,10 @@ def inline(name: str, array: np.ndarray) -> list:
     if array.dtype.kind == "O":
         return [name, BYTES, list(array.shape), -1, encode_bytes(array)]
     return [name, array.dtype.str, list(array.shape), -1, array.tobytes()]  # C order, whatever its strides
+
+
+def inline_all(tensors: dict[str, np.ndarray]) -> list[list]:
+    return [inline(name, array) for name, array in tensors.items()]
 
 
 def inline_array(descriptor: list) -> np.ndarray:

@@ -19,8 +19,9 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import server.backends.channel as channel
 import server.backends.pb_utils as pb_utils
@@ -42,6 +43,11 @@ BOOTSTRAP = (
     "sys.path.extend(os.environ['TENSORGATE_FALLBACK_PATH'].split(os.pathsep)); "
     "runpy.run_module('server.backends.stub', run_name='__main__', alter_sys=True)"
 )
+
+
+class NotStarted(Exception):
+    """A batch that was waiting behind the one its instance died executing: the process never began it,
+    so it goes to another instance (server/backends/process.py) rather than failing."""
 
 
 class Owner(Protocol):
@@ -98,7 +104,10 @@ class Instance:
         self.alive = False
         self.stopping = False
         self.cause = ""  # why the server killed it (a timeout), for the error of its requests
-        self.calls: dict[int, asyncio.Future | asyncio.Queue] = {}
+        # call -> the future of its answer and what reads it as it arrives; or a stream's queue
+        self.calls: dict[int, tuple[asyncio.Future, Callable[[Instance, list], Any]] | asyncio.Queue] = {}
+        self.held = 0  # batches sent to it and not yet answered (server/backends/process.py)
+        self.bls: set[int] = set()  # the BLS calls it is making, as their answers are awaited
         self.frames = Frames()
         self.pending: list = []  # messages read by the handshake past its answer
         self.next_call = 0
@@ -110,6 +119,7 @@ class Instance:
         """Starts the process (on the thread that stays: the kernel's parent-death signal follows the
         thread that forked, server/backends/stub.py)."""
         self.process, self.sock = start_stub(self.owner.python, self.arena.fd)
+        self.bls = set()
         self.sock.sendall(
             channel.frame(
                 [
@@ -206,10 +216,11 @@ class Instance:
 
     # ---------------------------------------------------------------------------------- calls
 
-    def call(self, message: list) -> asyncio.Future:
-        """Sends a message that expects one answer; the future of that answer."""
+    def call(self, message: list, read: Callable[[Instance, list], Any]) -> asyncio.Future:
+        """Sends a message that expects one answer; the future of what `read` makes of that answer as it
+        arrives (what it raises, if it raises)."""
         future = asyncio.get_running_loop().create_future()
-        self.calls[message[1]] = future
+        self.calls[message[1]] = (future, read)
         self.transport.write(channel.frame(message))  # type: ignore[union-attr]
         return future
 
@@ -247,8 +258,12 @@ class Instance:
                 del self.calls[message[1]]
         else:
             del self.calls[message[1]]
-            if not target.done():
-                target.set_result(message)
+            future, read = target
+            if not future.done():
+                try:
+                    future.set_result(read(self, message))
+                except Exception as e:  # noqa: BLE001 (the call's error, to its caller)
+                    future.set_exception(e)
 
     def died(self) -> None:
         """Its socket ended: the process is gone (or going). Fails what it held and has it restarted."""
@@ -267,11 +282,15 @@ class Instance:
         error = InferError(ErrorKind.INTERNAL, f"model '{self.owner.name}' instance {self.index} {cause}")
         log.error("%s", error.message)
         calls, self.calls = self.calls, {}
-        for target in calls.values():
+        # The process runs its batches one after another in the order they were sent: the oldest is the
+        # one it died executing, the others never began.
+        batches = [call for call, target in calls.items() if not isinstance(target, asyncio.Queue)]
+        executing = min(batches, default=None)
+        for call, target in calls.items():
             if isinstance(target, asyncio.Queue):
                 target.put_nowait([channel.ERROR, 0, None, error, ""])
-            elif not target.done():
-                target.set_exception(error)
+            elif not target[0].done():
+                target[0].set_exception(error if call == executing else NotStarted())
         self.owner.lost(self)
 
 

@@ -37,16 +37,21 @@ PR_SET_PDEATHSIG = 1
 
 
 class Link:
-    """The process's end of its socket. A reader thread of its own reads every message: BLS answers go
-    straight to the thread that waits for them (whichever: `execute`, a thread the model started, the
-    event loop of an `async def execute`), cancels take effect at once, and the rest waits in the inbox
-    for the main thread, which runs the model. Messages are sent from any thread."""
+    """The process's end of its socket. Until the model needs more, the main thread reads the socket
+    itself between batches: one wake-up a message, none handed between threads. The first BLS call or
+    streamed request starts a reader thread that reads every message from then on: BLS answers go straight
+    to the thread that waits for them (whichever: `execute`, a thread the model started, the event loop of
+    an `async def execute`), cancels take effect at once, and the rest waits in the inbox for the main
+    thread, which runs the model. One thread reads at a time (`_reading`). Messages are sent from any
+    thread."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self._frames = Frames()
         self._pending: list[Any] = []
         self._lock = threading.Lock()
+        self._reading = threading.Lock()  # held by whichever thread reads the socket
+        self._reader: threading.Thread | None = None
         self._replies: dict[int, Callable[[list], None]] = {}  # BLS call -> where its answer goes
         self._next = 0
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -58,32 +63,57 @@ class Link:
             self.sock.sendall(data)
 
     def first(self) -> Any:
-        """The first message (the model to load), read before the reader starts."""
+        """The first message (the model to load)."""
         return channel.receive(self.sock, self._frames, self._pending)
 
-    def start(self) -> None:
-        threading.Thread(target=self._read_all, name="reader", daemon=True).start()
+    def next(self) -> Any:
+        """Blocking, on the main thread: the next message for it (None: the server is gone)."""
+        while self._reader is None:
+            with self._reading:
+                if self._reader is not None:  # started while this thread waited for the socket
+                    break
+                message = self._receive()
+            if message is None or (message := self._dispatch(message)) is not None:
+                return message
+        return self.inbox.get()
+
+    def start_reader(self) -> None:
+        """The reader thread, from now on (once the main thread's read in progress, if any, returns)."""
+        with self._lock:
+            if self._reader is not None:
+                return
+            self._reader = threading.Thread(target=self._read_all, name="reader", daemon=True)
+        self._reader.start()
 
     def _read_all(self) -> None:
-        while True:
-            try:
-                message = channel.receive(self.sock, self._frames, self._pending)
-            except OSError:
-                message = None
-            if message is None:
-                self.inbox.put(None)
-                self._fail_calls()
-                return
-            kind = message[0]
-            if kind == channel.REPLY:
-                with self._lock:
-                    deliver = self._replies.pop(message[1], None)
-                if deliver is not None:
-                    deliver(message)
-            elif kind == channel.CANCEL:
-                self.on_cancel(message[1])
-            else:
-                self.inbox.put(message)
+        with self._reading:
+            while (message := self._receive()) is not None:
+                if (message := self._dispatch(message)) is not None:
+                    self.inbox.put(message)
+        self.inbox.put(None)
+
+    def _receive(self) -> Any:
+        try:
+            message = channel.receive(self.sock, self._frames, self._pending)
+        except OSError:
+            message = None
+        if message is None:
+            self._fail_calls()
+        return message
+
+    def _dispatch(self, message: list) -> list | None:
+        """A BLS answer or a cancel taken care of here; any other message returned for the main thread."""
+        kind = message[0]
+        if kind == channel.REPLY:
+            with self._lock:
+                deliver = self._replies.pop(message[1], None)
+            if deliver is not None:
+                deliver(message)
+            return None
+        if kind == channel.CANCEL:
+            self.on_cancel(message[1])
+            return None
+        return message
 
     def _fail_calls(self) -> None:
         """The server is gone: BLS calls still waiting get an error answer."""
@@ -94,6 +124,7 @@ class Link:
 
     def call(self, message: list, deliver: Callable[[list], None]) -> None:
         """Sends a BLS request (its call number set here); its answer goes to `deliver`."""
+        self.start_reader()
         with self._lock:
             self._next += 1
             message[1] = self._next
@@ -246,7 +277,7 @@ class Stub:
     def serve(self) -> None:
         link = self.link
         while True:
-            message = link.inbox.get()
+            message = link.next()
             if message is None or message[0] == channel.STOP:
                 return
             kind, call = message[0], message[1]
@@ -255,6 +286,7 @@ class Stub:
                     self.arena.follow(message[2])
                     self._execute(call, message)
                 elif kind == channel.STREAM:
+                    link.start_reader()  # its cancel must arrive while the main thread is busy
                     self._stream(call, message[2], message[3])
             except Exception as e:  # noqa: BLE001 (the model's fault fails its call, not the process)
                 link.send([channel.ERROR, call] + _error(e))
@@ -266,7 +298,10 @@ class Stub:
             responses = self._call(self.model.execute, requests)
             for outputs in _checked(self.name, len(requests), responses):
                 if isinstance(outputs, dict):
-                    descriptors, end = self.arena.write(outputs, end)
+                    if end < 0:  # a small batch: its answers in the message too
+                        descriptors = channel.inline_all(outputs)
+                    else:
+                        descriptors, end = self.arena.write(outputs, end)
                     answers.append([0, descriptors])
                 else:
                     answers.append([1, outputs.code(), outputs.message()])
@@ -282,7 +317,7 @@ class Stub:
             self.link.send([channel.RESULT, call, self.arena.size, None, type(produced).__name__])
             return
         outputs = {name: channel.as_array(value) for name, value in produced.items()}
-        descriptors, _ = self.arena.write(outputs, end)
+        descriptors = channel.inline_all(outputs) if end < 0 else self.arena.write(outputs, end)[0]
         self.link.send([channel.RESULT, call, self.arena.size, descriptors])
 
     def _request(self, inputs: list, meta: list, sender: Any) -> pb_utils.InferenceRequest:
@@ -422,7 +457,6 @@ def main(argv: list[str]) -> int:
     _, _, config, version, version_dir, instance, arena_size = first
     stub = Stub(link, Arena(int(argv[1]), arena_size))
     link.on_cancel = stub.cancel
-    link.start()
     try:
         info = stub.load(config, version, version_dir, instance)
     except BaseException as e:  # noqa: BLE001 (a model's code may raise anything, SystemExit included)
