@@ -11,7 +11,7 @@ ARGS ?=
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,torch,onnx,otel]'
+	$(BIN)/python -m pip install -q -e '.[test,torch,onnx,otel,plot]'
 	touch $(STAMP)
 
 serve: $(STAMP)

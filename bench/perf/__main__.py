@@ -1,0 +1,7 @@
+"""python -m bench.perf: the same as `tensorgate perf`."""
+
+import sys
+
+from bench.perf.cli import main
+
+sys.exit(main())
