@@ -22,16 +22,23 @@ import hpack
 
 from bench.bare_app import new_event_loop
 from bench.grpc_load import STREAM_PATH, infer_request
+from bench.h2frames import (
+    ACK,
+    DATA,
+    END_HEADERS,
+    END_STREAM,
+    GOAWAY,
+    HEADERS,
+    PING,
+    PREFACE,
+    RST_STREAM,
+    SETTINGS,
+    WINDOW,
+    WINDOW_UPDATE,
+    frame,
+)
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, SETTINGS, PING, GOAWAY, RST_STREAM = 0, 1, 4, 6, 7, 3
-END_STREAM, ACK, END_HEADERS = 0x1, 0x1, 0x4
-WINDOW = (1 << 31) - 1
 ERROR_FIELD = 0x0A  # a ModelStreamInferResponse that starts with error_message (field 1)
-
-
-def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    return len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream.to_bytes(4, "big") + payload
 
 
 class FrameClient(Protocol):
@@ -72,7 +79,7 @@ def answer_frames(client: FrameClient, data: bytes) -> None:
         pos = end
     client.buffer = buffer[pos:]
     if client.unacked > 1 << 20:  # the server's windows for its answers (ours is never exhausted)
-        out.append(frame(8, 0, 0, client.unacked.to_bytes(4, "big")))
+        out.append(frame(WINDOW_UPDATE, 0, 0, client.unacked.to_bytes(4, "big")))
         client.unacked = 0
     if out and client.transport is not None:
         client.transport.write(b"".join(out))
@@ -98,7 +105,7 @@ class PingPong(asyncio.Protocol):
         out = [
             PREFACE,
             frame(SETTINGS, 0, 0, (4).to_bytes(2, "big") + WINDOW.to_bytes(4, "big")),  # initial window
-            frame(8, 0, 0, (WINDOW - 65535).to_bytes(4, "big")),  # the connection's window
+            frame(WINDOW_UPDATE, 0, 0, (WINDOW - 65535).to_bytes(4, "big")),  # the connection's window
         ]
         for stream in self.stream_ids:
             fields = [

@@ -46,17 +46,9 @@ import orjson
 import proto.inference as pb
 from bench.bare_app import new_event_loop
 from bench.grpc_load import STREAM_PATH
-from bench.grpc_pingpong import (
-    DATA,
-    END_HEADERS,
-    HEADERS,
-    PREFACE,
-    SETTINGS,
-    WINDOW,
-    answer_frames,
-    frame,
-)
+from bench.grpc_pingpong import answer_frames
 from bench.h1client import build_request, parse_head
+from bench.h2frames import DATA, END_HEADERS, HEADERS, PREFACE, SETTINGS, WINDOW, WINDOW_UPDATE, frame
 from bench.procs import ServerProcess, cpu_clock, serve_argv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,7 +146,7 @@ class _Streams(asyncio.Protocol):
         self.transport = transport
         encoder = hpack.Encoder()
         out = [PREFACE, frame(SETTINGS, 0, 0, (4).to_bytes(2, "big") + WINDOW.to_bytes(4, "big")),
-               frame(8, 0, 0, (WINDOW - 65535).to_bytes(4, "big"))]  # fmt: skip
+               frame(WINDOW_UPDATE, 0, 0, (WINDOW - 65535).to_bytes(4, "big"))]  # fmt: skip
         now = time.perf_counter()
         for stream, frames in self.frames.items():
             fields = [(":method", "POST"), (":scheme", "http"), (":path", STREAM_PATH),

@@ -24,7 +24,7 @@ from bench.perf.cli import parse_levels
 from bench.perf.hdr import Histogram
 from bench.perf.model import ModelSpec, PerfError, Tensor, parse_shapes, request_shapes
 
-SHORT = ("--warmup", "0.2", "--duration", "0.6", "--no-progress")
+SHORT = ("--warmup", "0.1", "--duration", "0.4", "--no-progress")
 
 
 @pytest.fixture(scope="module")
@@ -72,10 +72,11 @@ def test_every_protocol_closed_loop_counts_what_the_server_counts(
     server: ServerProcess, tmp_path: Path, protocol: str
 ) -> None:
     url = f"grpc://127.0.0.1:{server.grpc_port}" if protocol.startswith("grpc") else server.base_url
+    plan = "1,4" if protocol == "rest" else "3"  # levels one after another: once is enough
     before = successes(server, "simple")
-    levels = run_json(tmp_path, url, "-m", "simple", "-i", protocol, "--concurrency", "1,4", *SHORT)
+    levels = run_json(tmp_path, url, "-m", "simple", "-i", protocol, "--concurrency", plan, *SHORT)
     after = successes(server, "simple")
-    assert [level["concurrency"] for level in levels] == [1, 4]
+    assert [level["concurrency"] for level in levels] == [int(c) for c in plan.split(",")]
     for level in levels:
         check_level(level)
         # the measured window as the server's statistics saw it: equal but for the requests in flight at
@@ -87,7 +88,7 @@ def test_every_protocol_closed_loop_counts_what_the_server_counts(
     assert after[1] == before[1]
 
 
-@pytest.mark.parametrize("protocol", ["rest-binary", "h2", "grpc", "grpc-stream"])
+@pytest.mark.parametrize("protocol", ["h2", "grpc"])
 def test_large_tensors_cross_the_servers_windows_and_come_back_the_same(
     server: ServerProcess, tmp_path: Path, protocol: str
 ) -> None:
@@ -106,12 +107,12 @@ def test_open_loop_sends_at_the_rate_asked(server: ServerProcess, tmp_path: Path
     before = successes(server, "simple")
     levels = run_json(
         tmp_path, server.base_url, "-m", "simple", "--request-rate", "300", "--request-distribution",
-        distribution, "--warmup", "0.2", "--duration", "1.5", "--no-progress",
+        distribution, "--warmup", "0.1", "--duration", "1.0", "--no-progress",
     )  # fmt: skip
     (level,) = levels
     check_level(level)
     assert level["request_rate"] == 300 and level["distribution"] == distribution
-    tolerance = 0.05 if distribution == "constant" else 0.25  # Poisson: ~450 arrivals, sd ~5%
+    tolerance = 0.05 if distribution == "constant" else 0.25  # Poisson: ~300 arrivals, sd ~6%
     assert abs(level["requests_per_s"] - 300) < 300 * tolerance, level
     assert successes(server, "simple")[0] - before[0] == level["sent"]
 

@@ -214,10 +214,9 @@ def stats_reader(host: str, port: int, base: str, protocol: str, spec: ModelSpec
 class _References(Checker):
     """The reference run: each request's answer kept, as --verify compares the load's answers with."""
 
-    def __init__(self, protocol: str, spec: ModelSpec, count: int) -> None:
+    def __init__(self, protocol: str, spec: ModelSpec) -> None:
         super().__init__(protocol, spec)
         self.answers: dict[int, Any] = {}
-        self.count = count
 
     def __call__(self, index: int, answer: Answer) -> str:
         kind = super().__call__(index, answer)
@@ -227,7 +226,7 @@ class _References(Checker):
 
 
 async def reference_run(host: str, port: int, protocol: str, spec: ModelSpec, wires: list) -> list:
-    checker = _References(protocol, spec, len(wires))
+    checker = _References(protocol, spec)
     load = Load(Target(host, port, protocol, wires, checker, connections=1))
     await load.start_closed(1)
     try:
@@ -243,7 +242,7 @@ async def reference_run(host: str, port: int, protocol: str, spec: ModelSpec, wi
     return [checker.answers[i] for i in range(len(wires))]
 
 
-async def prepare(args: argparse.Namespace, url: str) -> tuple[Target, Any, ModelSpec]:
+async def prepare(args: argparse.Namespace, url: str) -> tuple[Target, Any]:
     host, port, protocol, base = endpoint(url, args.protocol)
     spec = await describe(host, port, base, protocol, args.model, args.model_version)
     shapes = request_shapes(spec, parse_shapes(args.shape), args.batch_size)
@@ -261,7 +260,7 @@ async def prepare(args: argparse.Namespace, url: str) -> tuple[Target, Any, Mode
     checker = Checker(protocol, spec, references)
     target = Target(host, port, protocol, wires, checker, args.connections, args.max_connections)
     stats = None if args.no_server_stats else stats_reader(host, port, base, protocol, spec)
-    return target, stats, spec
+    return target, stats
 
 
 def merge(results: list[Result]) -> Result:
@@ -313,7 +312,7 @@ async def main_async(args: argparse.Namespace) -> list[Result]:
     workers = args.workers or cores()
     urls = [args.url] + ([args.compare] if args.compare else [])
     prepared = [await prepare(args, url) for url in urls]
-    runners = [start_runners(target, workers) for target, _, _ in prepared]
+    runners = [start_runners(target, workers) for target, _ in prepared]
     progress = report.progress(len(levels) * len(urls) * args.rounds, not args.no_progress)
     runs: dict[tuple[int, int], list[Result]] = {}
     try:
@@ -323,7 +322,7 @@ async def main_async(args: argparse.Namespace) -> list[Result]:
                 if round_number % 2:
                     order.reverse()
                 for which in order:
-                    _, stats, _ = prepared[which]
+                    _, stats = prepared[which]
                     label = urls[which]
                     if progress is not None:
                         progress.set_description(f"{level.label} on {label}")
@@ -338,7 +337,7 @@ async def main_async(args: argparse.Namespace) -> list[Result]:
             for runner in group:
                 runner.close()
     results = [merge(runs[(which, n)]) for which in range(len(urls)) for n in range(len(levels))]
-    for (target, _, _), url in zip(prepared, urls, strict=True):
+    for (target, _), url in zip(prepared, urls, strict=True):
         if target.checker.examples:
             for kind, example in target.checker.examples.items():
                 print(f"{url}: {kind}: {example}", file=sys.stderr)

@@ -1,8 +1,8 @@
 """The connections `tensorgate perf` sends on, as raw asyncio protocols with callbacks (no task, no future
 a request): HTTP/1.1 keep-alive (one request in flight, bench/h1client.py's head parsing), HTTP/2 with the
-`h2` state machine (bench/h2client.py's settings), and gRPC on raw HTTP/2 frames (bench/grpc_pingpong.py's
-framing): a request's header block is encoded once, never indexed, so the same bytes go out each time;
-answers' header blocks go through an HPACK decoder, as a strict client's must.
+`h2` state machine (bench/h2client.py's settings), and gRPC on raw HTTP/2 frames (bench/h2frames.py): a
+request's header block is encoded once, never indexed, so the same bytes go out each time; answers'
+header blocks go through an HPACK decoder, as a strict client's must.
 
 Each connection calls `sink.done(connection, index, began, answer)` when a request ends; `answer` is None
 when the connection failed it (lost, reset), and `sink.lost(connection)` when the connection ends.
@@ -27,31 +27,48 @@ from h2.events import (
 )
 from h2.settings import SettingCodes
 
-from bench.grpc_pingpong import (
+from bench.h1client import build_request, chunked_end, parse_head
+from bench.h2client import build_headers
+from bench.h2frames import (
+    ACK,
+    CONTINUATION,
     DATA,
     END_HEADERS,
     END_STREAM,
     GOAWAY,
     HEADERS,
+    PADDED,
     PING,
     PREFACE,
+    PRIORITY,
     RST_STREAM,
     SETTINGS,
+    WINDOW,
+    WINDOW_UPDATE,
     frame,
 )
-from bench.h1client import build_request, chunked_end, parse_head
-from bench.h2client import build_headers
 from bench.perf.protocols import Answer, Wire
 
-WINDOW_UPDATE, CONTINUATION = 8, 9
-ACK, PADDED, PRIORITY = 0x1, 0x8, 0x20
-MAX_WINDOW = (1 << 31) - 1
+
+class Connection(Protocol):
+    """What the load (bench/perf/load.py) uses of a connection, whichever its protocol."""
+
+    multiplexed: bool  # carries any number of requests at once (HTTP/2 streams), else one
+    transport: asyncio.Transport | None
+    in_flight: int
+
+    def send(self, index: int, began: float) -> None:
+        """Sends request `index`; its latency counts from `began` (perf_counter)."""
+
+    def close(self) -> None: ...
 
 
 class Sink(Protocol):
-    def done(self, connection: object, index: int, began: float, answer: Answer | None) -> None: ...
+    def done(self, connection: Connection | None, index: int, began: float, answer: Answer | None) -> None:
+        """Request `index` ended: its answer, or None when the connection failed it."""
 
-    def lost(self, connection: object) -> None: ...
+    def lost(self, connection: Connection) -> None:
+        """The connection ended."""
 
 
 # ------------------------------------------------------------------------------------------ HTTP/1.1
@@ -320,12 +337,12 @@ class Grpc(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
-        settings = (4).to_bytes(2, "big") + MAX_WINDOW.to_bytes(4, "big")  # INITIAL_WINDOW_SIZE
+        settings = (4).to_bytes(2, "big") + WINDOW.to_bytes(4, "big")  # INITIAL_WINDOW_SIZE
         settings += (2).to_bytes(2, "big") + (0).to_bytes(4, "big")  # ENABLE_PUSH 0
         self.transport.write(
             PREFACE
             + frame(SETTINGS, 0, 0, settings)
-            + frame(WINDOW_UPDATE, 0, 0, (MAX_WINDOW - 65535).to_bytes(4, "big"))
+            + frame(WINDOW_UPDATE, 0, 0, (WINDOW - 65535).to_bytes(4, "big"))
         )
 
     def send(self, index: int, began: float) -> None:
@@ -366,7 +383,7 @@ class Grpc(asyncio.Protocol):
             if end > size:
                 break
             kind, flags = buffer[pos + 3], buffer[pos + 4]
-            sid = int.from_bytes(buffer[pos + 5 : pos + 9], "big") & MAX_WINDOW
+            sid = int.from_bytes(buffer[pos + 5 : pos + 9], "big") & WINDOW
             payload = buffer[pos + 9 : end]
             pos = end
             if kind == DATA:
@@ -388,7 +405,7 @@ class Grpc(asyncio.Protocol):
             elif kind == PING and not flags & ACK:
                 out.append(frame(PING, ACK, 0, payload))
             elif kind == WINDOW_UPDATE:
-                increment = int.from_bytes(payload[:4], "big") & MAX_WINDOW
+                increment = int.from_bytes(payload[:4], "big") & WINDOW
                 if sid == 0:
                     self.send_window += increment
                 elif sid in self.windows:

@@ -19,10 +19,10 @@ import asyncio
 import contextlib
 import random
 import time
-from collections import Counter
-from dataclasses import dataclass, field
+from collections import Counter, deque
+from dataclasses import dataclass
 
-from bench.perf.clients import H1, H2, Grpc
+from bench.perf.clients import H1, H2, Connection, Grpc
 from bench.perf.hdr import Histogram
 from bench.perf.pacer import Pacer
 from bench.perf.protocols import GRPC, HTTP1, STREAM_PATH, Answer, Checker, Wire
@@ -70,7 +70,6 @@ class Target:
     checker: Checker
     connections: int = 4  # HTTP/2 and gRPC: the connections the streams share
     max_connections: int = 1024  # open loop over HTTP/1.1 and gRPC streams
-    examples: dict = field(default_factory=dict)
 
 
 class Load:
@@ -89,12 +88,15 @@ class Load:
         else:
             pairs = [H2.wire(w, host) for w in target.wires]
             self.factory = lambda: H2(pairs, self)
-        self.one_each = protocol in HTTP1 or protocol == "grpc-stream"  # a slot carries one request
+        self.h1 = protocol in HTTP1  # a connection carries one request at a time
+        self.one_each = self.h1 or protocol == "grpc-stream"  # a slot (connection, stream) carries one
         self.count = len(target.wires)
         self.next_index = 0
-        self.connections: list = []
-        self.free: list = []  # open loop, one-each: connections (or streams' connection) with room
-        self.queue: list[tuple[int, float]] = []  # open loop: due requests waiting for a slot
+        self.connections: list[Connection] = []
+        self.free: list[
+            Connection
+        ] = []  # open loop, one-each: connections (or streams' connection) with room
+        self.queue: deque[tuple[int, float]] = deque()  # open loop: due requests waiting for a slot
         self.closed_loop = True
         self.running = False
         self.orphans = 0  # closed loop: slots whose connection was lost, waiting for a new one
@@ -115,7 +117,7 @@ class Load:
 
     # ---------------------------------------------------------------------------------- starting
 
-    async def _connect(self) -> object:
+    async def _connect(self) -> Connection:
         loop = asyncio.get_running_loop()
         for attempt in range(CONNECT_RETRIES):
             try:
@@ -130,7 +132,7 @@ class Load:
 
     async def start_closed(self, concurrency: int) -> None:
         self.closed_loop, self.running = True, True
-        if self.one_each and self.target.protocol in HTTP1:
+        if self.h1:
             connections = [await self._connect() for _ in range(concurrency)]
             slots = connections
         else:
@@ -143,7 +145,7 @@ class Load:
 
     async def start_open(self, rate: float, poisson: bool, seed: int = 0) -> None:
         self.closed_loop, self.running = False, True
-        count = 1 if self.one_each and self.target.protocol in HTTP1 else max(1, self.target.connections)
+        count = 1 if self.h1 else max(1, self.target.connections)
         for _ in range(count):
             self.free.append(await self._connect())
         self._reset_window()
@@ -175,7 +177,7 @@ class Load:
             return
         self._send_index(slot, index, due)
 
-    def _slot(self) -> object | None:
+    def _slot(self) -> Connection | None:
         if not self.one_each:  # multiplexed: the connection with fewest in flight
             live = [c for c in self.free if c.transport is not None and not c.transport.is_closing()]
             return min(live, key=lambda c: c.in_flight, default=None)
@@ -196,7 +198,7 @@ class Load:
         self._release(connection)
 
     def _fail_queue(self) -> None:
-        queue, self.queue = self.queue, []
+        queue, self.queue = self.queue, deque()
         for index, due in queue:
             self.sent += 1
             self.done(None, index, due, None)
@@ -208,16 +210,16 @@ class Load:
         self.next_index = (index + 1) % self.count
         return index
 
-    def _send(self, connection: object, began: float) -> None:
+    def _send(self, connection: Connection, began: float) -> None:
         self._send_index(connection, self._index(), began)
 
-    def _send_index(self, connection: object, index: int, began: float) -> None:
+    def _send_index(self, connection: Connection, index: int, began: float) -> None:
         self.sent += 1
-        connection.send(index, began)  # type: ignore[attr-defined]
+        connection.send(index, began)
         if self.target.protocol == "grpc-stream" and not self.closed_loop and connection not in self.free:
             self.free.append(connection)  # it opens another stream for the next one, if asked
 
-    def done(self, connection: object, index: int, began: float, answer: Answer | None) -> None:
+    def done(self, connection: Connection | None, index: int, began: float, answer: Answer | None) -> None:
         now = time.perf_counter()
         self.answered += 1
         if answer is None:
@@ -234,21 +236,21 @@ class Load:
         if self.running and connection is not None:
             if not self.closed_loop:
                 self._release(connection)
-            elif connection.transport is not None and not connection.transport.is_closing():  # type: ignore[attr-defined]
+            elif connection.transport is not None and not connection.transport.is_closing():
                 self._send(connection, now)
             else:  # its slot goes on on a new connection (lost())
                 self.orphans += 1
         elif self._drained is not None and self.answered >= self.sent and not self._drained.done():
             self._drained.set_result(None)
 
-    def _release(self, connection: object) -> None:
+    def _release(self, connection: Connection) -> None:
         if self.queue:
-            index, due = self.queue.pop(0)
+            index, due = self.queue.popleft()
             self._send_index(connection, index, due)
-        elif self.one_each and self.target.protocol in HTTP1 or connection not in self.free:
+        elif self.h1 or connection not in self.free:
             self.free.append(connection)
 
-    def lost(self, connection: object) -> None:
+    def lost(self, connection: Connection) -> None:
         if connection in self.connections:
             self.connections.remove(connection)
         if connection in self.free:
@@ -269,7 +271,7 @@ class Load:
                 self.errors["connection refused"] += 1
                 self.failed["connection refused"] += 1
                 self.target.checker.examples.setdefault("connection refused", str(e))
-        if self.one_each and self.target.protocol in HTTP1:
+        if self.h1:
             self._send(connection, time.perf_counter())
             for _ in range(slots - 1):
                 asyncio.get_running_loop().create_task(self._reconnect(1))
@@ -301,6 +303,6 @@ class Load:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._drained, timeout)
         for connection in list(self.connections):
-            connection.close()  # type: ignore[attr-defined]
+            connection.close()
         await asyncio.sleep(0)
         return {"sent": self.sent, "answered": self.answered, "failed": dict(self.failed)}
