@@ -21,10 +21,12 @@ serve: $(STAMP)
 # (hypercorn): a difference between the two is a failing test; then the end-to-end tests again with
 # `--workers 2` (front-end workers beside the engine). Tests marked `ours` cover our transport's own
 # limits (counted per process) and are not run in those two passes.
-HTTP_E2E = $(filter-out %grpc.py %grpc_stream.py,$(wildcard tests/test_e2e_*.py))
-# With --workers 2: every protocol and API through a worker; not what runs inside the engine alone (the
-# backends, model processes, warmup) or the transport's own parsing (the same code in every process).
-ENGINE_ONLY = malformed security python_process triton_python triton_examples pytorch gpu warmup scale_out
+# Neither pass repeats what runs behind the transport alone (the backends, model processes, warmup).
+BACKEND_ONLY = python_process triton_python triton_examples pytorch gpu warmup
+HTTP_E2E = $(filter-out %grpc.py %grpc_stream.py $(BACKEND_ONLY:%=tests/test_e2e_%.py),$(wildcard tests/test_e2e_*.py))
+# With --workers 2: every protocol and API through a worker; not the transport's own parsing either (the
+# same code in every process).
+ENGINE_ONLY = malformed security scale_out $(BACKEND_ONLY)
 WORKERS_E2E = $(filter-out $(ENGINE_ONLY:%=tests/test_e2e_%.py),$(wildcard tests/test_e2e_*.py))
 
 test: lint browser peers
