@@ -47,6 +47,20 @@ def build_headers(
     return block
 
 
+def pump(conn: H2Connection, unsent: dict[int, memoryview], sid: int) -> None:
+    """Sends as much of stream `sid`'s body (`unsent[sid]`) as the peer's windows and frame size allow;
+    what is left stays in `unsent` for the next WindowUpdated."""
+    data = unsent[sid]
+    while data:
+        n = min(len(data), conn.local_flow_control_window(sid), conn.max_outbound_frame_size)
+        if n <= 0:
+            unsent[sid] = data
+            return
+        conn.send_data(sid, data[:n].tobytes(), end_stream=n == len(data))
+        data = data[n:]
+    del unsent[sid]
+
+
 class _Connection(asyncio.Protocol):
     def __init__(
         self,
@@ -87,19 +101,7 @@ class _Connection(asyncio.Protocol):
         self.conn.send_headers(sid, self.headers, end_stream=not self.body)
         if self.body:
             self.unsent[sid] = memoryview(self.body)
-            self.pump(sid)
-
-    def pump(self, sid: int) -> None:
-        """Send as much of stream `sid`'s body as the peer's windows and frame size allow."""
-        data = self.unsent[sid]
-        while data:
-            n = min(len(data), self.conn.local_flow_control_window(sid), self.conn.max_outbound_frame_size)
-            if n <= 0:
-                self.unsent[sid] = data
-                return
-            self.conn.send_data(sid, data[:n].tobytes(), end_stream=n == len(data))
-            data = data[n:]
-        del self.unsent[sid]
+            pump(self.conn, self.unsent, sid)
 
     def finish(self, sid: int, ok: bool) -> None:
         t0 = self.started.pop(sid, None)
@@ -133,7 +135,7 @@ class _Connection(asyncio.Protocol):
                 self.finish(event.stream_id, False)
             elif kind is WindowUpdated:
                 for sid in list(self.unsent):
-                    self.pump(sid)
+                    pump(self.conn, self.unsent, sid)
             elif kind is ConnectionTerminated:
                 self.closing = True
                 self.transport.close()

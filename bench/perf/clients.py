@@ -28,7 +28,7 @@ from h2.events import (
 from h2.settings import SettingCodes
 
 from bench.h1client import build_request, chunked_end, parse_head
-from bench.h2client import build_headers
+from bench.h2client import build_headers, pump
 from bench.h2frames import (
     ACK,
     CONTINUATION,
@@ -215,20 +215,8 @@ class H2(asyncio.Protocol):
         self.conn.send_headers(sid, headers, end_stream=not body)
         if body:
             self.unsent[sid] = memoryview(body)
-            self._pump(sid)
+            pump(self.conn, self.unsent, sid)
         self.transport.write(self.conn.data_to_send())  # type: ignore[union-attr]
-
-    def _pump(self, sid: int) -> None:
-        """As much of a request body as the server's windows take; the rest when they open."""
-        view = self.unsent[sid]
-        while view:
-            n = min(len(view), self.conn.local_flow_control_window(sid), self.conn.max_outbound_frame_size)
-            if n <= 0:
-                self.unsent[sid] = view
-                return
-            self.conn.send_data(sid, view[:n].tobytes(), end_stream=n == len(view))
-            view = view[n:]
-        del self.unsent[sid]
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -255,7 +243,7 @@ class H2(asyncio.Protocol):
                 self._end(event.stream_id, False)
             elif kind is WindowUpdated:
                 for sid in list(self.unsent):
-                    self._pump(sid)
+                    pump(self.conn, self.unsent, sid)
             elif kind is ConnectionTerminated:
                 self.transport.close()  # type: ignore[union-attr]
         if self.received > _H2_WINDOW // 2:

@@ -178,7 +178,12 @@ class ProcessBackend(Backend):
                     )
                 waiter = asyncio.get_running_loop().create_future()
                 self._waiters.append((waiter, small))
-                instance = await waiter
+                try:
+                    instance = await waiter
+                except asyncio.CancelledError:  # its caller went away: an instance it was given goes back
+                    if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                        self._give(waiter.result())
+                    raise
             if instance.alive and instance.transport is None:
                 await instance.attach()
             if instance.alive and instance.transport is not None:
