@@ -29,7 +29,7 @@ from bench import perf_analyzer
 
 pytestmark = pytest.mark.ours
 
-SECONDS = 6  # each client at full rate: tens of thousands of calls
+SECONDS = 4  # each client at full rate: tens of thousands of calls
 MODELS = ("simple", "identity_fp32")
 CLIENTS = ("grpcio-shared", "grpcio-each", "grpcio-aio", "grpclib")
 SHAPES = {"simple": [], "identity_fp32": ["--shape", "INPUT0:64"]}
