@@ -344,11 +344,11 @@ class Grpc(asyncio.Protocol):
         sid, self.next_id = self.next_id, self.next_id + 2
         self.streams[sid] = [index, began, 0, b"", b""]
         self.windows[sid] = self.stream_window
-        self.transport.write(frame(HEADERS, END_HEADERS, sid, self.block))  # type: ignore[union-attr]
-        self._data(sid, memoryview(message), not self.streaming)
+        # one write with the message: the server reads the call whole, in one wake-up
+        self._data(sid, memoryview(message), not self.streaming, frame(HEADERS, END_HEADERS, sid, self.block))
 
-    def _data(self, sid: int, view: memoryview, end: bool) -> None:
-        out = []
+    def _data(self, sid: int, view: memoryview, end: bool, head: bytes = b"") -> None:
+        out = [head] if head else []
         while view:
             n = min(len(view), self.max_frame, self.send_window, self.windows.get(sid, 0))
             if n <= 0:
