@@ -134,7 +134,7 @@ def test_stability_windows_as_perf_analyzer_has_them(server: ServerProcess, tmp_
     )  # fmt: skip
     check_level(level)
     assert 3 <= level["windows"] <= 4
-    assert 0.6 < level["seconds"] < 1.0  # the three windows it reports, merged
+    assert 0.7 < level["seconds"] < 1.5  # three 0.25 s windows merged, each a little longer
 
 
 def test_verify_compare_and_the_reports(server: ServerProcess, tmp_path: Path) -> None:
