@@ -32,8 +32,8 @@ from bench.procs import ServerProcess, serve_argv
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def served(port: int) -> int:
-    stats = httpx.get(f"http://127.0.0.1:{port}/v2/models/simple/stats", timeout=10).json()["model_stats"]
+def served(port: int, model: str) -> int:
+    stats = httpx.get(f"http://127.0.0.1:{port}/v2/models/{model}/stats", timeout=10).json()["model_stats"]
     return sum(s["inference_stats"]["success"]["count"] for s in stats)
 
 
@@ -45,13 +45,16 @@ def children_cpu() -> float:
 def measure(server: ServerProcess, client: str, plan: str, opts: argparse.Namespace, work: Path) -> dict:
     """One client's run: req/s, p50 and p99 (µs) as it reports them, its CPU µs per served request."""
     protocol, load = plan.split()
-    before, cpu = served(server.port), children_cpu()
+    before, cpu = served(server.port, opts.model), children_cpu()
+    model = ["-m", opts.model, *opts.shape_args]
     if client == "perf_analyzer":
         url = f"127.0.0.1:{server.grpc_port if protocol == 'grpc' else server.port}"
-        levels = ["--concurrency-range", str(opts.concurrency)] if load == "closed" else [
-            "--request-rate-range", str(opts.rate)]  # fmt: skip
-        done = run(["-i", protocol, "-u", url, "-m", "simple", *levels], seconds=opts.seconds,
-                   csv_path=work / "pa.csv")  # fmt: skip
+        levels = ["--concurrency-range", str(opts.concurrency)]
+        if load == "open":
+            levels = ["--request-rate-range", str(opts.rate)]
+        done = run(
+            ["-i", protocol, "-u", url, *model, *levels], seconds=opts.seconds, csv_path=work / "pa.csv"
+        )
         figures = {"rate": done.throughput, "p50_us": done.row.get("p50 latency", 0.0), "p99_us": done.p99_us}
         note = "" if done.returncode == 0 and done.row else done.output.strip()[-300:]
     else:
@@ -60,13 +63,17 @@ def measure(server: ServerProcess, client: str, plan: str, opts: argparse.Namesp
             if protocol == "grpc"
             else f"http://127.0.0.1:{server.port}"
         )
-        levels = ["--concurrency", str(opts.concurrency)] if load == "closed" else [
-            "--request-rate", str(opts.rate)]  # fmt: skip
+        levels = (
+            ["--concurrency", str(opts.concurrency)]
+            if load == "closed"
+            else ["--request-rate", str(opts.rate)]
+        )
         out = work / "ours.json"
+        windows = ["-p", str(int(opts.seconds * 1000)), "-s", "1000", "-r", "3", "--warmup", "0"]
+        ours = "grpc" if protocol == "grpc" else "rest-binary"
         done = subprocess.run(
-            [sys.executable, "-m", "bench.perf", url, "-m", "simple", "-i", "grpc" if protocol == "grpc" else
-             "rest-binary", *levels, "-p", str(int(opts.seconds * 1000)), "-s", "1000", "-r", "3", "--warmup",
-             "0", "--no-progress", "--no-server-stats", "--json", str(out)],
+            [sys.executable, "-m", "bench.perf", url, *model, "-i", ours, *levels, *windows, "--no-progress",
+             "--no-server-stats", "--json", str(out)],
             cwd=ROOT, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         level = json.loads(out.read_text())[0] if done.returncode == 0 else {}
@@ -76,7 +83,7 @@ def measure(server: ServerProcess, client: str, plan: str, opts: argparse.Namesp
             "p99_us": level.get("latency_us", {}).get("p99", 0.0),
         }
         note = "" if done.returncode == 0 else (done.stdout + done.stderr).strip()[-300:]
-    requests = served(server.port) - before
+    requests = served(server.port, opts.model) - before
     figures["cpu_us"] = (children_cpu() - cpu) / max(1, requests) * 1e6
     figures["note"] = note
     return figures
@@ -91,8 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="each of the three windows")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rate", type=float, default=4000.0, help="the open-loop plan's requests/s")
-    parser.add_argument("--out", default="", help="where <date>-perf-versus.md and .json go")
+    parser.add_argument("--model", default="simple", help="a model of the example repository")
+    parser.add_argument("--shape", action="append", default=[], help="NAME:DIMS, given to both clients")
+    parser.add_argument("--out", default="", help="where <date>-perf-versus[-MODEL].md and .json go")
     opts = parser.parse_args(argv)
+    opts.shape_args = [a for shape in opts.shape for a in ("--shape", shape)]
     why = install()
     if why:
         print(why, file=sys.stderr)
@@ -112,8 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if opts.out:
         stamp = datetime.date.today().isoformat()
-        (Path(opts.out) / f"{stamp}-perf-versus.md").write_text(text)
-        (Path(opts.out) / f"{stamp}-perf-versus.json").write_text(json.dumps(results, indent=1) + "\n")
+        name = f"{stamp}-perf-versus" + ("" if opts.model == "simple" else f"-{opts.model}")
+        (Path(opts.out) / f"{name}.md").write_text(text)
+        (Path(opts.out) / f"{name}.json").write_text(json.dumps(results, indent=1) + "\n")
     return 0
 
 
@@ -127,12 +138,12 @@ def render(results: dict[str, list[dict]], opts: argparse.Namespace) -> str:
 
     host = machine()
     lines = [
-        "# `tensorgate perf` beside perf_analyzer (tritonclient 2.51.0), `simple` on our server",
+        f"# `tensorgate perf` beside perf_analyzer (tritonclient 2.51.0), `{opts.model}` on our server",
         "",
-        f"`python -m bench.perf_versus --rounds {opts.rounds} --seconds {opts.seconds:g} --concurrency "
-        f"{opts.concurrency} --rate {opts.rate:g}` on {host['cpu']} ({host['cores']} cores), the clients "
-        "alternating first each round. Medians of the rounds; CPU per request is each client's process CPU "
-        "over the requests the server counted during its run.",
+        f"`python -m bench.perf_versus --model {opts.model} --rounds {opts.rounds} --seconds "
+        f"{opts.seconds:g} --concurrency {opts.concurrency} --rate {opts.rate:g}` on {host['cpu']} "
+        f"({host['cores']} cores), the clients alternating first each round. Medians of the rounds; CPU "
+        "per request is each client's process CPU over the requests the server counted during its run.",
         "",
         "| plan | client | req/s | p50 µs | p99 µs | client CPU µs/req | req/s per round | notes |",
         "|---|---|---|---|---|---|---|---|",
