@@ -24,7 +24,7 @@ from h2.settings import SettingCodes
 from bench.connections import connect, run_until_cancelled
 from bench.stats import Recorder
 
-_CONFIG = H2Configuration(
+CONFIG = H2Configuration(
     client_side=True,
     header_encoding=None,
     validate_outbound_headers=False,
@@ -32,7 +32,7 @@ _CONFIG = H2Configuration(
     validate_inbound_headers=False,
     normalize_inbound_headers=False,
 )
-_WINDOW = 2**30
+WINDOW = 2**30
 
 
 def build_headers(
@@ -75,7 +75,7 @@ class _Connection(asyncio.Protocol):
         self.streams = streams
         self.rec = rec
         self.closed = closed
-        self.conn = H2Connection(config=_CONFIG)
+        self.conn = H2Connection(config=CONFIG)
         self.transport: asyncio.Transport
         self.started: dict[int, float] = {}  # stream id -> perf_counter at send
         self.status: dict[int, int] = {}
@@ -87,8 +87,8 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
         conn = self.conn
         conn.initiate_connection()
-        conn.update_settings({SettingCodes.INITIAL_WINDOW_SIZE: _WINDOW, SettingCodes.ENABLE_PUSH: 0})
-        conn.increment_flow_control_window(_WINDOW)
+        conn.update_settings({SettingCodes.INITIAL_WINDOW_SIZE: WINDOW, SettingCodes.ENABLE_PUSH: 0})
+        conn.increment_flow_control_window(WINDOW)
         for _ in range(self.streams):
             self.start()
         transport.write(conn.data_to_send())
@@ -139,7 +139,7 @@ class _Connection(asyncio.Protocol):
             elif kind is ConnectionTerminated:
                 self.closing = True
                 self.transport.close()
-        if self.received > _WINDOW // 2:  # keep the connection window open; stream windows are 1 GiB each
+        if self.received > WINDOW // 2:  # keep the connection window open; stream windows are 1 GiB each
             conn.increment_flow_control_window(self.received)
             self.received = 0
         out = conn.data_to_send()

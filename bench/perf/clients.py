@@ -11,11 +11,9 @@ when the connection failed it (lost, reset), and `sink.lost(connection)` when th
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Protocol, cast
 
 import hpack
-from h2.config import H2Configuration
 from h2.connection import H2Connection
 from h2.events import (
     ConnectionTerminated,
@@ -28,6 +26,8 @@ from h2.events import (
 from h2.settings import SettingCodes
 
 from bench.h1client import build_request, chunked_end, parse_head
+from bench.h2client import CONFIG as H2_CONFIG
+from bench.h2client import WINDOW as H2_WINDOW
 from bench.h2client import build_headers, pump
 from bench.h2frames import (
     ACK,
@@ -170,17 +170,6 @@ def dechunk(body: bytes) -> bytes:
 # ------------------------------------------------------------------------------------------ HTTP/2
 
 
-_H2_CONFIG = H2Configuration(
-    client_side=True,
-    header_encoding=None,
-    validate_outbound_headers=False,
-    normalize_outbound_headers=False,
-    validate_inbound_headers=False,
-    normalize_inbound_headers=False,
-)
-_H2_WINDOW = 1 << 30
-
-
 class H2(asyncio.Protocol):
     """One HTTP/2 cleartext connection (prior knowledge), any number of streams in flight."""
 
@@ -189,7 +178,7 @@ class H2(asyncio.Protocol):
     def __init__(self, requests: list[tuple[list, bytes]], sink: Sink) -> None:
         self.requests = requests  # (header block fields, body) by index
         self.sink = sink
-        self.conn = H2Connection(config=_H2_CONFIG)
+        self.conn = H2Connection(config=H2_CONFIG)
         self.transport: asyncio.Transport | None = None
         self.streams: dict[int, list] = {}  # id -> [index, began, status, body parts]
         self.unsent: dict[int, memoryview] = {}  # request bodies waiting for the server's windows
@@ -203,8 +192,8 @@ class H2(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         self.conn.initiate_connection()
-        self.conn.update_settings({SettingCodes.INITIAL_WINDOW_SIZE: _H2_WINDOW, SettingCodes.ENABLE_PUSH: 0})
-        self.conn.increment_flow_control_window(_H2_WINDOW)
+        self.conn.update_settings({SettingCodes.INITIAL_WINDOW_SIZE: H2_WINDOW, SettingCodes.ENABLE_PUSH: 0})
+        self.conn.increment_flow_control_window(H2_WINDOW)
         self.transport.write(self.conn.data_to_send())
 
     def send(self, index: int, began: float) -> None:
@@ -246,7 +235,7 @@ class H2(asyncio.Protocol):
                     pump(self.conn, self.unsent, sid)
             elif kind is ConnectionTerminated:
                 self.transport.close()  # type: ignore[union-attr]
-        if self.received > _H2_WINDOW // 2:
+        if self.received > H2_WINDOW // 2:
             self.conn.increment_flow_control_window(self.received)
             self.received = 0
         out = self.conn.data_to_send()
@@ -515,7 +504,3 @@ class Grpc(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(frame(GOAWAY, 0, 0, (0).to_bytes(8, "big")))
             self.transport.close()
-
-
-def now() -> float:
-    return time.perf_counter()

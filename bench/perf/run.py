@@ -21,7 +21,6 @@ import contextlib
 import multiprocessing
 import os
 import pickle
-import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -319,7 +318,3 @@ def start_runners(target: Target, workers: int) -> list[Local | Remote]:
 
 def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def warn(text: str) -> None:
-    print(text, file=sys.stderr)
