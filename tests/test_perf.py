@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -215,6 +216,31 @@ def test_a_dynamic_shape_needs_its_size_and_server_errors_are_counted_by_kind(
     assert (after[0] - before[0]) + (after[1] - before[1]) == level["sent"]
     missing = perf(flaky.base_url, "-m", "nosuchmodel", *SHORT)
     assert missing.returncode == 2 and "nosuchmodel" in missing.stderr
+
+
+def test_a_server_that_dies_under_load_is_errors_counted_not_a_hang(start_server, tmp_path: Path) -> None:
+    """The server is killed mid-level: the requests in flight fail as lost, the reconnections as refused,
+    the level ends on time and reports both; and a server that is not there at all is a one-line error."""
+    victim = start_server(EXAMPLES)
+    out = tmp_path / "levels.json"
+    command = [sys.executable, "-m", "server", "perf", victim.base_url, "-m", "simple", "--concurrency", "4",
+               "--warmup", "0.2", "--duration", "2.5", "--no-progress", "--json", str(out)]  # fmt: skip
+    run = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.5)
+        victim.proc.kill()
+        victim.proc.wait(10)
+        victim.killed = True  # its death was the point; the fixture must not call it a failure
+        _, err = run.communicate(timeout=60)
+    finally:
+        run.kill()
+    assert run.returncode == 1, err
+    (level,) = json.loads(out.read_text())
+    assert level["requests"] > 0 and level["errors_by_kind"].get("connection refused", 0) > 0, level
+    assert level["answered"] == level["sent"]
+    assert "Traceback" not in err
+    gone = perf(victim.base_url, "-m", "simple", *SHORT)
+    assert gone.returncode == 2 and "Connection refused" in gone.stderr and "Traceback" not in gone.stderr
 
 
 # ------------------------------------------------------------------------------------------ its parts
