@@ -53,6 +53,33 @@ def chunked_end(buf: bytes, pos: int) -> int:
             return -1
 
 
+def dechunk(body: bytes) -> bytes:
+    """A chunked body's chunks joined (the body whole, as chunked_end found it)."""
+    parts, pos = [], 0
+    while True:
+        eol = body.find(b"\r\n", pos)
+        size = int(body[pos:eol].split(b";", 1)[0], 16)
+        if size == 0:
+            return b"".join(parts)
+        parts.append(body[eol + 2 : eol + 2 + size])
+        pos = eol + 2 + size + 2
+
+
+def whole_answer(buf: bytes) -> tuple[bytes, int, int, int, bool] | None:
+    """The first answer in `buf` once it is whole: its head, status, where its body starts and ends, and
+    whether the body is chunked; None while it is not. Raises ValueError when it is malformed."""
+    i = buf.find(b"\r\n\r\n")
+    if i < 0:
+        return None
+    head = buf[:i]
+    status, length = parse_head(head)
+    start = i + 4
+    end = start + length if length is not None else chunked_end(buf, start)
+    if end < 0 or len(buf) < end:
+        return None
+    return head, status, start, end, length is None
+
+
 class _Connection(asyncio.Protocol):
     def __init__(self, request: bytes, rec: Recorder, closed: "asyncio.Future[None]") -> None:
         self.request = request
@@ -60,9 +87,6 @@ class _Connection(asyncio.Protocol):
         self.closed = closed
         self.transport: asyncio.Transport
         self.buf = b""
-        self.head_end = -1  # offset of the body once the head is parsed
-        self.status = 0
-        self.length: int | None = 0
         self.t0 = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -76,24 +100,17 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         buf = self.buf + data if self.buf else data
         try:
-            if self.head_end < 0:
-                i = buf.find(b"\r\n\r\n")
-                if i < 0:
-                    self.buf = buf
-                    return
-                self.status, self.length = parse_head(buf[:i])
-                self.head_end = i + 4
-            end = self.head_end + self.length if self.length is not None else chunked_end(buf, self.head_end)
+            answer = whole_answer(buf)
         except ValueError:
             self.rec.error()
             self.transport.close()
             return
-        if end < 0 or len(buf) < end:
+        if answer is None:
             self.buf = buf
             return
-        self.rec.record(time.perf_counter() - self.t0, 200 <= self.status < 300)
+        _, status, _, end, _ = answer
+        self.rec.record(time.perf_counter() - self.t0, 200 <= status < 300)
         self.buf = buf[end:]  # empty: one request is in flight at a time
-        self.head_end = -1
         self.send()
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -12,8 +12,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from bench.h1client import dechunk
 from bench.perf import report
-from bench.perf.clients import dechunk
 from bench.perf.hdr import Histogram
 from bench.perf.load import Load, Target
 from bench.perf.model import (

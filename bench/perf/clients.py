@@ -25,7 +25,7 @@ from h2.events import (
 )
 from h2.settings import SettingCodes
 
-from bench.h1client import build_request, chunked_end, parse_head
+from bench.h1client import build_request, dechunk, whole_answer
 from bench.h2client import CONFIG as H2_CONFIG
 from bench.h2client import WINDOW as H2_WINDOW
 from bench.h2client import build_headers, pump
@@ -85,10 +85,6 @@ class H1(asyncio.Protocol):
         self.binary = binary  # find Inference-Header-Content-Length in answers
         self.transport: asyncio.Transport | None = None
         self.buf = b""
-        self.head_end = -1
-        self.status = 0
-        self.length: int | None = 0
-        self.header_length = -1
         self.index = -1  # the request in flight, -1: none
         self.began = 0.0
         self.in_flight = 0
@@ -107,29 +103,19 @@ class H1(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         buf = self.buf + data if self.buf else data
         try:
-            if self.head_end < 0:
-                i = buf.find(b"\r\n\r\n")
-                if i < 0:
-                    self.buf = buf
-                    return
-                head = buf[:i]
-                self.status, self.length = parse_head(head)
-                self.head_end = i + 4
-                if self.binary:
-                    self.header_length = header_length(head)
-            end = self.head_end + self.length if self.length is not None else chunked_end(buf, self.head_end)
+            answer = whole_answer(buf)
         except ValueError:
             self._fail()
             return
-        if end < 0 or len(buf) < end:
+        if answer is None:
             self.buf = buf
             return
-        body = buf[self.head_end : end]
-        if self.length is None:  # chunked: the chunks joined
-            body = dechunk(body)
-        self.buf, self.head_end = buf[end:], -1
+        head, status, start, end, chunked = answer
+        body = dechunk(buf[start:end]) if chunked else buf[start:end]
+        self.buf = buf[end:]
         index, self.index, self.in_flight = self.index, -1, 0
-        self.sink.done(self, index, self.began, Answer(self.status, body, self.header_length))
+        binary_header = header_length(head) if self.binary else -1
+        self.sink.done(self, index, self.began, Answer(status, body, binary_header))
 
     def _fail(self) -> None:
         if self.transport is not None:
@@ -154,17 +140,6 @@ def header_length(head: bytes) -> int:
         return -1
     end = lower.find(b"\r\n", start + 2)
     return int(lower[start + 34 : end if end > 0 else None])
-
-
-def dechunk(body: bytes) -> bytes:
-    parts, pos = [], 0
-    while True:
-        eol = body.find(b"\r\n", pos)
-        size = int(body[pos:eol].split(b";", 1)[0], 16)
-        if size == 0:
-            return b"".join(parts)
-        parts.append(body[eol + 2 : eol + 2 + size])
-        pos = eol + 2 + size + 2
 
 
 # ------------------------------------------------------------------------------------------ HTTP/2

@@ -282,6 +282,17 @@ def from_file(
     return requests, validations
 
 
+def bytes_elements(raw: bytes) -> np.ndarray:
+    """BYTES in Triton's serialized form (each element a 4-byte little-endian length, then its bytes), as
+    many elements as there are: an object array of them."""
+    elements, offset = [], 0
+    while offset + 4 <= len(raw):
+        size = int.from_bytes(raw[offset : offset + 4], "little")
+        elements.append(raw[offset + 4 : offset + 4 + size])
+        offset += 4 + size
+    return np.array(elements, dtype=object)
+
+
 def _array(value: Any, tensor: Tensor, shape: list[int] | None, path: Path, number: int) -> np.ndarray:
     dtype = BY_V2[tensor.datatype]
     where = f"--input-data {path}: entry {number}, {tensor.name}"
@@ -289,13 +300,8 @@ def _array(value: Any, tensor: Tensor, shape: list[int] | None, path: Path, numb
         shape = value.get("shape", shape)
         if "b64" in value:
             raw = base64.b64decode(value["b64"])
-            if tensor.datatype == "BYTES":  # Triton's serialized form: each a 4-byte length, its bytes
-                elements, offset = [], 0
-                while offset + 4 <= len(raw):
-                    size = int.from_bytes(raw[offset : offset + 4], "little")
-                    elements.append(raw[offset + 4 : offset + 4 + size])
-                    offset += 4 + size
-                array = np.array(elements, dtype=object)
+            if tensor.datatype == "BYTES":
+                array = bytes_elements(raw)
             else:
                 array = np.frombuffer(raw, dtype.numpy).copy()
         else:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from bench.perf.model import Arrays, ModelSpec, PerfError
+from bench.perf.model import Arrays, ModelSpec, PerfError, bytes_elements
 from codec.bytes_tensor import encode_bytes
 from codec.datatypes import BY_GRPS, BY_V2
 
@@ -213,12 +213,7 @@ def _v2_array(output: dict) -> np.ndarray:
 
 def _from_raw(datatype: str, shape: list[int], raw: bytes) -> np.ndarray:
     if datatype == "BYTES":
-        elements, offset = [], 0
-        while offset + 4 <= len(raw):
-            size = int.from_bytes(raw[offset : offset + 4], "little")
-            elements.append(raw[offset + 4 : offset + 4 + size])
-            offset += 4 + size
-        return np.array(elements, dtype=object).reshape(shape)
+        return bytes_elements(raw).reshape(shape)
     return np.frombuffer(raw, BY_V2[datatype].numpy).reshape(shape)
 
 
