@@ -8,6 +8,10 @@ lines that write the classic text format (0.0.4) are here.
 
 The port is a second listener in the same process and event loop, with its own one-route router: the
 inference endpoints and their hot path know nothing of it.
+
+Beside Triton's series, prometheus_client's standard `python_gc_*` counters say how often the cycle
+collector ran and how many objects it freed, in the process that answers (the engine, with `--workers`):
+serving a request should leave it nothing (its pauses land in the latency's tail).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+from prometheus_client.gc_collector import GCCollector
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
@@ -147,8 +152,11 @@ def exposition(registry: CollectorRegistry) -> bytes:
     lines: list[str] = []
     for family in registry.collect():
         kind = "untyped" if family.type == "unknown" else family.type
-        lines.append(f"# HELP {family.name} {_escape(family.documentation, quote=False)}")
-        lines.append(f"# TYPE {family.name} {kind}")
+        name = family.name
+        if kind == "counter" and family.samples and all(s.name == name + "_total" for s in family.samples):
+            name += "_total"  # prometheus_client's own counters (python_gc_*): named as their samples are
+        lines.append(f"# HELP {name} {_escape(family.documentation, quote=False)}")
+        lines.append(f"# TYPE {name} {kind}")
         for sample in family.samples:
             labels = ",".join(f'{key}="{_escape(value)}"' for key, value in sample.labels.items())
             value = str(sample.value) if isinstance(sample.value, int) else floatToGoString(sample.value)
@@ -185,6 +193,7 @@ def metrics_router(repository: Repository, monitor: Monitor | None = None) -> Ro
     """`GET /metrics` (and HEAD) answers the registry's text; anything else 404 or 405, in plain text."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ModelMetrics(repository))
+    GCCollector(registry=registry)
     if monitor is not None:
         registry.register(AppMetrics(monitor))
 

@@ -126,6 +126,15 @@ TOO_MANY_CONNECTIONS = (
 )
 
 
+class _Detached:
+    """The parser of a connection that is over: it calls nothing back."""
+
+
+# The parser holds its connection's callbacks and the connection holds its parser: a connection that
+# is over takes this one instead, so both are freed at once rather than by the cycle collector.
+_DETACHED = httptools.HttpRequestParser(_Detached())
+
+
 class H1Connection(BaseConnection):
     def __init__(self, host: ConnectionHost) -> None:
         super().__init__(host)
@@ -156,6 +165,7 @@ class H1Connection(BaseConnection):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        self.parser = _DETACHED
         if self.task is not None:
             self.task.cancel()
         self.pending.clear()
@@ -527,6 +537,7 @@ class H1Connection(BaseConnection):
         self.transport.set_protocol(connection)
         connection.connection_made(self.transport)
         self.transport = None
+        self.parser = _DETACHED
         if data:
             connection.data_in(data)
 

@@ -299,6 +299,7 @@ class H2Connection(FrameReceiver, BaseConnection):
     def close(self, stream: Stream) -> None:
         """The stream's exchange is over: forgotten."""
         self.streams.pop(stream.id, None)
+        stream.handler = None  # the handler holds the stream: without this, a cycle for the collector
         self.closed_ids.append(stream.id)
         self._after_stream()
 
@@ -357,6 +358,7 @@ class H2Connection(FrameReceiver, BaseConnection):
         self.closed_ids.append(stream.id)
         if stream.handler is not None:
             stream.handler.reset()
+            stream.handler = None
         self._wake(stream)
         self._after_stream()
 
