@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     if opts.out:
         stamp = datetime.date.today().isoformat()
         name = f"{stamp}-perf-versus" + ("" if opts.model == "simple" else f"-{opts.model}")
+        Path(opts.out).mkdir(parents=True, exist_ok=True)
         (Path(opts.out) / f"{name}.md").write_text(text)
         (Path(opts.out) / f"{name}.json").write_text(json.dumps(results, indent=1) + "\n")
     return 0
