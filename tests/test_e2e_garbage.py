@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 
 import grpc
 import httpx
 import pytest
-from e2e_helpers import EXAMPLES, simple_inputs
+from e2e_helpers import EXAMPLES, ServerProcess, simple_inputs
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.grpc_load import INFER_PATH, infer_request
@@ -28,7 +29,7 @@ def collected(metrics_port: int) -> float:
     return sum(sample.value for sample in families["python_gc_objects_collected"].samples)
 
 
-def grpc_calls(server) -> None:
+def grpc_calls(server: ServerProcess) -> None:
     with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
         infer = channel.unary_unary(INFER_PATH)
         message = bytes(infer_request())
@@ -36,13 +37,13 @@ def grpc_calls(server) -> None:
             assert infer(message, timeout=10)
 
 
-def http2_requests(server) -> None:
+def http2_requests(server: ServerProcess) -> None:
     with httpx.Client(http1=False, http2=True, base_url=server.base_url, timeout=10) as client:
         for _ in range(CALLS):
             assert client.post("/v2/models/simple/infer", content=INFER).status_code == 200
 
 
-def http1_connections(server) -> None:
+def http1_connections(server: ServerProcess) -> None:
     head = (
         b"POST /v2/models/simple/infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
         b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(INFER)
@@ -60,9 +61,11 @@ def http1_connections(server) -> None:
 def test_requests_leave_nothing_for_the_cycle_collector(start_server, serve) -> None:
     server = start_server(EXAMPLES, log_level="warning")
     serve(server)  # the first requests build what stays: caches, a connection's buffers
+    time.sleep(1.2)  # and the monitor's first tick with latencies (numpy imports numpy.ma then: ~300 objects)
     before = collected(server.metrics_port)
     serve(server)
     found = collected(server.metrics_port) - before
-    # before each stream's handler and each HTTP/1.1 parser let go of what held them, 5 to 12 objects a
-    # request or connection were only ever freed by the collector
-    assert found < CALLS / 10, f"the cycle collector freed {found:.0f} objects over {CALLS} requests"
+    # Before each stream's handler and each HTTP/1.1 parser let go of what held them, 5 to 12 objects a
+    # request or connection were only ever freed by the collector: 17,000-38,000 here. One-time garbage
+    # (a module a library imports on first use) may still be collected meanwhile.
+    assert found < CALLS / 4, f"the cycle collector freed {found:.0f} objects over {CALLS} requests"
