@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 
 import grpc
 import httpx
@@ -61,7 +60,6 @@ def http1_connections(server: ServerProcess) -> None:
 def test_requests_leave_nothing_for_the_cycle_collector(start_server, serve) -> None:
     server = start_server(EXAMPLES, log_level="warning")
     serve(server)  # the first requests build what stays: caches, a connection's buffers
-    time.sleep(1.2)  # and the monitor's first tick with latencies (numpy imports numpy.ma then: ~300 objects)
     before = collected(server.metrics_port)
     serve(server)
     found = collected(server.metrics_port) - before
