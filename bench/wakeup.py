@@ -38,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
 import uvloop
 
@@ -111,7 +112,7 @@ class Ring:
 class RingLink:
     """Link's interface (send, messages to on_message) over two rings."""
 
-    def __init__(self, out: Ring, into: Ring, on_message) -> None:
+    def __init__(self, out: Ring, into: Ring, on_message: Callable[[list], None]) -> None:
         self.out, self.into, self.on_message = out, into, on_message
         self.pending: list[bytes] = []
         self.loop = asyncio.get_running_loop()
