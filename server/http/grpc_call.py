@@ -321,7 +321,9 @@ class GrpcCall:
             status, message = Status.OK, None
         except GRPCError as e:
             status, message = e.status, e.message
-        except StreamReset:
+        except (StreamReset, asyncio.CancelledError):
+            # The stream is gone (reset() cancels this task): nothing to answer. Ending here rather than
+            # cancelled leaves no CancelledError whose frames and the task would hold each other.
             return
         except TimeoutError:
             if seconds is None or not deadline.expired():
