@@ -43,7 +43,7 @@ class TritonPythonModel:
         return responses
 """
 # ~1 ms of pure-Python work per request, as the issue's figure asks (holds the GIL throughout): 24000
-# loops take 1.0 ms with the server's interpreter on the 2-core VM (pyenv 3.11.7), 0.75 ms with Debian's
+# loops take 1.0 ms with the server's interpreter on the 2-core VM (pyenv 3.11.7), 0.78 ms with Debian's
 BUSY_PY = SIMPLE_PY.replace(
     "            a = pb_utils", "            sum(i * i for i in range(LOOPS))\n            a = pb_utils", 1
 )

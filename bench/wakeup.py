@@ -172,13 +172,9 @@ async def _side(mechanism: str, ends: tuple, answers: bool, messages: int, in_fl
     return time.perf_counter() - started
 
 
-def _cpu(pid: int | None = None) -> float:
-    if pid is None:
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        return usage.ru_utime + usage.ru_stime
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _own_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def measure(mechanism: str, messages: int, in_flight: int) -> dict:
@@ -195,9 +191,9 @@ def measure(mechanism: str, messages: int, in_flight: int) -> dict:
         finally:
             os._exit(0)
     time.sleep(0.2)  # the answering side is up
-    mine, theirs = _cpu(), _cpu(child)
+    mine, theirs = _own_cpu(), cpu_clock(child, tree=False)
     seconds = uvloop.run(_side(mechanism, ends, False, messages, in_flight))
-    mine, theirs = _cpu() - mine, _cpu(child) - theirs
+    mine, theirs = _own_cpu() - mine, cpu_clock(child, tree=False) - theirs
     os.kill(child, 9)
     os.waitpid(child, 0)
     for end in ends:

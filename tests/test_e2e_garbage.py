@@ -15,14 +15,12 @@ import grpc
 import httpx
 import pytest
 from e2e_helpers import EXAMPLES, ServerProcess, simple_inputs
+from grpc_helpers import SERVICE, simple_request
 from prometheus_client.parser import text_string_to_metric_families
-
-from bench.grpc_load import INFER_PATH, infer_request
 
 pytestmark = pytest.mark.ours
 
 CALLS = 3000  # past the collector's threshold many times over, were each to leave a cycle behind
-STREAM_INFER_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"
 INFER = json.dumps({"inputs": simple_inputs(list(range(16)), [1] * 16, [1, 16])}).encode()
 
 
@@ -34,8 +32,8 @@ def collected(metrics_port: int) -> float:
 
 def grpc_calls(server: ServerProcess) -> None:
     with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
-        infer = channel.unary_unary(INFER_PATH)
-        message = bytes(infer_request())
+        infer = channel.unary_unary(SERVICE + "ModelInfer")
+        message = bytes(simple_request())
         for _ in range(CALLS):
             assert infer(message, timeout=10)
 
@@ -43,8 +41,8 @@ def grpc_calls(server: ServerProcess) -> None:
 def grpc_streams_cancelled(server: ServerProcess) -> None:
     """A third as many ModelStreamInfer calls, each cancelled by the client after its first answer."""
     with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
-        stream = channel.stream_stream(STREAM_INFER_PATH)
-        message = bytes(infer_request())
+        stream = channel.stream_stream(SERVICE + "ModelStreamInfer")
+        message = bytes(simple_request())
         for _ in range(CALLS // 3):
             done = threading.Event()
 
