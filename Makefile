@@ -6,15 +6,26 @@ STAMP := $(VENV)/.installed
 REPO ?= examples/model_repository
 ARGS ?=
 
-.PHONY: serve test browser peers lint format bench fuzz proto clean
+.PHONY: serve test compile browser peers lint format bench fuzz proto clean
 
-$(STAMP): pyproject.toml
+# The editable install leaves the compiling to `compile` (in place, beside the sources).
+$(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,torch,onnx,otel,plot]'
+	TENSORGATE_COMPILE=0 $(BIN)/python -m pip install -q -e '.[build,test,torch,onnx,otel,plot]'
 	touch $(STAMP)
 
-serve: $(STAMP)
+# The request path compiled with Cython (setup.py; the modules: pyproject.toml [tool.tensorgate]), each
+# beside its .py: ~2 minutes on 2 cores the first time, then only what changed. TENSORGATE_COMPILE=0
+# removes the build instead, for a pure-Python tree.
+compile: $(STAMP)
+ifeq ($(TENSORGATE_COMPILE),0)
+	find server codec batcher -name '*.so' -delete
+else
+	$(BIN)/python setup.py -q build_ext --inplace
+endif
+
+serve: compile
 	$(BIN)/tensorgate serve --model-repository $(REPO) $(ARGS)
 
 # The whole suite on our transport, then the HTTP end-to-end tests again on the reference transport
@@ -29,10 +40,17 @@ HTTP_E2E = $(filter-out %grpc.py %grpc_stream.py $(BACKEND_ONLY:%=tests/test_e2e
 ENGINE_ONLY = malformed security scale_out $(BACKEND_ONLY)
 WORKERS_E2E = $(filter-out $(ENGINE_ONLY:%=tests/test_e2e_%.py),$(wildcard tests/test_e2e_*.py))
 
-test: lint browser peers
-	TENSORGATE_REQUIRE_FUZZ=1 $(BIN)/python -m pytest -q $(ARGS)
+# Then the unit tests and the v2 end-to-end tests once more on the pure-Python sources
+# (TENSORGATE_PURE_PYTHON=1: the compiled modules' .py files, in the tests and in the servers they start).
+UNIT = $(filter-out tests/test_e2e_%,$(wildcard tests/test_*.py))
+PURE_E2E = tests/test_e2e_v2_http.py tests/test_e2e_v2_grpc.py tests/test_e2e_v2_errors.py tests/test_e2e_malformed.py
+
+test: lint browser peers compile
+	TENSORGATE_REQUIRE_FUZZ=1 TENSORGATE_REQUIRE_COMPILED=$(if $(filter 0,$(TENSORGATE_COMPILE)),0,1) \
+	  $(BIN)/python -m pytest -q $(ARGS)
 	TENSORGATE_TEST_HTTP_SERVER=hypercorn $(BIN)/python -m pytest -q -m "not ours" $(HTTP_E2E) $(ARGS)
 	TENSORGATE_TEST_WORKERS=2 $(BIN)/python -m pytest -q -m "not ours" $(WORKERS_E2E) $(ARGS)
+	TENSORGATE_PURE_PYTHON=1 $(BIN)/python -m pytest -q $(UNIT) $(PURE_E2E) $(ARGS)
 
 # The monitor page's browser test drives Debian's chromium through chromium-driver. Installed here where
 # apt-get can (root, a Debian machine); otherwise that one test is skipped, and this says why.
@@ -54,9 +72,14 @@ peers: $(STAMP)
 	      nghttp2-client wrk libb64-0d >/dev/null; } || echo "could not install them: those tests will be skipped"; }
 	@$(BIN)/python -m bench.perf_analyzer --install || echo "perf_analyzer's tests will be skipped"
 
+# mypy checks the compiled modules' types (the list: pyproject.toml [tool.tensorgate] compiled).
+COMPILED_SOURCES = $(BIN)/python -c 'import tomllib; print(*(n.replace(".", "/") + ".py" for n in \
+  tomllib.load(open("pyproject.toml", "rb"))["tool"]["tensorgate"]["compiled"]))'
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python -m mypy $$($(COMPILED_SOURCES))
 
 format: $(STAMP)
 	$(BIN)/ruff format .
@@ -86,3 +109,4 @@ proto: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
+	find server codec batcher -name '*.so' -delete

@@ -74,10 +74,12 @@ class DirectScheduler(Scheduler):
     def _run_now_traced(self, job: Job) -> Arrays:
         """`run_now` for a traced request (never the hot path): no queue, no staging, the whole time in
         compute_infer, as the statistics count it."""
+        trace = job.trace
+        assert trace is not None  # run checked it
         start = perf_counter_ns()
-        job.trace.stamp(QUEUE_START, start)
+        trace.stamp(QUEUE_START, start)
         outputs = self.run_now(job.inputs, job.rows)
-        job.trace.compute(start, 0, perf_counter_ns() - start, 0)
+        trace.compute(start, 0, perf_counter_ns() - start, 0)
         return outputs
 
     async def _run_waiting(self, job: Job) -> Arrays:

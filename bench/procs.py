@@ -29,12 +29,14 @@ class ServerProcess:
         timeout: float = 60.0,
         grace: float = 15.0,
         listens: str = "HTTP",
+        env: dict[str, str] | None = None,
     ):
         self.grace = grace
         self.tail: collections.deque[str] = collections.deque(maxlen=40)
         self.proc = subprocess.Popen(
             argv,
             cwd=cwd,
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

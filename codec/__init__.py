@@ -1,0 +1,4 @@
+from codec import purepython
+
+if purepython.wanted():  # before any compiled module of ours is imported (server and batcher import us first)
+    purepython.install()

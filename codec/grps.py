@@ -121,6 +121,7 @@ def payload_from_message(message: pb.GrpsMessage) -> Payload:
 
 
 def _payload_from_message(message: pb.GrpsMessage) -> Payload:
+    value: Any  # the member `kind` names (None only when kind is "", refused below)
     try:
         kind, value = betterproto2.which_one_of(message, "data_oneof")
     except RuntimeError:  # the wire held two members of the oneof: betterproto2 keeps both
@@ -210,7 +211,7 @@ def _gtensor(name: str, dtype: int, shape: Any, flats: dict[str, Any], what: str
             raise invalid(f"{what} has no dtype, and {len(filled)} flat_* fields holding values")
         dtype_name = FLAT_FIELDS[filled[0]]
     else:
-        dtype_name = _DTYPE_NAMES.get(dtype)
+        dtype_name = _DTYPE_NAMES.get(dtype, "")  # "" is no grps name either
         if dtype_name not in BY_GRPS:
             raise invalid(f"{what}: unknown dtype {dtype}")
         stray = [field for field in filled if field != flat_field(dtype_name)]

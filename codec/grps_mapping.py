@@ -62,7 +62,7 @@ def to_infer_request(
                     raise invalid(
                         f"model '{model_name}' has {len(inputs)} input(s): gtensor {index} needs a name"
                     )
-                spec = list(inputs.values())[index]
+                spec: InputSpec | None = list(inputs.values())[index]
             else:
                 spec = inputs.get(tensor.name)
             if spec is None:  # left for the model to refuse: it names the inputs it has

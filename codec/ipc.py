@@ -65,7 +65,7 @@ def unpack(data: bytes | memoryview) -> Any:
 
 
 def tensor_out(tensor: Tensor, arenas: Arenas | None = None) -> list:
-    data = None if tensor.data is None else tensor_bytes(tensor)
+    data: Any = None if tensor.data is None else tensor_bytes(tensor)
     if data is not None and arenas is not None:
         data = arenas.place(data) or data
     return [tensor.name, tensor.datatype, tensor.shape, data, tensor.parameters or None]

@@ -178,7 +178,7 @@ def _strings(array: np.ndarray, as_b64: bool) -> Any:
     flat = array.reshape(-1)
     if not as_b64:
         try:
-            texts = [e.decode() if isinstance(e, bytes) else str(e) for e in flat]
+            texts: list[Any] = [e.decode() if isinstance(e, bytes) else str(e) for e in flat]
         except UnicodeDecodeError:
             as_b64 = True  # bytes that are no text go out as base64 rather than mangled
     if as_b64:

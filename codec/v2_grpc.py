@@ -79,10 +79,10 @@ def encode_response_parts(response: InferResponse) -> list[bytes | memoryview]:
         if tensor.parameters:
             parts.append(len_field(_K5, _output_metadata(tensor)))
         else:
-            key = (tensor.name, tensor.datatype, tensor.shape)
-            meta = _METAS.get(key)
+            spec = (tensor.name, tensor.datatype, tensor.shape)
+            meta = _METAS.get(spec)
             parts.append(
-                meta if meta is not None else remember(_METAS, key, len_field(_K5, _output_metadata(tensor)))
+                meta if meta is not None else remember(_METAS, spec, len_field(_K5, _output_metadata(tensor)))
             )
         raws.append(b"" if tensor.data is None else tensor_bytes(tensor))  # None: in shared memory
     for chunk in raws:

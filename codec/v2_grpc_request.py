@@ -100,7 +100,7 @@ def decode_request(data: bytes | memoryview | bytearray) -> InferRequest:
                     if request is not None:
                         return request
     try:
-        return _decode_request(data)
+        return _decode_request(data)  # type: ignore[arg-type]  # protowire reads a memoryview as bytes
     except Malformed as e:
         raise invalid(f"malformed ModelInferRequest: {e}") from None
 
@@ -112,7 +112,6 @@ def _from_skeleton(data: bytes, pos: int, skeleton: Skeleton) -> InferRequest | 
     """The request from its skeleton and the raw_input_contents after it; None when anything else follows
     or a size does not fit (the full read then gives the answer, or the error)."""
     model_name, model_version, entries = skeleton
-    view = memoryview(data)
     end = len(data)
     tensors = []
     index = 0
@@ -127,11 +126,12 @@ def _from_skeleton(data: bytes, pos: int, skeleton: Skeleton) -> InferRequest | 
                 length, pos = varint(data, pos + 1)
             stop = pos + length
             entry = entries[index]
-            dtype = entry.dtype
+            dtype: DataType = entry.dtype  # type: ignore[assignment]  # a skeleton's inputs are checked
             if stop > end or length != entry.count * dtype.size:
                 return None
-            array = np.frombuffer(view[pos:stop], dtype=dtype.numpy).reshape(entry.shape)
-            tensors.append(Tensor(entry.name, dtype.v2, entry.shape, array, {}))
+            # a view of `data` at `pos`: ndarray's positional form costs ~0.25 us, frombuffer + reshape ~0.5
+            array = np.ndarray(entry.shape, dtype.numpy, data, pos)
+            tensors.append(Tensor(entry.name, dtype.v2, entry.shape, array, {}))  # type: ignore[arg-type]  # a tuple
             index += 1
             pos = stop
     except (IndexError, Malformed):
@@ -273,11 +273,11 @@ def _decode_input(buf: bytes, pos: int, end: int, key: bytes) -> _Input:
             if wire == LEN:  # packed, as every proto3 encoder writes it
                 while start < stop:
                     dim, start = varint(buf, start)
-                    entry.shape.append(signed64(dim))
+                    entry.shape.append(signed64(dim))  # type: ignore[union-attr]  # a list until _check
                 if start != stop:
                     raise Malformed("packed shape runs past its field")
             elif wire == VARINT:
-                entry.shape.append(signed64(start))
+                entry.shape.append(signed64(start))  # type: ignore[union-attr]  # as above
         elif field == 4 and wire == LEN:
             _decode_map_entry(buf, start, stop, entry.parameters)
         elif field == 5 and wire == LEN:
@@ -286,7 +286,8 @@ def _decode_input(buf: bytes, pos: int, end: int, key: bytes) -> _Input:
 
 
 def _decode_requested_output(buf: bytes, pos: int, end: int) -> RequestedOutput:
-    name, parameters = "", {}
+    name = ""
+    parameters: dict[str, Any] = {}
     for field, wire, start, stop in fields(buf, pos, end):
         if field == 1 and wire == LEN:
             name = text(buf, start, stop)
@@ -315,7 +316,7 @@ def _decode_map_entry(buf: bytes, pos: int, end: int, into: dict[str, Any]) -> N
 
 
 def _decode_parameter(buf: bytes, pos: int, end: int) -> Any:
-    value = None
+    value: Any = None
     for field, wire, start, stop in fields(buf, pos, end):
         if wire == VARINT:
             if field == 1:
@@ -335,15 +336,17 @@ def _tensor(buf: bytes, view: memoryview, entry: _Input, raw: memoryview | None,
     what = f"model '{model}', input '{entry.name}'"
     if entry.dtype is None:
         _check(entry, what)
+    dtype: DataType = entry.dtype  # type: ignore[assignment]  # _check set it
+    shape: tuple[int, ...] = entry.shape  # type: ignore[assignment]  # and made it a tuple
     if raw is not None:
         if entry.contents is not None:
             raise invalid(_both_contents(entry.name, model))
-        data = array_from_bytes(raw, entry.dtype, entry.shape, entry.count, what, "raw_input_contents")
+        data = array_from_bytes(raw, dtype, shape, entry.count, what, "raw_input_contents")
     elif entry.contents is not None:
-        data = _from_contents(buf, view, entry.contents, entry.dtype, entry.shape, entry.count, what)
+        data = _from_contents(buf, view, entry.contents, dtype, shape, entry.count, what)
     else:
         raise invalid(_no_data(entry.name, model))
-    return Tensor(entry.name, entry.dtype.v2, entry.shape, data, entry.parameters or {})
+    return Tensor(entry.name, dtype.v2, shape, data, entry.parameters or {})
 
 
 def _check(entry: _Input, what: str) -> None:
@@ -402,12 +405,13 @@ def _from_contents(
 
 def _numbers(packed: list[memoryview | int], packing: str, dtype: DataType, what: str) -> np.ndarray:
     if packing != "varint":
+        chunks: list[memoryview] = packed  # type: ignore[assignment]  # varints alone come as ints
         width = dtype.size
-        if any(len(chunk) % width for chunk in packed):
+        if any(len(chunk) % width for chunk in chunks):
             raise Malformed(f"packed {dtype.v2} contents are not a whole number of {width}-byte elements")
-        if len(packed) == 1:
-            return np.frombuffer(packed[0], dtype=packing)  # the common case: a view, no copy
-        return np.frombuffer(b"".join(packed), dtype=packing)
+        if len(chunks) == 1:
+            return np.frombuffer(chunks[0], dtype=packing)  # the common case: a view, no copy
+        return np.frombuffer(b"".join(chunks), dtype=packing)
     parts, alone = [], []  # decoded runs in wire order; `alone` gathers consecutive lone elements
     for item in packed:
         if isinstance(item, int):

@@ -2,6 +2,8 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
+import codec  # noqa: F401  (first: with TENSORGATE_PURE_PYTHON=1 it loads our modules from source)
+
 try:
     __version__ = version("tensorgate")
 except PackageNotFoundError:  # running from a source tree that was not installed

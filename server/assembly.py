@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from codec import purepython
 from server import grpc
 from server.endpoints.customized import StreamingControl
 from server.endpoints.generate import GenerateEndpoints
@@ -96,7 +97,8 @@ def bind_ports(args: argparse.Namespace) -> dict[str, list[socket.socket]]:
 
 
 def log_ports(sockets: dict[str, list[socket.socket]]) -> None:
-    """Once the ports serve: where each listens (HTTP's line last)."""
+    """Once the ports serve: what runs the request path, and where each port listens (HTTP's line last)."""
+    listen_log.info("Request path: %s", purepython.running())
     for name, bound in sockets.items():
         for sock in bound:
             listen_log.info("%s listening on %s", name, address_of(sock))

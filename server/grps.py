@@ -7,7 +7,7 @@ Every answer carries `status` {code, msg, status: SUCCESS | FAILURE}.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import TYPE_CHECKING
 
@@ -63,7 +63,7 @@ class Grps:
 
     async def predict_stream(
         self, payload: wire.Payload, return_ndarray: bool = False
-    ) -> AsyncIterator[answers.Answer]:
+    ) -> AsyncGenerator[answers.Answer, None]:
         """The answers, one per yield of the model's execute_stream. A bad request raises here; what
         fails later comes out of the iteration as an InferError. A model without execute_stream
         answers once (run here as predict runs it, so its errors raise here too)."""
@@ -126,13 +126,14 @@ class Grps:
         return yaml_dump(doc)
 
 
-async def _once(answer: answers.Answer) -> AsyncIterator[answers.Answer]:
+async def _once(answer: answers.Answer) -> AsyncGenerator[answers.Answer, None]:
     yield answer
 
 
 async def _answers(
     responses: AsyncIterator[InferResponse], kind: str, return_ndarray: bool
-) -> AsyncIterator[answers.Answer]:
-    async with aclosing(responses):  # closing the answers closes the model's generator
+) -> AsyncGenerator[answers.Answer, None]:
+    # closing the answers closes the model's generator (infer_stream's iterators are async generators)
+    async with aclosing(responses):  # type: ignore[type-var]
         async for response in responses:
             yield answers.to_answer(response, kind, return_ndarray)

@@ -8,7 +8,7 @@ from contextlib import aclosing
 from enum import Enum
 from pathlib import Path
 from time import perf_counter_ns
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from batcher.direct import DirectScheduler
 from batcher.dynamic import DynamicBatcher
@@ -154,7 +154,8 @@ class ModelVersion:
                 self.reason = f"failed to load '{self.name}' version {self.version}: {e}"
                 return
         elif "dynamic_batching" in self.config:
-            self.scheduler = DynamicBatcher(self.executor, self.config, self.stats)
+            # DynamicBatcher subclasses the Scheduler protocol without run_now: its `now` is False
+            self.scheduler = DynamicBatcher(self.executor, self.config, self.stats)  # type: ignore[abstract]
         else:
             self.scheduler = DirectScheduler(self.executor, self.stats)
         self.stream_only = backend.stream_only
@@ -169,6 +170,7 @@ class ModelVersion:
                 "sequence_batching does not schedule"
             )
         states = initial_states(self.config, self.version_dir.parent)
+        assert self.executor is not None  # load made it
         return SequenceBatcher(self.executor, self.config, self.stats, states)
 
     async def unload(self) -> None:
@@ -260,7 +262,9 @@ class ModelVersion:
         """The model's outputs through the response cache (server/response_cache.py): a hit skips the
         scheduler and the model; a miss runs them and keeps the answer. Both are timed for the
         statistics as Triton times them (a miss: the lookup and the insertion)."""
-        cache, scheduler = self.cache, self.scheduler
+        # infer and _infer_traced call it with both set
+        cache: ResponseCache = self.cache  # type: ignore[assignment]
+        scheduler: Scheduler = self.scheduler  # type: ignore[assignment]
         priority, timeout = self._scheduling(request.parameters) if request.parameters else (0, 0)
         start = perf_counter_ns()
         key = cache.key(self.name, self.version_str, arrays, custom_parameters(request.parameters))
@@ -427,12 +431,13 @@ class ModelVersion:
             raise invalid(f"model '{self.name}' does not stream its answers: use plain infer")
         arrays, rows = self._inputs_and_rows(request)
         wanted = self._wanted_outputs(request)
+        # backend.execute_stream is set: self.streams checked it
         if backend.per_request:
-            return self._stream(backend.execute_stream(arrays, request), wanted, request, rows)
+            return self._stream(backend.execute_stream(arrays, request), wanted, request, rows)  # type: ignore[misc]
         if backend.with_parameters:
-            stream = backend.execute_stream(arrays, custom_parameters(request.parameters))
+            stream = backend.execute_stream(arrays, custom_parameters(request.parameters))  # type: ignore[misc]
             return self._stream(stream, wanted, request, rows)
-        return self._stream(backend.execute_stream(arrays), wanted, request, rows)
+        return self._stream(backend.execute_stream(arrays), wanted, request, rows)  # type: ignore[misc]
 
     async def _stream(
         self, produced_stream: AsyncIterator[Any], wanted: list[str], request: InferRequest, rows: int
@@ -440,7 +445,7 @@ class ModelVersion:
         """The answers of one streamed request, counted in the statistics as one request executed alone
         from its start to its last answer (perf_analyzer reads them); a failed or abandoned one fails."""
         if not self.ready:  # created before an unload began, started after: the model may be gone
-            await produced_stream.aclose()
+            await produced_stream.aclose()  # type: ignore[attr-defined]  # Backend.execute_stream's: a generator
             raise InferError(ErrorKind.UNAVAILABLE, self.not_ready())
         self._open_streams.enter()
         start = perf_counter_ns()
@@ -451,7 +456,7 @@ class ModelVersion:
             trace.stamp(COMPUTE_START, start)
         finished = False
         try:
-            async with aclosing(produced_stream):
+            async with aclosing(produced_stream):  # type: ignore[type-var]  # as above
                 async for produced in produced_stream:
                     outputs = [self._response_tensor(name, produced) for name in wanted]
                     if trace is not None and trace.records_tensors:
@@ -464,7 +469,7 @@ class ModelVersion:
         except InferError:
             raise
         except Exception as e:  # the model's execute_stream failed: as a failed execute, for every protocol
-            raise self.executor.failure(e) from None
+            raise cast(Executor, self.executor).failure(e) from None  # load made it; unload waits for us
         finally:
             self._open_streams.leave()
             if trace is not None:
@@ -480,6 +485,7 @@ class ModelVersion:
 def _stream_of(backend: Backend) -> Callable[[Job], AsyncIterator[Any]]:
     """How a job's request reaches a backend that only streams (warmup runs its samples so)."""
     stream = backend.execute_stream
+    assert stream is not None  # load calls it for a backend that only streams
     if backend.per_request:
         return lambda job: stream(job.inputs, job.request)
     if backend.with_parameters:

@@ -7,7 +7,7 @@ Over REST the HTTP status is the answer's `status.code`. A bin_data answer goes 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
@@ -116,7 +116,7 @@ class GrpsEndpoints:
         return body_response(answers.answer_json(answer))
 
 
-async def _chunks(stream: AsyncIterator[answers.Answer]) -> AsyncIterator[bytes]:
+async def _chunks(stream: AsyncGenerator[answers.Answer, None]) -> AsyncIterator[bytes]:
     """One chunk per answer: its JSON and a newline, or its raw bytes for bin_data. A failure ends the
     stream with a FAILURE message."""
     async with aclosing(stream):

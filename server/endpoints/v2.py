@@ -157,13 +157,14 @@ class V2Endpoints:
             key = body.get("key")
             if not isinstance(key, str):
                 raise invalid("system shared memory register request needs a string 'key'")
-            self.shared_memory.register_system(name, key, body.get("offset", 0), body.get("byte_size"))
+            # register_* check offset and byte_size as the JSON has them (shared_memory._check_sizes)
+            self.shared_memory.register_system(name, key, body.get("offset", 0), body.get("byte_size"))  # type: ignore[arg-type]
         else:
             handle = decode_handle(body.get("raw_handle"))
             device_id = body.get("device_id", 0)
             if type(device_id) is not int or device_id < 0:
                 raise invalid("cuda shared memory register request needs a non-negative integer 'device_id'")
-            self.shared_memory.register_cuda(name, handle, device_id, body.get("byte_size"))
+            self.shared_memory.register_cuda(name, handle, device_id, body.get("byte_size"))  # type: ignore[arg-type]
         return body_response(b"", v2_http.JSON_CONTENT_TYPE)
 
     async def shm_unregister(self, kind: str, request: HttpRequest) -> HttpResponse:

@@ -10,7 +10,7 @@ with the same messages as REST. ModelStreamInfer is stream_infer.py.
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
@@ -33,6 +33,8 @@ log = logging.getLogger("tensorgate.grpc")
 
 SERVICE = "/inference.GRPCInferenceService/"
 
+_Method = TypeVar("_Method", bound=Callable[..., Awaitable[Any]])
+
 
 class RawMessage:
     """A message as its bytes. The transport (and grpclib's client codec) calls FromString /
@@ -50,7 +52,7 @@ class RawMessage:
     def FromString(cls, data: bytes | memoryview) -> "RawMessage":  # noqa: N802 (grpclib's name)
         return cls(data)
 
-    def SerializeToString(self) -> bytes:  # noqa: N802 (grpclib's name)
+    def SerializeToString(self) -> bytes | memoryview:  # noqa: N802 (grpclib's name)
         return self.data if self.parts is None else b"".join(self.parts)
 
 
@@ -63,7 +65,7 @@ def _grpc_error(error: Exception, rpc_name: str) -> GRPCError:
     return GRPCError(Status.INTERNAL, f"internal error serving {rpc_name}")
 
 
-def rpc(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+def rpc(method: _Method) -> _Method:
     """Errors of a generated RPC method -> gRPC statuses (see _grpc_error)."""
 
     @functools.wraps(method)
@@ -75,7 +77,7 @@ def rpc(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         except Exception as e:
             raise _grpc_error(e, method.__name__) from None
 
-    return wrapper
+    return cast(_Method, wrapper)  # the same signature (functools.wraps)
 
 
 def _choice(value: pb.LogSettingsRequestSettingValue) -> Any:

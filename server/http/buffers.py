@@ -14,9 +14,11 @@ def body_buffer(size: int, first: bytes | memoryview) -> memoryview:
     """A buffer for a request body of `size` bytes, `first` (what came so far) already in it. From a MiB
     it is numpy memory: not zeroed, and numpy asks the kernel for transparent huge pages, so 64 MiB fill
     in ~10 ms instead of ~50 ms of page faults."""
-    region = shared(size) if shared is not None and size >= LARGE_BODY else None
+    region: np.ndarray | bytearray | None = (
+        shared(size) if shared is not None and size >= LARGE_BODY else None
+    )
     if region is None:
         region = np.empty(size, dtype=np.uint8) if size >= LARGE_BODY else bytearray(size)
-    buffer = memoryview(region)
+    buffer = memoryview(region)  # type: ignore[arg-type]  # numpy's stubs: ndarray.__buffer__ from 3.12
     buffer[: len(first)] = first
     return buffer

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 from urllib.parse import unquote
 
 from server.router import Router
@@ -98,8 +98,8 @@ class BaseConnection(asyncio.BufferedProtocol):
 
     def __init__(self, host: ConnectionHost) -> None:
         self.host = host
-        self.settings = host.settings
-        self.loop = asyncio.get_running_loop()
+        self.settings: HttpSettings = host.settings
+        self.loop: asyncio.AbstractEventLoop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.writable = asyncio.Event()
         self.writable.set()
@@ -107,7 +107,7 @@ class BaseConnection(asyncio.BufferedProtocol):
         self.flush_pending = False
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.host.closed(self)
+        self.host.closed(cast("Connection", self))  # its subclasses are (h1.py, h2.py)
         self.transport = None
         self.writable.set()  # a writer waiting for the socket wakes and finds it gone
 

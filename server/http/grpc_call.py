@@ -22,7 +22,7 @@ import asyncio
 import collections
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from grpclib.const import Handler, Status
 from grpclib.exceptions import GRPCError
@@ -188,7 +188,7 @@ class GrpcCall:
             self._deliver()
 
     def _deliver(self) -> None:
-        on_message, on_end = self.consumer
+        on_message, on_end = self.consumer  # type: ignore[misc]  # its callers checked it
         taken = False
         while self.messages and not self.held:
             try:
@@ -215,9 +215,9 @@ class GrpcCall:
         if compressed:
             data = decompress(self.encoding, data, self.max_bytes)
         try:
-            return self.handler.request_type.FromString(data)
+            return self.handler.request_type.FromString(data)  # type: ignore[union-attr]  # _start checked it
         except Exception as e:
-            message = f"the request is not a valid {self.handler.request_type.__name__}: {e}"
+            message = f"the request is not a valid {cast(Handler, self.handler).request_type.__name__}: {e}"
             raise GRPCError(Status.INTERNAL, message) from None
 
     # ------------------------------------------------------------------------------ the handler's side
@@ -228,7 +228,7 @@ class GrpcCall:
             if self.failure is not None:
                 raise self.failure
             if self.ended:
-                if self.received == 0 and not self.handler.cardinality.value.client_streaming:
+                if self.received == 0 and not cast(Handler, self.handler).cardinality.value.client_streaming:
                     raise GRPCError(Status.INTERNAL, "the call ended without its request message")
                 return None
             self.waiter = self.connection.loop.create_future()

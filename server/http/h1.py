@@ -20,7 +20,7 @@ import email.utils
 import logging
 import time
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import httptools
 
@@ -73,9 +73,9 @@ class _Date:
         return cls.header
 
 
-def _head(response: HttpResponse, keep_alive: bool, chunked: bool) -> list[bytes]:
+def _head(response: HttpResponse, keep_alive: bool, chunked: bool) -> list[bytes | memoryview]:
     """The status line and header lines of an answer, Date, the framing and connection ones added."""
-    head = [status_line(response.status)]
+    head: list[bytes | memoryview] = [status_line(response.status)]
     for name, value in response.headers:
         head += (name, b": ", value, b"\r\n")
     head.append(_Date.now())
@@ -87,32 +87,21 @@ def _head(response: HttpResponse, keep_alive: bool, chunked: bool) -> list[bytes
     return head
 
 
-class _Request:
-    """One request as the parser assembles it."""
+class _Request(HttpRequest):
+    """One request as the parser assembles it: the router's HttpRequest itself (handed to it as it is, no
+    copy), with what the parser keeps beside."""
 
-    __slots__ = (
-        "method",
-        "url",
-        "path",
-        "headers",
-        "head_bytes",
-        "route",
-        "params",
-        "expected",
-        "body",
-        "filled",
-        "http10",
-    )
+    __slots__ = ("head_bytes", "route", "expected", "filled", "http10")
 
     def __init__(self) -> None:
         self.method = ""
-        self.url = b""  # the request target as it comes; then the query string alone
+        self.query = b""  # the request target as it comes; then the query string alone
         self.path = ""  # percent-decoded
         self.http10 = False
-        self.headers: dict[bytes, bytes] = {}
+        self.headers = {}
         self.head_bytes = 0
         self.route: Route | None = None
-        self.params: dict[str, str] = {}
+        self.params = {}
         self.expected: int | None = None  # the Content-Length, when declared
         self.body: Any = b""  # bytes (came whole), a memoryview over a buffer of `expected`, or a bytearray
         self.filled = 0  # bytes of a buffered body received so far
@@ -226,14 +215,14 @@ class H1Connection(BaseConnection):
         self.since = self.loop.time()
 
     def on_url(self, url: bytes) -> None:
-        request = self.request
-        request.url += url
+        request: _Request = self.request  # type: ignore[assignment]  # set by on_message_begin
+        request.query += url
         request.head_bytes += len(url)
         if request.head_bytes > self.settings.max_head_bytes:
             self._refuse(self._head_too_large())
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        request = self.request
+        request: _Request = self.request  # type: ignore[assignment]  # set by on_message_begin
         request.head_bytes += len(name) + len(value) + 4
         if request.head_bytes > self.settings.max_head_bytes:
             self._refuse(self._head_too_large())
@@ -245,7 +234,7 @@ class H1Connection(BaseConnection):
             headers[name] = value
 
     def on_headers_complete(self) -> None:
-        request = self.request
+        request: _Request = self.request  # type: ignore[assignment]  # set by on_message_begin
         parser = self.parser
         request.method = parser.get_method().decode("ascii", "replace")
         request.http10 = parser.get_http_version() == "1.0"
@@ -260,7 +249,7 @@ class H1Connection(BaseConnection):
                     "a request must not carry both Content-Length and Transfer-Encoding",
                 )
             )
-        request.path, request.url = split_target(request.url)
+        request.path, request.query = split_target(request.query)
         found = router.find(request.method, request.path)
         declared = headers.get(b"content-length")
         expected = request.expected = int(declared) if declared is not None else None  # checked by llhttp
@@ -277,7 +266,7 @@ class H1Connection(BaseConnection):
             self._send(CONTINUE)
 
     def on_body(self, chunk: bytes) -> None:
-        request = self.request
+        request: _Request = self.request  # type: ignore[assignment]  # set by on_message_begin
         if request.route is None:
             return  # answered early: dropped
         expected = request.expected
@@ -297,7 +286,8 @@ class H1Connection(BaseConnection):
             request.filled = end
 
     def on_message_complete(self) -> None:
-        request, self.request = self.request, None
+        request: _Request = self.request  # type: ignore[assignment]  # set by on_message_begin
+        self.request = None
         self.state = BUSY
         keep_alive = self.parser.should_keep_alive()
         if request.route is not None:
@@ -318,14 +308,14 @@ class H1Connection(BaseConnection):
     def _buffer_body(request: _Request) -> None:
         if not isinstance(request.body, memoryview):
             request.filled = len(request.body)
-            request.body = body_buffer(request.expected, request.body)
+            request.body = body_buffer(request.expected, request.body)  # type: ignore[arg-type]  # only with a declared length
 
     def _bypassed(self, nbytes: int) -> None:
-        request = self.request
+        request: _Request = self.request  # type: ignore[assignment]  # the one whose body it reads
         request.filled += nbytes
         self.since = self.loop.time()
-        if request.filled < request.expected:
-            self.bypass = self.bypass[nbytes:]
+        if request.filled < request.expected:  # type: ignore[operator]  # a declared length
+            self.bypass = self.bypass[nbytes:]  # type: ignore[index]  # buffer_updated checked it
             return
         # Whole: the parser never saw these bytes, so a fresh one reads the next request.
         self.bypass = None
@@ -350,10 +340,7 @@ class H1Connection(BaseConnection):
 
     async def _serve(self, request: _Request, keep_alive: bool) -> None:
         while True:
-            http_request = HttpRequest(
-                request.method, request.path, request.url, request.headers, request.body, request.params
-            )
-            response = await self.host.router.call(request.route, http_request)
+            response = await self.host.router.call(request.route, request)  # type: ignore[arg-type]  # queued with one
             if (self.shutting_down or self.host.offline.on) and not self.pending:
                 keep_alive = False  # pipelined requests behind it are answered first
             if request.http10 and not isinstance(response.chunks, list):
@@ -393,7 +380,7 @@ class H1Connection(BaseConnection):
             if streamed and hasattr(chunks, "aclose"):
                 await chunks.aclose()
             return
-        if streamed:
+        if not isinstance(chunks, list):  # streamed
             self._send(b"".join(head))
             await self._write_stream(chunks, chunked, response)
             return
@@ -433,16 +420,18 @@ class H1Connection(BaseConnection):
     def _early_answer(self, response: HttpResponse) -> None:
         """An answer from the head alone (404, 405) while the body, if any, is still coming: it is read
         and dropped, and the connection serves the next request. Waits its turn behind pipelined ones."""
+        parsed = self.request
+        assert parsed is not None  # from on_headers_complete
         keep_alive = self.parser.should_keep_alive()
         if not keep_alive:
             self.last_read = True  # the client's last request: nothing after it is answered
         if self.task is not None or self.pending:
             request = _Request()
             request.route = _Fixed(response)  # type: ignore[assignment]
-            request.method = self.request.method
+            request.method = parsed.method
             self.pending.append((request, keep_alive))
             return
-        self._write_now(response, self.request.method, keep_alive)
+        self._write_now(response, parsed.method, keep_alive)
 
     def _early_close(self, response: HttpResponse) -> None:
         """An answer after which the framing cannot be trusted (413 by declared length, malformed,
@@ -486,7 +475,8 @@ class H1Connection(BaseConnection):
 
     def _write_now(self, response: HttpResponse, method: str, keep_alive: bool) -> None:
         head = _head(response, keep_alive, chunked=False)
-        body = b"" if method == "HEAD" else b"".join(response.chunks)  # error answers are small lists
+        # error answers are small lists
+        body = b"" if method == "HEAD" else b"".join(cast("list[bytes]", response.chunks))
         self._send(b"".join(head) + body)
 
     # ------------------------------------------------------------------------------ lifecycle
@@ -532,10 +522,12 @@ class H1Connection(BaseConnection):
             self._close()
 
     def _become_h2(self, data: bytes) -> None:
+        transport = self.transport
+        assert transport is not None  # from connection_made or buffer_updated
         connection = H2Connection(self.host)
         self.host.closed(self)
-        self.transport.set_protocol(connection)
-        connection.connection_made(self.transport)
+        transport.set_protocol(connection)
+        connection.connection_made(transport)
         self.transport = None
         self.parser = _DETACHED
         if data:

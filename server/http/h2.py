@@ -84,7 +84,8 @@ class H2Connection(FrameReceiver, BaseConnection):
         self.start = self.end = 0
         self.filled = False  # the last read filled the read buffer
         self.direct: memoryview | None = None  # where the socket reads the rest of a large DATA frame
-        self.direct_stream: Stream | None = None  # whose body that is
+        # whose body that is (h2_receive.py's FrameReceiver, which sets it, infers Stream)
+        self.direct_stream: Stream | None = None  # type: ignore[assignment]
         self.preface = True
         self.streams: dict[int, Stream] = {}
         self.closed_ids: collections.deque[int] = collections.deque(maxlen=CLOSED_KEPT)
@@ -204,9 +205,9 @@ class H2Connection(FrameReceiver, BaseConnection):
             self.start = pos
 
     def _direct_read(self, nbytes: int) -> None:
-        stream = self.direct_stream
+        stream: Stream = self.direct_stream  # type: ignore[assignment]  # set with self.direct
         if not stream.handler.direct_read(nbytes):  # type: ignore[union-attr]
-            self.direct = self.direct[nbytes:]
+            self.direct = self.direct[nbytes:]  # type: ignore[index]  # buffer_updated checked it
             return
         self.direct = self.direct_stream = None
         if not stream.remote_open and stream.id in self.streams:  # the frame ended the stream

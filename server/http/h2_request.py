@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from server.http import hpack_encode
 from server.http.buffers import body_buffer
@@ -91,7 +91,7 @@ class BufferedRequest:
         else:
             limit = self.connection.settings.max_request_bytes
             if end > limit:
-                return self.answer_early(self.route.errors(BodyTooLarge(limit)))
+                return self.answer_early(cast(Route, self.route).errors(BodyTooLarge(limit)))  # start set it
             if not self.body:
                 self.body = bytearray()
             self.body += data
@@ -99,7 +99,7 @@ class BufferedRequest:
 
     def _buffer(self) -> None:
         if not isinstance(self.body, memoryview):
-            self.body = body_buffer(self.stream.expected, self.body)
+            self.body = body_buffer(self.stream.expected, self.body)  # type: ignore[arg-type]  # only with a declared length
 
     def takes_direct(self, length: int) -> bool:
         """Whether a DATA frame of `length` bytes, still coming, may be read straight into the body."""
@@ -156,7 +156,8 @@ class BufferedRequest:
         or as the peer's window opens for it."""
         connection, stream = self.connection, self.stream
         self.answered = connection.loop.time()
-        body = b"" if stream.method == "HEAD" else b"".join(response.chunks)
+        # an early answer is an error's, its chunks a list
+        body = b"" if stream.method == "HEAD" else b"".join(cast("list[bytes]", response.chunks))
         connection.send_headers(stream, head_block(response), end=not body)
         if body and not connection.send_now(stream, body, True):  # a peer may give no window at all
             self.task = connection.loop.create_task(self._send_early(memoryview(body)))
@@ -177,7 +178,7 @@ class BufferedRequest:
             stream.method, stream.path, stream.query, stream.headers, self.body, self.params
         )
         try:
-            response = await connection.router.call(self.route, request)
+            response = await connection.router.call(self.route, request)  # type: ignore[arg-type]  # start set it (no early answer)
             await self._respond(response)
         except StreamReset:
             return
@@ -195,7 +196,7 @@ class BufferedRequest:
         chunks = response.chunks
         if stream.method == "HEAD":
             if not isinstance(chunks, list):
-                await chunks.aclose()
+                await chunks.aclose()  # type: ignore[attr-defined]  # router.Chunks: an async generator
             connection.send_headers(stream, head_block(response), end=True)
             return
         trailers = response.trailers
@@ -219,7 +220,7 @@ class BufferedRequest:
                 if response.trailers is None:
                     await connection.send_data(stream, memoryview(b""), True)
             finally:
-                await chunks.aclose()
+                await chunks.aclose()  # type: ignore[attr-defined]  # router.Chunks: an async generator
         if response.trailers is not None:  # read now: a stream may have filled it as it ended
             block = hpack_encode.encode(
                 None, [(n, v) for n, v in response.trailers if n not in CONNECTION_SPECIFIC]
