@@ -194,6 +194,10 @@ def report(results: dict, args) -> str:
             r = result.get(key)
             cells += [f"{r['rps']:,.0f}", f"{r['cpu_us']:.1f}"] if r else ["-", "-"]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    notes = [f"{name} {key}: {', '.join(r['notes'])}" for name, result in results.items()
+             for key, r in result.items() if key != "rounds" and r["notes"]]  # fmt: skip
+    if notes:  # wrk's non-2xx answers and socket errors, h2load's failures, the binary trips' GB/s
+        lines += ["", "Notes: " + "; ".join(notes) + "."]
     lines += ["", "Ratios (medians of the per-round ratios):", ""]
     lines += ["| scenario | against | CPU/req ours / theirs | req/s ours / theirs |", "|---|---|---|---|"]
     for name, result in results.items():
