@@ -100,6 +100,9 @@ def wrk_scenarios() -> dict[str, tuple[str, bytes, dict[str, str], int]]:
     }  # fmt: skip
 
 
+WRK = wrk_scenarios()
+
+
 def write_files(directory: str) -> dict:
     files: dict = {"dir": directory, "json": os.path.join(directory, "body.json"),
                    "grpc": os.path.join(directory, "grpc")}  # fmt: skip
@@ -107,15 +110,12 @@ def write_files(directory: str) -> dict:
         f.write(JSON_BODY)
     with open(files["grpc"], "wb") as f:
         f.write(grpc_body([bytes(grpc_request())]))
-    for name, (_, body, headers, _) in wrk_scenarios().items():
+    for name, (_, body, headers, _) in WRK.items():
         files[name] = os.path.join(directory, f"{name}.lua")
         with open(files[name], "w") as f:
             f.write(f'wrk.method = "POST"\nwrk.body = {_lua_string(body)}\n')
             f.writelines(f'wrk.headers["{key}"] = "{value}"\n' for key, value in headers.items())
     return files
-
-
-WRK = wrk_scenarios()
 
 
 def drive(name: str, server, args, files):
