@@ -34,9 +34,10 @@ import httpx
 import numpy as np
 
 from bench.bare_app import new_event_loop
-from bench.h1client import build_request, run_h1
+from bench.h1client import run_h1
 from bench.procs import ServerProcess
 from bench.stats import Recorder, drive
+from server.perf.h1wire import build_request
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "model_repository"

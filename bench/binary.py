@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
-from bench.h1client import chunked_end, parse_head
 from bench.stats import Recorder
+from server.perf.h1wire import chunked_end, parse_head
 
 _IHCL = b"\r\ninference-header-content-length:"
 

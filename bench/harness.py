@@ -19,10 +19,12 @@ from bench.bare_app import new_event_loop
 from bench.binary import run_binary
 from bench.grpc_load import GRPC_MODES, run_grpc
 from bench.grpc_load import verify as verify_grpc
-from bench.h1client import build_request, run_h1
-from bench.h2client import build_headers, run_h2
+from bench.h1client import run_h1
+from bench.h2client import run_h2
 from bench.procs import ServerProcess, cpu_clock, exit_note, memory_kib, reset_peak_rss, serve_argv
 from bench.stats import Recorder, drive, show_progress, summarize
+from server.perf.h1wire import build_request
+from server.perf.h2wire import build_headers
 
 SCENARIOS = (
     "bare-h1",

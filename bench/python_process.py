@@ -140,7 +140,7 @@ def rest(loops: int, rounds: int, duration: float, triton: str) -> None:
     import sys
 
     from bench.crosscheck import run_wrk
-    from tests.e2e_helpers import ServerProcess
+    from bench.procs import ServerProcess, serve_argv
 
     busy = BUSY_PY.replace("LOOPS", str(loops))
     models = {  # name: (code, mode, count), `max_batch_size 0` as the figure asks
@@ -174,7 +174,9 @@ def rest(loops: int, rounds: int, duration: float, triton: str) -> None:
             for entry in cfg["input"] + cfg["output"]:
                 entry["dims"] = [1, 16]
             (repository / name / "config.json").write_text(json.dumps(cfg))
-        server = ServerProcess(repository, Path(root) / "server.log", log_level="warning").start()
+        server = ServerProcess(
+            serve_argv(str(repository)), cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        )
         targets = {name: (server.port, server.proc.pid) for name in models}
         triton_pid = None
         if triton:

@@ -47,9 +47,9 @@ import proto.inference as pb
 from bench.bare_app import new_event_loop
 from bench.grpc_load import STREAM_PATH
 from bench.grpc_pingpong import answer_frames
-from bench.h1client import build_request, parse_head
-from bench.h2frames import DATA, END_HEADERS, HEADERS, PREFACE, SETTINGS, WINDOW, WINDOW_UPDATE, frame
 from bench.procs import ServerProcess, cpu_clock, serve_argv
+from server.perf.h1wire import build_request, parse_head
+from server.perf.h2frames import DATA, END_HEADERS, HEADERS, PREFACE, SETTINGS, WINDOW, WINDOW_UPDATE, frame
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "model_repository"

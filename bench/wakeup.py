@@ -211,7 +211,7 @@ def server_cost(server: ServerProcess, load: list[str], seconds: float) -> dict:
         out = os.path.join(work, "level.json")
         cpu = cpu_clock(server.pid, tree=False)
         subprocess.run(
-            [sys.executable, "-m", "bench.perf", f"http://127.0.0.1:{server.port}", "-m", "simple", *load,
+            [sys.executable, "-m", "server.perf", f"http://127.0.0.1:{server.port}", "-m", "simple", *load,
              "--duration", str(seconds), "--warmup", "0", "--no-progress", "--no-server-stats",
              "--json", out],
             check=True, capture_output=True, timeout=seconds + 60,

@@ -43,12 +43,3 @@ def install() -> None:
 def is_compiled(module: ModuleType) -> bool:
     """Whether `module` runs from a compiled build."""
     return not (module.__file__ or "").endswith(".py")
-
-
-def running() -> str:
-    """What this process runs the request path from, for the log."""
-    from codec import v2_http  # one of the compiled modules: a build compiles them all
-
-    if is_compiled(v2_http):
-        return "compiled (Cython)"
-    return "pure Python (TENSORGATE_PURE_PYTHON=1)" if wanted() else "pure Python (no compiled build)"

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from codec import purepython
+from codec import purepython, v2_http
 from server import grpc
 from server.endpoints.customized import StreamingControl
 from server.endpoints.generate import GenerateEndpoints
@@ -96,9 +96,19 @@ def bind_ports(args: argparse.Namespace) -> dict[str, list[socket.socket]]:
     }
 
 
+def request_path() -> str:
+    """What this process runs the request path from, for the log (a build compiles every listed module:
+    one of them tells)."""
+    if purepython.is_compiled(v2_http):
+        return "compiled (Cython)"
+    if purepython.wanted():
+        return "pure Python (TENSORGATE_PURE_PYTHON=1)"
+    return "pure Python (no compiled build)"
+
+
 def log_ports(sockets: dict[str, list[socket.socket]]) -> None:
     """Once the ports serve: what runs the request path, and where each port listens (HTTP's line last)."""
-    listen_log.info("Request path: %s", purepython.running())
+    listen_log.info("Request path: %s", request_path())
     for name, bound in sockets.items():
         for sock in bound:
             listen_log.info("%s listening on %s", name, address_of(sock))

@@ -32,8 +32,8 @@ def make_tracer(entries: list[str]) -> Tracer:
 
 def main(argv: list[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else argv
-    if arguments[:1] == ["perf"]:  # the load generator: bench/perf/, its own command line
-        from bench.perf.cli import main as perf
+    if arguments[:1] == ["perf"]:  # the load generator: server/perf/, its own command line
+        from server.perf.cli import main as perf
 
         return perf(arguments[1:])
     parser = build_parser()

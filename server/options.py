@@ -18,7 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser(
         "perf", help="load-test a model on any KServe v2, TF Serving or grps server (tensorgate perf --help)"
-    )  # fmt: skip; its arguments: bench/perf/cli.py
+    )  # fmt: skip; its arguments: server/perf/cli.py
     serve = commands.add_parser("serve", help="serve a model repository")
     serve.add_argument("--model-repository", type=Path, required=True, help="the model repository directory")
     serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")

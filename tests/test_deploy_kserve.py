@@ -1,7 +1,7 @@
 """deploy/kserve: the ClusterServingRuntime and the InferenceService example, checked offline against
 KServe's own CRD schemas (vendored in deploy/kserve/crds/, made strict as an API server's strict field
-validation is), KServe's admission rules on runtime priorities (read here, and checked against KServe's
-own unit tests of its webhook, vendored in deploy/kserve/crds/webhook/), and our CLI: the runtime's
+validation is), KServe's admission rules on runtime priorities (stated and read here, each condition
+checked both ways), and our CLI: the runtime's
 container args start a real server on the example repository, which answers REST, h2c and gRPC on its
 one port."""
 
@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import copy
 import functools
-import re
 import signal
 import sys
 from pathlib import Path
 from typing import Any
 
-import go_literal
 import grpc
 import jsonschema
 import kubernetes_validate
@@ -168,39 +166,62 @@ def test_ill_typed_value_is_refused(mutate) -> None:
 
 # -------------------------------------------------------------------------- KServe's rules, not schemas
 #
-# KServe's ClusterServingRuntime admission webhook (Go, pkg/webhook/admission/servingruntime) cannot run
-# here. Its priority rules are read below, function for function, and that reading is checked against
-# KServe's own unit tests of those functions: their scenario tables and expected errors, taken from the
-# vendored, unmodified servingruntime_webhook_test.go (tests/go_literal.py reads the Go literals). The
-# error messages are the webhook's own format strings, from the vendored servingruntime_webhook.go.
-
-WEBHOOK = CRDS / "webhook"
-WEBHOOK_MESSAGES = go_literal.string_constants((WEBHOOK / "servingruntime_webhook.go").read_text())
-GO_CALLS = {
-    "proto.String": str,
-    "proto.Bool": bool,
-    "proto.Int32": int,
-    "gomega.BeNil": lambda: None,
-    "gomega.Equal": lambda expected: expected,
-    "fmt.Errorf": lambda form, *args: form % args,  # the formats use %s only
-}
-GO_CONSTANTS = {
-    "constants.ProtocolV1": "v1",
-    "constants.ProtocolV2": "v2",
-    "constants.ProtocolGRPCV1": "grpc-v1",
-    "constants.ProtocolGRPCV2": "grpc-v2",
-    **WEBHOOK_MESSAGES,
+# KServe's ClusterServingRuntime admission webhook (Go, pkg/webhook/admission/servingruntime at v0.20.0)
+# cannot run here. Its priority rules are read below, function for function, as these facts state them:
+# - validateModelFormatPrioritySame: within one runtime, a model format auto-selected more than once must
+#   not carry two different priorities (a format without a priority agrees with any);
+# - validateServingRuntimePriority: two runtimes alike in multiModel, the other one not disabled and not
+#   the same runtime, that share a protocol version, must not give the same priority to an auto-selected
+#   format of the same name (compared without case) and version;
+# - ClusterServingRuntimeValidator.Handle applies both to a runtime that is not disabled, against each
+#   other runtime, and refuses with these messages (Go format strings, %s each):
+WEBHOOK_MESSAGES = {
+    "InvalidPriorityError": "same priority assigned for the model format %s",
+    "InvalidPriorityClusterServingRuntimeError": "%s in the clusterservingruntimes %s and %s",
+    "ProrityIsNotSameError": "different priorities assigned for the model format %s",
+    "ProrityIsNotSameClusterServingRuntimeError": "%s under the clusterservingruntime %s",
 }
 
 
-def kserve_scenarios(test: str) -> dict[str, dict[str, Any]]:
-    source = (WEBHOOK / "servingruntime_webhook_test.go").read_text()
-    table = go_literal.scenario_table(source, test, GO_CALLS, GO_CONSTANTS)
-    # as many scenarios as the function names, counted apart from the reader: none dropped
-    body = source[source.index(f"func {test}(") :]
-    body = body[: body.index("\nfunc ", 1)]
-    assert len(table) == len(re.findall(r'^\t\t"[^"]+": \{$', body, re.MULTILINE)) > 0, test
-    return table
+def runtime(name: str, formats: list[dict], protocols=("v2",), multi_model=False, disabled=False) -> dict:
+    spec = {"supportedModelFormats": formats, "protocolVersions": list(protocols), "multiModel": multi_model}
+    if disabled:
+        spec["disabled"] = True
+    return {"metadata": {"name": name}, "spec": spec}
+
+
+def fmt(name: str, priority: int | None = None, version: str | None = None, auto: bool = True) -> dict:
+    found: dict[str, Any] = {"name": name, "autoSelect": auto}
+    if priority is not None:
+        found["priority"] = priority
+    if version is not None:
+        found["version"] = version
+    return found
+
+
+# (new runtime, existing runtime, the verdict): each rule's conditions, one at a time, both ways
+TAKEN = WEBHOOK_MESSAGES["InvalidPriorityError"] % "sklearn"
+NEW = runtime("a", [fmt("sklearn", 1)])
+PRIORITY_SCENARIOS = {
+    "same priority, same format": (NEW, runtime("b", [fmt("sklearn", 1)]), TAKEN),
+    "names compared without case": (NEW, runtime("b", [fmt("SKLearn", 1)]), TAKEN),
+    "other priorities": (NEW, runtime("b", [fmt("sklearn", 2)]), None),
+    "a priority missing": (NEW, runtime("b", [fmt("sklearn")]), None),
+    "other versions": (runtime("a", [fmt("sklearn", 1, "1")]), runtime("b", [fmt("sklearn", 1, "2")]), None),
+    "not auto-selected": (NEW, runtime("b", [fmt("sklearn", 1, auto=False)]), None),
+    "no protocol in common": (NEW, runtime("b", [fmt("sklearn", 1)], protocols=("v1",)), None),
+    "multiModel differs": (NEW, runtime("b", [fmt("sklearn", 1)], multi_model=True), None),
+    "the other disabled": (NEW, runtime("b", [fmt("sklearn", 1)], disabled=True), None),
+    "the same runtime": (NEW, runtime("a", [fmt("sklearn", 1)]), None),
+}  # fmt: skip
+DIFFER = WEBHOOK_MESSAGES["ProrityIsNotSameError"] % "sklearn"
+SAME_PRIORITY_SCENARIOS = {
+    "two priorities": ([fmt("sklearn", 1), fmt("sklearn", 2)], DIFFER),
+    "one priority twice": ([fmt("sklearn", 1), fmt("sklearn", 1)], None),
+    "one without": ([fmt("sklearn", 1), fmt("sklearn")], None),
+    "one not auto-selected": ([fmt("sklearn", 1), fmt("sklearn", 2, auto=False)], None),
+    "two formats": ([fmt("sklearn", 1), fmt("xgboost", 2)], None),
+}
 
 
 def _auto_select(fmt: dict) -> bool:
@@ -265,29 +286,17 @@ def admission_denied(new: dict, existing: list[dict]) -> str | None:
     return None
 
 
-PRIORITY_SCENARIOS = kserve_scenarios("TestValidateServingRuntimePriority")
-SAME_PRIORITY_SCENARIOS = kserve_scenarios("TestValidateModelFormatPrioritySame")
-
-
 @pytest.mark.parametrize("name", PRIORITY_SCENARIOS)
-def test_priority_rule_as_kserves_own_tests_expect(name: str) -> None:
-    scenario = PRIORITY_SCENARIOS[name]
-    new, existing = scenario["newServingRuntime"], scenario["existingServingRuntime"]
+def test_priority_rule(name: str) -> None:
+    new, existing, expected = PRIORITY_SCENARIOS[name]
     got = priority_taken(new["spec"], existing["spec"], new["metadata"]["name"], existing["metadata"]["name"])
-    assert got == scenario["expected"]
+    assert got == expected
 
 
 @pytest.mark.parametrize("name", SAME_PRIORITY_SCENARIOS)
-def test_one_priority_per_format_as_kserves_own_tests_expect(name: str) -> None:
-    scenario = SAME_PRIORITY_SCENARIOS[name]
-    assert priorities_differ(scenario["newServingRuntime"]["spec"]) == scenario["expected"]
-
-
-def test_kserves_tests_expect_both_verdicts() -> None:
-    """The tables above hold refusals as well as admissions: the rules are checked both ways."""
-    for table in (PRIORITY_SCENARIOS, SAME_PRIORITY_SCENARIOS):
-        verdicts = [scenario["expected"] for scenario in table.values()]
-        assert None in verdicts and any(isinstance(v, str) for v in verdicts), verdicts
+def test_one_priority_per_format(name: str) -> None:
+    formats, expected = SAME_PRIORITY_SCENARIOS[name]
+    assert priorities_differ({"supportedModelFormats": formats}) == expected
 
 
 def test_runtime_is_admitted_beside_kserve_runtimes() -> None:

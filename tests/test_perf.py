@@ -1,4 +1,4 @@
-"""`tensorgate perf` (bench/perf/), the load generator users point at any v2, TF Serving or grps server:
+"""`tensorgate perf` (server/perf/), the load generator users point at any v2, TF Serving or grps server:
 run as a user runs it (`python -m server perf ...`, the `tensorgate perf` entry point) against a real
 server, in every protocol and both load modes, its numbers checked against the server's own statistics
 (every request it sent is one the server counted); its errors, its checks of answers, its reports. And its
@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 from e2e_helpers import EXAMPLES, ROOT, ServerProcess, stop_all, write_model
 
-from bench.perf.cli import parse_levels
-from bench.perf.hdr import Histogram
-from bench.perf.model import ModelSpec, PerfError, Tensor, parse_shapes, request_shapes
+from server.perf.cli import parse_levels
+from server.perf.hdr import Histogram
+from server.perf.model import ModelSpec, PerfError, Tensor, parse_shapes, request_shapes
 
 SHORT = ("--warmup", "0.1", "--duration", "0.4", "--no-progress")
 

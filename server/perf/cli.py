@@ -1,5 +1,5 @@
-"""`tensorgate perf URL --model NAME` (also `python -m bench.perf`): a load generator for any KServe v2,
-Triton, TF Serving or grps server. See bench/perf/__init__.py and the README's "Load testing"."""
+"""`tensorgate perf URL --model NAME` (also `python -m server.perf`): a load generator for any KServe v2,
+Triton, TF Serving or grps server. See server/perf/__init__.py and the README's "Load testing"."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.h1client import dechunk
-from bench.perf import report
-from bench.perf.hdr import Histogram
-from bench.perf.load import Load, Target
-from bench.perf.model import (
+from server.perf import report
+from server.perf.h1wire import dechunk
+from server.perf.hdr import Histogram
+from server.perf.load import Load, Target
+from server.perf.model import (
     ModelSpec,
     PerfError,
     from_file,
@@ -27,8 +27,8 @@ from bench.perf.model import (
     spec_from_v2_grpc,
     spec_from_v2_rest,
 )
-from bench.perf.protocols import GRPC, PROTOCOLS, Answer, Checker, encode, outputs_of
-from bench.perf.run import Level, Result, Windows, cores, run_level, start_runners
+from server.perf.protocols import GRPC, PROTOCOLS, Answer, Checker, encode, outputs_of
+from server.perf.run import Level, Result, Windows, cores, run_level, start_runners
 
 
 def build_parser() -> argparse.ArgumentParser:

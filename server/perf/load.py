@@ -22,10 +22,10 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass
 
-from bench.perf.clients import H1, H2, Connection, Grpc
-from bench.perf.hdr import Histogram
-from bench.perf.pacer import Pacer
-from bench.perf.protocols import GRPC, HTTP1, STREAM_PATH, Answer, Checker, Wire
+from server.perf.clients import H1, H2, Connection, Grpc
+from server.perf.hdr import Histogram
+from server.perf.pacer import Pacer
+from server.perf.protocols import GRPC, HTTP1, STREAM_PATH, Answer, Checker, Wire
 
 CONNECT_RETRIES = 3
 

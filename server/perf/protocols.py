@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from bench.perf.model import Arrays, ModelSpec, PerfError, bytes_elements
 from codec.bytes_tensor import encode_bytes
 from codec.datatypes import BY_GRPS, BY_V2
+from server.perf.model import Arrays, ModelSpec, PerfError, bytes_elements
 
 PROTOCOLS = ("rest", "rest-binary", "h2", "grpc", "grpc-stream", "tfserving", "grps")
 HTTP1 = ("rest", "rest-binary", "tfserving", "grps")
