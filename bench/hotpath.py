@@ -49,7 +49,7 @@ from bench.grpc_load import infer_request as grpc_request
 from bench.harness import HPT_TF_BODY, HPT_TF_PATH, JSON_BODY, JSON_PATH
 from bench.procs import ServerProcess, serve_argv
 from bench.soak import grps_tensors
-from bench.transport import binary, measure, save, summarize, wrk
+from bench.transport import alternating_rounds, binary, measure, save, wrk
 from bench.transport import binary_body as large_binary_body
 from bench.workers import TRITON, Triton, prepare
 
@@ -151,22 +151,12 @@ def drives(name: str, key: str) -> bool:
 
 
 def load_rounds(name: str, servers: dict, args, files) -> dict:
-    order = [key for key in servers if drives(name, key)]
-    per_server: dict[str, list[dict]] = {key: [] for key in order}
-    for round_no in range(args.rounds):
-        for key in order if round_no % 2 == 0 else order[::-1]:
-            server = servers[key]
-            if name == "binary-64mib":
-                result = binary_trips(server, args, files)
-            else:
-                result = measure(server, drive(name, server, args, files))
-            per_server[key].append(result)
-            print(
-                f"  {name} round {round_no + 1} {key}: {result['rps']:.0f} req/s, "
-                f"{result['cpu_us']:.1f} us, {result['cores']:.2f} cores {result['note']}",
-                file=sys.stderr,
-            )
-    return {key: summarize(rounds) for key, rounds in per_server.items()} | {"rounds": per_server}
+    def run(key: str) -> dict:
+        if name == "binary-64mib":
+            return binary_trips(servers[key], args, files)
+        return measure(servers[key], drive(name, servers[key], args, files))
+
+    return alternating_rounds(name, [key for key in servers if drives(name, key)], args.rounds, run)
 
 
 def ratio(rounds: dict, key: str, other: str, field: str) -> float | None:

@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from datetime import date
 
 import numpy as np
@@ -154,6 +155,22 @@ def load_rounds(name: str, servers: dict[str, ServerProcess], order: list[str], 
             per_server[key].append(result)
             print(
                 f"  {name} round {round_no + 1} {key}: {result['rps']:.0f} req/s, {result['cpu_us']:.1f} us",
+                file=sys.stderr,
+            )
+    return {key: summarize(rounds) for key, rounds in per_server.items()} | {"rounds": per_server}
+
+
+def alternating_rounds(name: str, order: list[str], rounds: int, run: Callable[[str], dict]) -> dict:
+    """`rounds` rounds of scenario `name`: `run(key)` for each key of `order`, the order reversed every
+    other round; per key its summary, and every round's figures under "rounds"."""
+    per_server: dict[str, list[dict]] = {key: [] for key in order}
+    for round_no in range(rounds):
+        for key in order if round_no % 2 == 0 else order[::-1]:
+            result = run(key)
+            per_server[key].append(result)
+            print(
+                f"  {name} round {round_no + 1} {key}: {result['rps']:.0f} req/s, "
+                f"{result['cpu_us']:.1f} us, {result['cores']:.2f} cores {result['note']}",
                 file=sys.stderr,
             )
     return {key: summarize(rounds) for key, rounds in per_server.items()} | {"rounds": per_server}

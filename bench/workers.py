@@ -46,7 +46,17 @@ from bench.grpc_bench import h2load as grpc_h2load
 from bench.grpc_load import INFER_PATH
 from bench.grpc_load import infer_request as grpc_request
 from bench.procs import ServerProcess, cpu_clock, memory_kib, process_tree, serve_argv
-from bench.transport import _run, binary, binary_body, h2load, json_files, measure, save, summarize, wrk
+from bench.transport import (
+    _run,
+    alternating_rounds,
+    binary,
+    binary_body,
+    h2load,
+    json_files,
+    measure,
+    save,
+    wrk,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCENARIOS = ("json-h1", "grpc", "json-h2", "binary", "batching")
@@ -113,17 +123,9 @@ def prepare(name: str, server, args, files) -> Callable[[], tuple[int, float, st
 
 def load_rounds(name: str, servers: dict, args, files) -> dict:
     order = [key for key in servers if not (name == "json-h2" and key == TRITON)]
-    per_server: dict[str, list[dict]] = {key: [] for key in order}
-    for round_no in range(args.rounds):
-        for key in order if round_no % 2 == 0 else order[::-1]:
-            result = measure(servers[key], prepare(name, servers[key], args, files))
-            per_server[key].append(result)
-            print(
-                f"  {name} round {round_no + 1} {key}: {result['rps']:.0f} req/s, "
-                f"{result['cpu_us']:.1f} us, {result['cores']:.2f} cores {result['note']}",
-                file=sys.stderr,
-            )
-    return {key: summarize(rounds) for key, rounds in per_server.items()} | {"rounds": per_server}
+    return alternating_rounds(
+        name, order, args.rounds, lambda key: measure(servers[key], prepare(name, servers[key], args, files))
+    )
 
 
 def batching(server: ServerProcess, args, files) -> dict:
