@@ -78,7 +78,11 @@ class Engine:
         self.tracer = tracer
         cache = ResponseCache(args.cache_size) if args.cache_size else None
         self.repository = Repository(
-            args.model_repository, args.model_control_mode, args.strict_readiness, response_cache=cache
+            args.model_repository,
+            args.model_control_mode,
+            args.strict_readiness,
+            response_cache=cache,
+            python_execution_mode=args.python_execution_mode,
         )
         self.shared_memory = SharedMemory(args.allow_client_shm)
         self.monitor = Monitor(self.repository, args.monitor_log, self.repository.app_monitor)
@@ -178,7 +182,7 @@ class Engine:
                 pass_fds=[theirs.fileno(), worker_arena.fd, engine_arena.fd, *fds],
             )
             theirs.close()
-            link = WorkerLink(self, index, engine_arena, worker_arena)
+            link = WorkerLink(self, index, engine_arena, worker_arena, self.args.worker_max_calls)
             await loop.create_unix_connection(lambda link=link: link.link, sock=ours)
             self.links.add(link)
             link.send_table(model_table(self.repository), self.sequence)
@@ -244,12 +248,18 @@ class Engine:
 
 
 class WorkerLink:
-    """The engine's end of one worker's link: what the worker asks, served."""
+    """The engine's end of one worker's link: what the worker asks, served.
 
-    def __init__(self, engine: Engine, index: int, mine: Arena, yours: Arena) -> None:
+    Every call the worker starts ends with exactly one final message (RESULT, END or ERROR), whatever its
+    handling raises; a call the worker cancelled ends with none (it has forgotten it). Past
+    `max_waiting` inference calls waiting here (a batch, a model), the link stops reading: the socket
+    fills, and the worker's next calls wait in it (Link.drain) until half of them are answered."""
+
+    def __init__(self, engine: Engine, index: int, mine: Arena, yours: Arena, max_waiting: int = 0) -> None:
         self.engine = engine
         self.index = index
-        self.link = Link(self._message, self._lost)
+        self.link = Link(self._message, self._lost, self._fault)
+        self.max_waiting = max_waiting  # 0: no limit
         self.arenas = LinkArenas(mine, yours, lambda offset: self.link.send([ipc.RELEASE, 0, offset]))
         self.tasks: dict[int, asyncio.Task] = {}
         self.inboxes: dict[int, Inbox] = {}  # forwarded gRPC calls: the client's messages
@@ -274,6 +284,24 @@ class WorkerLink:
         for future in self.acks.values():
             if not future.done():
                 future.set_result(None)
+
+    def _fault(self, message: list, error: Exception) -> None:
+        """Handling a message raised: its call (if it names one) ends with an error now."""
+        call_id = message[1] if len(message) > 1 else 0
+        if not call_id:
+            return
+        task = self.tasks.pop(call_id, None)
+        if task is not None:
+            task.cancel()
+        self._fail(call_id, _internal(error))
+
+    def _throttle(self) -> None:
+        """Reading paused while too many inference calls wait here, resumed once half are answered."""
+        waiting = len(self.tasks)
+        if self.link.reading and waiting >= self.max_waiting > 0:
+            self.link.pause_reading()
+        elif not self.link.reading and waiting <= self.max_waiting // 2:
+            self.link.resume_reading()
 
     def _message(self, message: list) -> None:
         kind, call_id = message[0], message[1]
@@ -311,9 +339,19 @@ class WorkerLink:
 
     def _start(self, call_id: int, work: Any) -> None:
         self.credits[call_id] = Credit(ipc.AHEAD)
-        task = self.loop.create_task(work)
+        task = self.loop.create_task(self._final(call_id, work))
         self.tasks[call_id] = task
         task.add_done_callback(lambda _, call_id=call_id: self._forget(call_id))
+
+    async def _final(self, call_id: int, work: Any) -> None:
+        """A streamed or forwarded call, ended with an ERROR when it raises before its END."""
+        try:
+            await work
+        except InferError as e:
+            self._fail(call_id, e)
+        except Exception as e:
+            log.exception("unexpected error serving a call from a worker")
+            self._fail(call_id, _internal(e))
 
     def _forget(self, call_id: int) -> None:
         self.tasks.pop(call_id, None)
@@ -350,22 +388,28 @@ class WorkerLink:
             return self._fail(call_id, e)
         except Exception as e:
             log.exception("unexpected error serving an inference request")
-            return self._fail(call_id, InferError(ErrorKind.INTERNAL, f"internal error: {type(e).__name__}"))
+            return self._fail(call_id, _internal(e))
         if finished:
             self._answer(call_id, outcome)
             return
         self.tasks[call_id] = outcome
         outcome.add_done_callback(lambda task, call_id=call_id: self._answered(call_id, task))
+        if self.max_waiting:
+            self._throttle()
 
     def _answer(self, call_id: int, response: Any) -> None:
         try:
             answer = ipc.response_out(response, self.arenas)
         except InferError as e:  # the shared memory is full
             return self._fail(call_id, e)
+        except Exception as e:  # a value that cannot cross (a model's parameters): an answer all the same
+            log.exception("an answer could not be sent to the worker")
+            return self._fail(call_id, _internal(e))
         self.link.send([ipc.RESULT, call_id, answer])
 
     def _answered(self, call_id: int, task: asyncio.Task) -> None:
-        self.tasks.pop(call_id, None)
+        if self.tasks.pop(call_id, None) is not None and not self.link.reading:
+            self._throttle()
         if task.cancelled():
             return
         error = task.exception()
@@ -375,17 +419,14 @@ class WorkerLink:
             self._fail(call_id, error)
         else:
             log.error("unexpected error serving an inference request", exc_info=error)
-            self._fail(call_id, InferError(ErrorKind.INTERNAL, f"internal error: {type(error).__name__}"))
+            self._fail(call_id, _internal(error))
 
     async def _stream(self, call_id: int, item: list) -> None:
         engine = self.engine
-        try:
-            request = ipc.request_in(item, self.arenas)
-            version = engine.repository.resolve(request.model_name, request.model_version)
-            async for response in version.infer_stream(request):
-                await self._send_more(call_id, ipc.response_out(response, self.arenas))
-        except InferError as e:
-            return self._fail(call_id, e)
+        request = ipc.request_in(item, self.arenas)
+        version = engine.repository.resolve(request.model_name, request.model_version)
+        async for response in version.infer_stream(request):
+            await self._send_more(call_id, ipc.response_out(response, self.arenas))
         self.link.send([ipc.END, call_id])
 
     # ---- forwarded routes and methods
@@ -431,6 +472,10 @@ class WorkerLink:
             status, message = Status.INTERNAL, f"internal error serving {path}"
         await engine.synced_answer()
         self.link.send([ipc.END, call_id, [status.value, message]])
+
+
+def _internal(error: BaseException) -> InferError:
+    return InferError(ErrorKind.INTERNAL, f"internal error: {type(error).__name__}")
 
 
 async def _traced(work: Any, tracer: Tracer, trace: Any) -> Any:

@@ -74,12 +74,18 @@ def error_of(payload: list) -> InferError:
 
 
 class EngineClient:
-    """This worker's end of its link to the engine: the calls it makes, and what the engine tells it."""
+    """This worker's end of its link to the engine: the calls it makes, and what the engine tells it.
 
-    def __init__(self, arenas: tuple[Arena, Arena] | None = None) -> None:
-        self.link = Link(self._message, self._lost)
+    No call waits forever: one the engine has not answered within `call_timeout` seconds (a stream:
+    since its last message) fails with UNAVAILABLE and is cancelled in the engine. A sweep each second
+    looks: the calls' last-heard times, not a timer per call."""
+
+    def __init__(self, arenas: tuple[Arena, Arena] | None = None, call_timeout: float = 0.0) -> None:
+        self.link = Link(self._message, self._lost, self._fault)
         self.arenas = None if arenas is None else LinkArenas(*arenas, self._release)
         self.calls: dict[int, asyncio.Future | Inbox] = {}
+        self.heard: dict[int, float] = {}  # a call's start, or its stream's last message (loop time)
+        self.call_timeout = call_timeout  # 0: none
         self.next_id = 0
         self.repository = FrontEndRepository(self)
         self.offline = Offline()
@@ -87,22 +93,56 @@ class EngineClient:
         self.first_table = self.loop.create_future()  # set once the engine's model table is here
         self.gone = asyncio.Event()  # the link closed: the engine is gone
         self.logs: LogControl | None = None  # this process's log, following the engine's settings
+        if call_timeout:
+            self.loop.call_later(1.0, self._sweep)
 
     def _call(self, target: asyncio.Future | Inbox) -> int:
         self.next_id += 1
         self.calls[self.next_id] = target
+        self.heard[self.next_id] = self.loop.time()
         return self.next_id
 
     def _release(self, offset: int) -> None:
         self.link.send([ipc.RELEASE, 0, offset])
 
     def _cancel(self, call_id: int) -> None:
+        self.heard.pop(call_id, None)
         if self.calls.pop(call_id, None) is not None and self.link.transport is not None:
             self.link.send([ipc.CANCEL, call_id])
+
+    def _end(self, call_id: int, error: InferError) -> None:
+        """Fails a call the engine will not answer, and tells the engine to drop it."""
+        target = self.calls.get(call_id)
+        self._cancel(call_id)
+        if isinstance(target, Inbox):
+            target.put(ipc.ERROR, [error.kind.value, error.message])
+        elif target is not None and not target.done():
+            target.set_exception(error)
+
+    def _sweep(self) -> None:
+        now = self.loop.time()
+        late = now - self.call_timeout
+        for call_id in [c for c, heard in self.heard.items() if heard < late]:
+            target = self.calls.get(call_id)
+            if isinstance(target, Inbox) and target.items:  # its reader is behind, not the engine
+                self.heard[call_id] = now
+                continue
+            limit = f"{self.call_timeout:g} s (--worker-call-timeout)"
+            self._end(call_id, InferError(ErrorKind.UNAVAILABLE, f"the engine did not answer within {limit}"))
+        if self.link.transport is not None or not self.gone.is_set():
+            self.loop.call_later(1.0, self._sweep)
+
+    def _fault(self, message: list, error: Exception) -> None:
+        """Handling a message from the engine raised: its call fails, not silently."""
+        if len(message) > 1 and message[1] in self.calls:
+            reason = f"internal error: the engine's answer could not be read ({type(error).__name__})"
+            self._end(message[1], InferError(ErrorKind.INTERNAL, reason))
 
     # ---- inference
 
     async def infer(self, version: ModelVersion, request: InferRequest) -> InferResponse:
+        if self.link.paused:  # the engine is not reading: wait here, not in memory
+            await self.link.drain()
         request.model_version = version.version_str  # the version this worker resolved
         message = ipc.request_out(request, self.arenas)  # raises when the shared memory is full
         future = self.loop.create_future()
@@ -114,11 +154,13 @@ class EngineClient:
             self._cancel(call_id)
             raise
         finally:
-            self.calls.pop(call_id, None)
+            self._forget(call_id)
 
     async def infer_stream(
         self, version: ModelVersion, request: InferRequest
     ) -> AsyncIterator[InferResponse]:
+        if self.link.paused:
+            await self.link.drain()
         request.model_version = version.version_str
         message = ipc.request_out(request, self.arenas)
         inbox = Inbox()
@@ -129,7 +171,7 @@ class EngineClient:
             while True:
                 kind, payload = await inbox.get()
                 if kind == ipc.MESSAGE:
-                    self.link.send([ipc.MORE, call_id, 1])
+                    self._more(call_id)
                     yield ipc.response_in(payload, self.arenas)
                 elif kind == ipc.END:
                     finished = True
@@ -140,12 +182,14 @@ class EngineClient:
         finally:
             if not finished:  # closed early: the client left
                 self._cancel(call_id)
-            self.calls.pop(call_id, None)
+            self._forget(call_id)
 
     # ---- forwarded routes and methods
 
     async def http(self, port: str, request: HttpRequest) -> HttpResponse:
         """A route this worker does not serve itself, answered by the engine."""
+        if self.link.paused:
+            await self.link.drain()
         inbox = Inbox()
         call_id = self._call(inbox)
         head = [ipc.HTTP, call_id, port, request.method, request.path, request.query]
@@ -158,12 +202,12 @@ class EngineClient:
             self._cancel(call_id)
             raise
         if kind == ipc.ERROR:
-            self.calls.pop(call_id, None)
+            self._forget(call_id)
             raise error_of(payload)
         status, headers, body, trailers = payload
         headers = [tuple(pair) for pair in headers]
         if body is not None:
-            self.calls.pop(call_id, None)
+            self._forget(call_id)
             return HttpResponse(status, headers, [body], _pairs(trailers))
         response = HttpResponse(status, headers, [], _pairs(trailers))
         response.chunks = Relayed(self, call_id, inbox, response)
@@ -171,6 +215,8 @@ class EngineClient:
 
     async def grpc(self, path: str, call: GrpcCall) -> None:
         """A gRPC method this worker does not serve itself: its messages relayed both ways."""
+        if self.link.paused:
+            await self.link.drain()
         inbox = Inbox()
         call_id = self._call(inbox)
         self.link.send([ipc.GRPC, call_id, path, list(call.metadata.items())])
@@ -181,7 +227,7 @@ class EngineClient:
                 kind, payload = await inbox.get()
                 if kind == ipc.MESSAGE:
                     await call.send_message(RawMessage(payload))
-                    self.link.send([ipc.MORE, call_id, 1])
+                    self._more(call_id)
                     continue
                 finished = True
                 if kind == ipc.END:
@@ -194,13 +240,23 @@ class EngineClient:
             pump.cancel()
             if not finished:
                 self._cancel(call_id)
-            self.calls.pop(call_id, None)
+            self._forget(call_id)
 
     async def _pump(self, call_id: int, call: GrpcCall) -> None:
         """The client's messages to the engine, as they come; then the end of them."""
         async for message in call:
+            self.heard[call_id] = self.loop.time()
             self.link.send([ipc.MESSAGE, call_id, bytes(message.data)])
         self.link.send([ipc.END, call_id])
+
+    def _more(self, call_id: int) -> None:
+        """A streamed message taken: the engine may send one more (its wait for us is not its silence)."""
+        self.heard[call_id] = self.loop.time()
+        self.link.send([ipc.MORE, call_id, 1])
+
+    def _forget(self, call_id: int) -> None:
+        self.calls.pop(call_id, None)
+        self.heard.pop(call_id, None)
 
     # ---- from the engine
 
@@ -216,6 +272,7 @@ class EngineClient:
         if isinstance(target, asyncio.Future) and target.done():
             return  # cancelled in this loop pass: its task has not yet run to forget it
         if isinstance(target, Inbox):
+            self.heard[call_id] = self.loop.time()
             target.put(kind, message[2] if len(message) > 2 else None)
         elif kind == ipc.RESULT:
             target.set_result(message[2])
@@ -243,6 +300,7 @@ class EngineClient:
             elif not target.done():
                 target.set_exception(error)
         self.calls.clear()
+        self.heard.clear()
         self.gone.set()
 
 
@@ -264,9 +322,9 @@ class Relayed:
             raise StopAsyncIteration
         kind, payload = await self.inbox.get()
         if kind == ipc.MESSAGE:
-            self.client.link.send([ipc.MORE, self.call_id, 1])
+            self.client._more(self.call_id)
             return payload
-        self.client.calls.pop(self.call_id, None)
+        self.client._forget(self.call_id)
         if kind == ipc.END:
             if payload is not None:
                 self.response.trailers = _pairs(payload)
@@ -405,7 +463,7 @@ async def serve(args: argparse.Namespace, logs: LogControl) -> None:
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    client = EngineClient(arenas)
+    client = EngineClient(arenas, args.worker_call_timeout)
     buffers.shared = client.arenas.allocate_body  # type: ignore[union-attr]
     client.logs = logs
     await loop.create_unix_connection(lambda: client.link, sock=link_socket)

@@ -4,6 +4,11 @@ One `Link` is one end of a Unix socketpair the engine made for one worker. Messa
 sends go out together at its end, in one write: at tens of thousands of requests a second, a write per
 message was a system call per request on each side. A read hands every whole message in it to
 `on_message` in order, in the read callback itself (no task per message).
+
+No call waits on a message that was lost here: a fault handling one goes to `on_fault` (which answers
+its call with an error), and bytes that do not decode end the link (`on_lost` fails every call). A link
+whose peer stops reading pauses its writer: `paused` is set, and a caller about to start a call awaits
+`drain()` first, so a backlog waits in the callers (bounded by their clients) rather than in memory.
 """
 
 from __future__ import annotations
@@ -23,10 +28,19 @@ READ_BUFFER = 256 << 10
 
 
 class Link(asyncio.BufferedProtocol):
-    def __init__(self, on_message: Callable[[Any], None], on_lost: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        on_message: Callable[[Any], None],
+        on_lost: Callable[[], None],
+        on_fault: Callable[[Any, Exception], None],
+    ) -> None:
         self.on_message = on_message
         self.on_lost = on_lost
+        self.on_fault = on_fault  # (the message, what its handling raised)
         self.transport: asyncio.Transport | None = None
+        self.paused = False  # the peer is not reading: callers await drain() before a new call
+        self.drained: asyncio.Future | None = None
+        self.reading = True
         self.loop = asyncio.get_running_loop()
         self.out: list[bytes] = []
         self.flush_pending = False
@@ -51,6 +65,13 @@ class Link(asyncio.BufferedProtocol):
             self.transport.write(b"".join(self.out))
         self.out.clear()
 
+    async def drain(self) -> None:
+        """Returns once the peer reads again (at once unless paused)."""
+        while self.paused and self.transport is not None:
+            if self.drained is None or self.drained.done():
+                self.drained = self.loop.create_future()
+            await asyncio.shield(self.drained)
+
     # ---- asyncio protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -58,7 +79,16 @@ class Link(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        self.resume_writing()
         self.on_lost()
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self.drained is not None and not self.drained.done():
+            self.drained.set_result(None)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self.end == len(self.buffer):  # full: move the incomplete message to the front, or grow
@@ -72,10 +102,26 @@ class Link(asyncio.BufferedProtocol):
             self.start, self.end = 0, size
         return self.view[self.end :]
 
+    def pause_reading(self) -> None:
+        """No more messages handed on (not even those already read) until resume_reading."""
+        self.reading = False
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self.reading = True
+        if self.transport is not None:
+            self.transport.resume_reading()
+        if self.end > self.start:
+            self.loop.call_soon(self._deliver)
+
     def buffer_updated(self, nbytes: int) -> None:
         self.end += nbytes
+        self._deliver()
+
+    def _deliver(self) -> None:
         view, pos, end = self.view, self.start, self.end
-        while end - pos >= 4:
+        while end - pos >= 4 and self.reading:
             (length,) = _LENGTH.unpack_from(view, pos)
             if end - pos - 4 < length:
                 if length + 4 > len(self.buffer):  # a message larger than the buffer: room for it whole
@@ -85,12 +131,20 @@ class Link(asyncio.BufferedProtocol):
                     self.start, self.end = 0, end - pos
                     return
                 break
-            message = unpack(view[pos + 4 : pos + 4 + length])
+            try:
+                message = unpack(view[pos + 4 : pos + 4 + length])
+            except Exception:  # not our framing: nothing after it can be trusted
+                log.exception("a message over the link does not decode; the link is closed")
+                self.start = self.end = 0
+                if self.transport is not None:
+                    self.transport.abort()
+                return
             pos += 4 + length
             try:
                 self.on_message(message)
-            except Exception:  # a fault handling one message fails that call alone, not the whole link
-                log.exception("a message over the link failed; dropped")
+            except Exception as e:  # a fault handling one message fails that call alone, not the link
+                log.exception("a message over the link failed")
+                self.on_fault(message, e)
         if pos == end:
             self.start = self.end = 0
         else:

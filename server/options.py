@@ -3,9 +3,11 @@
 import argparse
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from server import log_settings
+from server.backends.python import EXECUTION_MODES
 from server.endpoints.customized import CTRL_MODES
 from server.http.connection import HttpSettings
 from server.repository import CONTROL_MODES
@@ -186,6 +188,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="poll mode: seconds between scans of the repository (default 15)",
     )
     serve.add_argument(
+        "--python-execution-mode",
+        type=str.lower,
+        choices=EXECUTION_MODES,
+        default="auto",
+        help="where python models whose config sets no EXECUTION_MODE run their instances: process (each in "
+        "a process of its own), thread (threads of the server), or auto: process for a model.py written for "
+        "Triton's API (triton_python_backend_utils), as Triton runs it, thread for ours (default auto)",
+    )
+    serve.add_argument(
         "--strict-readiness",
         type=_boolean,
         nargs="?",
@@ -264,6 +275,24 @@ def build_parser() -> argparse.ArgumentParser:
         "(64 KiB and up) they send each other, request bodies from 1 MiB included; a request that finds it "
         "full is refused (resource exhausted). Pages exist only once used (default 2147483648)",
     )
+    serve.add_argument(
+        "--worker-call-timeout",
+        type=_not_negative(float),
+        default=300.0,
+        metavar="SECONDS",
+        help="with --workers: how long a worker waits for the engine to answer a call (a stream: for its "
+        "next message) before it answers the client 'unavailable' and cancels the call; a gRPC deadline "
+        "ends a call sooner. 0: no limit (default 300)",
+    )
+    serve.add_argument(
+        "--worker-max-calls",
+        type=_not_negative(int),
+        default=4096,
+        metavar="N",
+        help="with --workers: inference calls of one worker that may wait in the engine at once; past it "
+        "the engine stops reading that worker's requests until half are answered, and the worker's next "
+        "ones wait (default 4096; 0: no limit)",
+    )
     serve.add_argument("--worker-of", help=argparse.SUPPRESS)  # set by the engine for each worker it starts
     return parser
 
@@ -276,6 +305,19 @@ def _arena_bytes(text: str) -> int:
     if size < 1 << 20:
         raise argparse.ArgumentTypeError("must be at least 1048576 (1 MiB)")
     return size
+
+
+def _not_negative(number: type[int] | type[float]) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = number(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not value >= 0:  # NaN too
+            raise argparse.ArgumentTypeError("must be 0 or more")
+        return value
+
+    return parse
 
 
 def _workers(text: str) -> int:

@@ -228,11 +228,13 @@ class Repository:
         strict_readiness: bool = True,
         app_monitor: AppMonitor = app_monitor,
         response_cache: ResponseCache | None = None,
+        python_execution_mode: str = "auto",
     ) -> None:
         if control_mode not in CONTROL_MODES:
             raise ValueError(f"unknown model control mode {control_mode!r}")
         self.app_monitor = app_monitor
         self.response_cache = response_cache  # --cache-config: shared by the models that enable it
+        self.python_execution_mode = python_execution_mode  # --python-execution-mode
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, from start()
         self.path = path
         self.control_mode = control_mode

@@ -259,10 +259,16 @@ output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ -1 ] } ]
 """
 
 
-def test_a_slow_reader_pauses_the_models_generator(start_server, repo) -> None:
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_a_slow_reader_pauses_the_models_generator(start_server, repo, mode: str) -> None:
     """Each answer is ~4 KB: a client that gives the default 64 KB of window and reads nothing gets ~16
-    of them, and the model's generator waits there instead of running on into memory."""
-    version_dir = write_model(repo, "counting", COUNTING_STREAM_CONFIG, {1: COUNTING_STREAM_MODEL}) / "1"
+    of them, and the model's generator waits there instead of running on into memory; in a process of
+    its own too (the stream's credit: 8 answers past those the server took)."""
+    config = (
+        COUNTING_STREAM_CONFIG
+        + f'parameters {{ key: "EXECUTION_MODE" value: {{ string_value: "{mode}" }} }}\n'
+    )
+    version_dir = write_model(repo, "counting", config, {1: COUNTING_STREAM_MODEL}) / "1"
     server = start_server(repo)
     request = pb.ModelInferRequest(
         model_name="counting", inputs=[tensor("INPUT0", "INT32", [1], int_contents=[1])]

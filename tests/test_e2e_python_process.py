@@ -29,9 +29,9 @@ from grps_helpers import gtensor, streamed
 PROCESS = 'parameters { key: "EXECUTION_MODE" value: { string_value: "process" } }\n'
 
 # MODE 0 answers its instance's pid; 1 aborts, 2 exits 3, 3 is killed (SIGKILL, as the OOM killer does),
-# 4 sleeps past the execute timeout.
-FRAGILE = (
-    """
+# 4 sleeps past the execute timeout. A Triton-API model with a config as Triton's: no EXECUTION_MODE, so
+# its instances are processes by default (--python-execution-mode auto), and only the timeout is ours.
+FRAGILE = """
 name: "fragile"
 backend: "python"
 max_batch_size: 0
@@ -40,8 +40,6 @@ output [ { name: "PID" data_type: TYPE_INT64 dims: [ 1 ] } ]
 instance_group [ { count: 2 kind: KIND_CPU } ]
 parameters { key: "EXECUTE_TIMEOUT_MS" value: { string_value: "1500" } }
 """
-    + PROCESS
-)
 FRAGILE_PY = """
 import os, signal, time
 import numpy as np
@@ -305,6 +303,41 @@ def test_each_instance_is_a_process_of_the_server(server: ServerProcess) -> None
     assert answered.status_code == 200, answered.text
     assert answered.json()["outputs"][0]["data"][0] in pids
     assert restarts(server, "fragile") == 0
+
+
+@pytest.mark.parametrize("flag", ["thread", "process"])
+def test_the_flag_sets_the_mode_of_every_model_whose_config_names_none(
+    start_server, repo: Path, flag: str
+) -> None:
+    """--python-execution-mode thread runs a Triton-API model in the server's process, process runs one of
+    our API in a process of its own; a config's EXECUTION_MODE wins over either."""
+    write_model(repo, "fragile", FRAGILE.replace("count: 2", "count: 1"), {1: FRAGILE_PY})
+    write_model(repo, "echo_default", ECHO % ("echo_default", ""), {1: ECHO_PY})
+    named = "thread" if flag == "process" else "process"
+    write_model(repo, "echo_named", ECHO % ("echo_named", PROCESS.replace("process", named)), {1: ECHO_PY})
+    server = start_server(repo, extra_args=("--python-execution-mode", flag))
+    answered = fragile(server, 0)
+    assert answered.status_code == 200, answered.text
+    triton_pid = answered.json()["outputs"][0]["data"][0]
+    _, ours = echo(server, "echo_default", ["a"])
+    _, named_info = echo(server, "echo_named", ["a"])
+    in_server = {"thread": True, "process": False}
+    assert (triton_pid == server.proc.pid) is in_server[flag]
+    assert (ours["pid"] == server.proc.pid) is in_server[flag]
+    assert (named_info["pid"] == server.proc.pid) is in_server[named]
+
+
+def test_by_default_triton_api_models_run_in_processes_and_ours_in_threads(start_server, repo: Path) -> None:
+    """Without the flag or EXECUTION_MODE: a model.py importing triton_python_backend_utils gets a
+    process per instance, as Triton's stubs; a model of our API runs in the server's threads."""
+    write_model(repo, "fragile", FRAGILE.replace("count: 2", "count: 1"), {1: FRAGILE_PY})
+    write_model(repo, "echo_default", ECHO % ("echo_default", ""), {1: ECHO_PY})
+    server = start_server(repo)
+    answered = fragile(server, 0)
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["outputs"][0]["data"][0] != server.proc.pid
+    _, ours = echo(server, "echo_default", ["a"])
+    assert ours["pid"] == server.proc.pid
 
 
 def test_our_api_in_a_process_bytes_and_parameters(server: ServerProcess) -> None:

@@ -1,12 +1,18 @@
 """A worker's end of the link to the engine (server/frontend.py EngineClient, server/link.py): answers
-that arrive for calls the worker has already given up on are dropped, and the link keeps working."""
+that arrive for calls the worker has already given up on are dropped, and the link keeps working; no call
+waits forever (a message that cannot be handled, bytes that do not decode, an engine that never answers);
+a link whose engine does not read holds new calls back."""
 
 import asyncio
+import contextlib
+import socket
+import time
 
 import numpy as np
 import pytest
 
 from codec import ipc
+from codec.errors import ErrorKind, InferError
 from codec.tensor import InferRequest, InferResponse, Tensor
 from server.frontend import EngineClient
 from server.link import _LENGTH
@@ -52,3 +58,126 @@ def test_an_answer_to_a_call_cancelled_in_the_same_pass_is_dropped(caplog: pytes
 
     asyncio.run(scenario())
     assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+
+
+def test_a_message_whose_handling_raises_fails_its_call_and_the_link_serves_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A RESULT without its payload (an engine's bug): the call it names fails now, with INTERNAL,
+    instead of waiting for an answer that was dropped; the next call is answered."""
+
+    async def scenario() -> None:
+        client = EngineClient()
+        broken = asyncio.create_task(client.infer(Version(), request()))
+        await asyncio.sleep(0)
+        arrive(client, [ipc.RESULT, client.next_id])
+        with pytest.raises(InferError) as failed:
+            await asyncio.wait_for(broken, 5)
+        assert failed.value.kind is ErrorKind.INTERNAL
+        assert "the engine's answer could not be read (IndexError)" in failed.value.message
+        served = asyncio.create_task(client.infer(Version(), request()))
+        await asyncio.sleep(0)
+        arrive(client, [ipc.RESULT, client.next_id, answer(7)])
+        assert int((await served).outputs[0].data[0]) == 7
+
+    asyncio.run(scenario())
+    assert "a message over the link failed" in caplog.text
+
+
+async def linked(client: EngineClient) -> socket.socket:
+    """The client's link on one end of a socketpair; the other end (the engine's), raw."""
+    ours, engine = socket.socketpair()
+    await asyncio.get_running_loop().create_unix_connection(lambda: client.link, sock=ours)
+    engine.setblocking(False)
+    return engine
+
+
+async def engine_reads(engine: socket.socket) -> list:
+    """The messages the worker sent so far."""
+    await asyncio.sleep(0.05)
+    data = b""
+    with contextlib.suppress(BlockingIOError):
+        while chunk := engine.recv(65536):
+            data += chunk
+    messages = []
+    while data:
+        (length,) = _LENGTH.unpack_from(data)
+        messages.append(ipc.unpack(data[4 : 4 + length]))
+        data = data[4 + length :]
+    return messages
+
+
+def test_bytes_that_do_not_decode_end_the_link_and_fail_every_call() -> None:
+    async def scenario() -> None:
+        client = EngineClient()
+        engine = await linked(client)
+        waiting = asyncio.create_task(client.infer(Version(), request()))
+        await asyncio.sleep(0)
+        engine.send(_LENGTH.pack(3) + b"\xc1\xc1\xc1")  # 0xc1: never used in MessagePack
+        with pytest.raises(InferError) as failed:
+            await asyncio.wait_for(waiting, 5)
+        assert failed.value.kind is ErrorKind.UNAVAILABLE
+        assert client.gone.is_set()
+        engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_call_the_engine_never_answers_fails_at_the_deadline_and_is_cancelled_there() -> None:
+    async def scenario() -> None:
+        client = EngineClient(call_timeout=0.5)
+        engine = await linked(client)
+        started = time.monotonic()
+        with pytest.raises(InferError) as failed:
+            await asyncio.wait_for(client.infer(Version(), request()), 5)
+        waited = time.monotonic() - started
+        assert failed.value.kind is ErrorKind.UNAVAILABLE
+        assert "did not answer within 0.5 s (--worker-call-timeout)" in failed.value.message
+        assert 0.5 <= waited < 2.5  # the sweep runs each second
+        kinds = [message[0] for message in await engine_reads(engine)]
+        assert kinds == [ipc.INFER, ipc.CANCEL]
+        assert client.calls == {} and client.heard == {}
+        engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_stream_whose_reader_is_behind_is_not_timed_out() -> None:
+    """The deadline is the engine's silence while the worker waits: answers waiting for their reader
+    keep the stream alive past it."""
+
+    async def scenario() -> None:
+        client = EngineClient(call_timeout=0.5)
+        engine = await linked(client)
+        stream = client.infer_stream(Version(), request())
+        first = asyncio.create_task(anext(stream))
+        await asyncio.sleep(0.05)
+        for value in (1, 2):
+            arrive(client, [ipc.MESSAGE, client.next_id, answer(value)])
+        assert int((await first).outputs[0].data[0]) == 1
+        await asyncio.sleep(1.6)  # the reader is slow: the second answer waits for it
+        assert int((await anext(stream)).outputs[0].data[0]) == 2
+        arrive(client, [ipc.END, client.next_id])
+        with pytest.raises(StopAsyncIteration):
+            await anext(stream)
+        kinds = [message[0] for message in await engine_reads(engine)]
+        assert ipc.CANCEL not in kinds
+        engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_while_the_engine_does_not_read_new_calls_wait_and_then_go() -> None:
+    async def scenario() -> None:
+        client = EngineClient()
+        engine = await linked(client)
+        client.link.pause_writing()  # as the transport says when the socket's buffer is full
+        waiting = asyncio.create_task(client.infer(Version(), request()))
+        assert [m[0] for m in await engine_reads(engine)] == []
+        client.link.resume_writing()
+        assert [m[0] for m in await engine_reads(engine)] == [ipc.INFER]
+        arrive(client, [ipc.RESULT, client.next_id, answer(3)])
+        assert int((await waiting).outputs[0].data[0]) == 3
+        engine.close()
+
+    asyncio.run(scenario())

@@ -59,7 +59,9 @@ def complete_config(version_dir: Path, config: dict, host: Host | None = None) -
         if model.is_file() and b"auto_complete_config" in model.read_bytes():
             from server.backends.python import execution_mode
 
-            if execution_mode(config) == "process":  # the model's code runs in its processes only
+            if (
+                execution_mode(config, version_dir, host) == "process"
+            ):  # the model's code runs in its processes only
                 from server.backends.instance import complete_in_process
 
                 return complete_in_process(version_dir, config)

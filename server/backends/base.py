@@ -69,6 +69,9 @@ class Host(Protocol):
 
     app_monitor: AppMonitor
     loop: asyncio.AbstractEventLoop | None  # None until the server runs
+    python_execution_mode: (
+        str  # EXECUTION_MODE for python models whose config names none (--python-execution-mode)
+    )
 
     def resolve(self, name: str, version: str = "") -> ModelVersion:
         """The ready version of model `name` that a request naming `version` ("": the newest ready one)

@@ -34,6 +34,8 @@ CALL, REPLY = 12, 13  # process -> server: a BLS request; server -> process: its
 STOP = 14  # server -> process: finalize and exit
 COMPLETE = 15  # server -> process: auto_complete_config, answered by READY with the completed config
 METRIC = 16  # process -> server: a value for grps's app_monitor [METRIC, 0, name, aggregation, value]
+MORE = 17  # server -> process: a stream's reader took answers, [MORE, call, count]: that many more may come
+AHEAD = 8  # the answers a stream may send beyond those its reader took
 
 BYTES = "BYTES"
 ALIGN = 64

@@ -80,6 +80,7 @@ class ProcessBackend(Backend):
         self.queued = 1 if self.timeout else DEPTH  # batches an instance holds without the dynamic batcher
         self._all = [Instance(self, i) for i in range(self.instances)]
         self._waiters: deque[tuple[asyncio.Future, bool]] = deque()  # (its future, a small batch)
+        self.traced: dict[int, Any] = {}  # the traces of requests in its processes, by id (BLS children)
         self._closed = False
         try:
             self._on_loop_thread(lambda: [instance.spawn() for instance in self._all])
@@ -290,6 +291,21 @@ class ProcessBackend(Backend):
 
     async def _execute_triton(self, jobs: list[Job]) -> list:
         small = sum(array.nbytes for job in jobs for array in job.inputs.values()) <= INLINE_BYTES
+        traced = [job.request.trace for job in jobs if job.request is not None and job.request.trace]
+        if not traced:
+            return await self._run(small, *self._triton_batch(jobs, small))
+        for trace in traced:  # a BLS call the model makes with request.trace() is its child
+            self.traced[id(trace)] = trace
+        try:
+            return await self._run(small, *self._triton_batch(jobs, small))
+        finally:
+            for trace in traced:
+                self.traced.pop(id(trace), None)
+
+    def _triton_batch(
+        self, jobs: list[Job], small: bool
+    ) -> tuple[Callable[[Instance, int], list], Callable[[Instance, list], Any]]:
+        """How a batch of Triton requests is sent to an instance, and how its answer is read."""
 
         def build(instance: Instance, call: int) -> list:
             if small:
@@ -313,15 +329,22 @@ class ProcessBackend(Backend):
                 for entry in answer[3]
             ]
 
-        return await self._run(small, build, read)
+        return build, read
 
     def _refuse(self, *_: Any) -> Any:
         raise stream_only_error(self.name)
 
     async def _stream_triton(self, inputs: dict[str, Any], request: Any = None) -> AsyncIterator[dict]:
         tensors = [channel.inline(name, array) for name, array in inputs.items()]
-        async for outputs in self._stream(tensors, _meta(request)):
-            yield outputs
+        trace = request.trace if request is not None else None
+        if trace is not None:
+            self.traced[id(trace)] = trace
+        try:
+            async for outputs in self._stream(tensors, _meta(request)):
+                yield outputs
+        finally:
+            if trace is not None:
+                self.traced.pop(id(trace), None)
 
     # ---------------------------------------------------------------------------------- our API
 
@@ -369,10 +392,15 @@ class ProcessBackend(Backend):
         call = instance.new_call()
         queue = instance.open_stream([channel.STREAM, call, tensors, meta])
         finished = False
+        taken = 0  # answers taken since the last MORE: granted back in halves (credit flow, as the links')
         try:
             while True:
                 message = await queue.get()
                 kind = message[0]
+                taken += 1
+                if taken == channel.AHEAD // 2:
+                    instance.send([channel.MORE, call, taken])
+                    taken = 0
                 if kind == channel.END:
                     finished = True
                     return
@@ -402,7 +430,7 @@ class ProcessBackend(Backend):
     def bls(self, instance: Instance, message: list) -> None:
         """A BLS request from a model's process: answered through the server's schedulers."""
         instance.bls.add(message[1])
-        asyncio.get_running_loop().create_task(_answer_bls(self.host, instance, message))
+        asyncio.get_running_loop().create_task(_answer_bls(self, instance, message))
 
     def close(self) -> None:
         self._closed = True
@@ -416,25 +444,30 @@ class ProcessBackend(Backend):
 
 def _meta(request: Any) -> list:
     """What a Triton model reads of a request besides its tensors: [id, correlation id, flags,
-    parameters (JSON), requested outputs (None: all)]."""
+    parameters (JSON), requested outputs (None: all), trace (None, or [its key in `traced`, the client's
+    traceparent])]."""
     if request is None:
-        return ["", 0, 0, "{}", None]
+        return ["", 0, 0, "{}", None, None]
     parameters = json.dumps(custom_parameters(request.parameters)) if request.parameters else "{}"
     requested = None if request.outputs is None else [o.name for o in request.outputs]
-    return [request.id or "", request.sequence_id, request.sequence_flags, parameters, requested]
+    trace = request.trace
+    traced = None if trace is None else [id(trace), trace.traceparent]
+    return [request.id or "", request.sequence_id, request.sequence_flags, parameters, requested, traced]
 
 
-async def _answer_bls(host: Host | None, instance: Instance, message: list) -> None:
+async def _answer_bls(owner: ProcessBackend, instance: Instance, message: list) -> None:
     """A model process's BLS request run as the in-thread mode runs it (pb_utils, on this server), its
     responses sent back: [REPLY, call, [[0, tensors] or [1, code, message], ...]]."""
     _, call, model, version, tensors, requested, request_id, correlation_id, flags, parameters, decoupled = (
-        message
+        message[:11]
     )
+    parent = owner.traced.get(message[11]) if message[11] is not None else None
     try:
         inputs = [pb_utils.Tensor(d[0], channel.inline_array(d)) for d in tensors]
         request = pb_utils.InferenceRequest(
-            model, inputs, requested, version, correlation_id, request_id, flags, parameters=parameters
-        )
+            model, inputs, requested, version, correlation_id, request_id, flags, parameters=parameters,
+            trace=pb_utils.InferenceTrace(parent),
+        )  # fmt: skip
         if decoupled:
             responses = [r async for r in await request.async_exec(decoupled=True)]
         else:

@@ -29,25 +29,29 @@ answer grps customized HTTP (server/endpoints/customized.py).
 
 from __future__ import annotations
 
+import ast
 import inspect
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from server.backends.base import Backend, stream_only_error
-from server.backends.module import ModelModule
+from server.backends.module import TRITON_UTILS, ModelModule
 from server.model_config import parameter
 
 if TYPE_CHECKING:
     from server.backends.base import Host
 
-DEFAULT_MODE = "thread"  # EXECUTION_MODE when the config names none (README "The python backend")
+# EXECUTION_MODE when the config names none, as --python-execution-mode sets it. `auto`: Triton's API gets
+# Triton's isolation (a process per instance, as Triton's stubs), ours keeps threads (README "The python
+# backend").
+EXECUTION_MODES = ("auto", "process", "thread")
 
 
 def load_python(version_dir: Path, config: dict, version: int, host: Host | None = None) -> Backend:
     """The model.py of a version folder: Triton's API when it imports `triton_python_backend_utils`
     (server/backends/triton_python.py), else ours. The module shared by both: server/backends/module.py."""
-    mode = execution_mode(config)
+    mode = execution_mode(config, version_dir, host)
     if mode == "process":
         from server.backends.process import ProcessBackend
 
@@ -64,13 +68,33 @@ def load_python(version_dir: Path, config: dict, version: int, host: Host | None
         raise
 
 
-def execution_mode(config: dict) -> str:
+def execution_mode(config: dict, version_dir: Path, host: Host | None = None) -> str:
     """Where the model's instances run: `process` (each in a process of its own, server/backends/
-    process.py) or `thread` (threads of the server's process), as the config's EXECUTION_MODE says."""
-    mode = parameter(config, "EXECUTION_MODE", DEFAULT_MODE).lower()
-    if mode not in ("process", "thread"):
-        raise ValueError(f"model '{config['name']}': EXECUTION_MODE is 'process' or 'thread', not {mode!r}")
+    process.py) or `thread` (threads of the server's process), as the config's EXECUTION_MODE says, else
+    the server's default (`host.python_execution_mode`), where `auto` means process for a model.py
+    written for Triton's API and thread for ours."""
+    named = parameter(config, "EXECUTION_MODE", "").lower()
+    if named and named not in ("process", "thread"):
+        raise ValueError(f"model '{config['name']}': EXECUTION_MODE is 'process' or 'thread', not {named!r}")
+    mode = named or (host.python_execution_mode if host is not None else "auto")
+    if mode == "auto":
+        return "process" if imports_triton_utils(version_dir / "model.py") else "thread"
     return mode
+
+
+def imports_triton_utils(path: Path) -> bool:
+    """Whether a model.py imports `triton_python_backend_utils` anywhere, read from its source without
+    running it (a file that does not parse is left to the load to report)."""
+    try:
+        tree = ast.parse(path.read_bytes(), str(path))
+    except (OSError, SyntaxError, ValueError):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name == TRITON_UTILS for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.module == TRITON_UTILS:
+            return True
+    return False
 
 
 class PythonBackend(Backend):

@@ -56,6 +56,7 @@ class Link:
         self._next = 0
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.on_cancel: Callable[[int], None] = lambda call: None
+        self.on_more: Callable[[int, int], None] = lambda call, count: None
 
     def send(self, message: list) -> None:
         data = channel.frame(message)
@@ -113,6 +114,9 @@ class Link:
         if kind == channel.CANCEL:
             self.on_cancel(message[1])
             return None
+        if kind == channel.MORE:
+            self.on_more(message[1], message[2])
+            return None
         return message
 
     def _fail_calls(self) -> None:
@@ -164,11 +168,21 @@ class Calls:
 
 def _bls_message(request: pb_utils.InferenceRequest, decoupled: bool) -> list:
     tensors = [channel.inline(t.name(), t.as_numpy()) for t in request.inputs()]
+    parent = request.trace()._trace  # a RemoteTrace (given a received request's trace()), or None
     return [
         channel.CALL, 0, request.model_name(), request.model_version(), tensors,
         request.requested_output_names(), request.request_id(), request.correlation_id(), request.flags(),
-        request.parameters(), decoupled,
+        request.parameters(), decoupled, None if parent is None else parent.key,
     ]  # fmt: skip
+
+
+class RemoteTrace:
+    """The server's trace of a request this process executes: a BLS call given it is traced there as
+    its child (pb_utils.InferenceTrace holds it)."""
+
+    def __init__(self, key: int, traceparent: str | None) -> None:
+        self.key = key
+        self.traceparent = traceparent
 
 
 def _bls_responses(message: list) -> list[pb_utils.InferenceResponse]:
@@ -206,11 +220,40 @@ class _Monitor(AppMonitor):
         self.link.send([channel.METRIC, 0, name, aggregation, value])
 
 
+class Credit:
+    """How many more answers a stream may send before its reader takes some (channel.MORE): a model that
+    streams faster than its client reads waits in `spend`, as it would in the server's own process."""
+
+    def __init__(self) -> None:
+        self.left = channel.AHEAD
+        self.ended = False
+        self.changed = threading.Condition()
+
+    def spend(self) -> bool:
+        """Blocks for one answer's credit; False once the stream ended (cancelled, or the server left)."""
+        with self.changed:
+            self.changed.wait_for(lambda: self.left > 0 or self.ended)
+            self.left -= 1
+            return not self.ended
+
+    def grant(self, count: int) -> None:
+        with self.changed:
+            self.left += count
+            self.changed.notify_all()
+
+    def end(self) -> None:
+        with self.changed:
+            self.ended = True
+            self.changed.notify_all()
+
+
 class Stub:
     def __init__(self, link: Link, arena: Arena) -> None:
         self.link = link
         self.arena = arena
         self.streams: dict[int, Any] = {}  # call -> a streamed request's sender, or our API's stop event
+        self.credits: dict[int, Credit] = {}  # call -> its stream's credit
+        link.on_more = self.grant
         self.loop: asyncio.AbstractEventLoop | None = None  # for `async def execute`, made when needed
 
     # ------------------------------------------------------------------------------------- loading
@@ -321,7 +364,7 @@ class Stub:
         self.link.send([channel.RESULT, call, self.arena.size, descriptors])
 
     def _request(self, inputs: list, meta: list, sender: Any) -> pb_utils.InferenceRequest:
-        request_id, correlation_id, flags, parameters, requested = meta
+        request_id, correlation_id, flags, parameters, requested, traced = meta
         request = pb_utils.InferenceRequest(self.name, model_version=self.version)
         request._inputs = [
             pb_utils.Tensor._of(d[0], self.arena.read(d, copy=False), self.dtypes[d[0]]) for d in inputs
@@ -331,14 +374,17 @@ class Stub:
         if requested is not None:
             request._requested = requested
         request._sender = sender
+        if traced is not None:
+            request._trace = pb_utils.InferenceTrace(RemoteTrace(*traced))
         return request
 
     def _stream(self, call: int, inputs: list, meta: Any) -> None:
+        credit = self.credits[call] = Credit()
         if self.triton:
             link = self.link
 
             def deliver(response: pb_utils.InferenceResponse | None, flags: int) -> None:
-                if response is not None:
+                if response is not None and credit.spend():
                     if response.has_error():
                         error = response.error()
                         link.send([channel.PART, call, None, error.code(), error.message()])
@@ -347,6 +393,7 @@ class Stub:
                         link.send([channel.PART, call, tensors])
                 if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
                     self.streams.pop(call, None)
+                    self.credits.pop(call, None)
                     link.send([channel.END, call])
 
             sender = pb_utils.InferenceResponseSender(deliver)
@@ -355,14 +402,18 @@ class Stub:
                 self._call(self.model.execute, [self._request(inputs, meta, sender)])
             except BaseException:
                 self.streams.pop(call, None)
+                self.credits.pop(call, None)
                 raise
             return
         stop = threading.Event()
         self.streams[call] = stop
         arrays = {d[0]: channel.inline_array(d) for d in inputs}
-        threading.Thread(target=self._run_stream, args=(call, arrays, meta, stop), daemon=True).start()
+        args = (call, arrays, meta, stop, credit)
+        threading.Thread(target=self._run_stream, args=args, daemon=True).start()
 
-    def _run_stream(self, call: int, inputs: dict, parameters: Any, stop: threading.Event) -> None:
+    def _run_stream(
+        self, call: int, inputs: dict, parameters: Any, stop: threading.Event, credit: Credit
+    ) -> None:
         """Our API's `execute_stream` in its own thread: each yield a PART, until the end or CANCEL."""
 
         async def drive() -> None:
@@ -377,6 +428,8 @@ class Stub:
                             f"execute_stream yielded {type(outputs).__name__}, not a dict of outputs"
                         )
                     tensors = [channel.inline(n, channel.as_array(v)) for n, v in outputs.items()]
+                    if not credit.spend():  # blocks this stream's thread: the generator waits too
+                        return
                     self.link.send([channel.PART, call, tensors])
             finally:
                 await produced.aclose()
@@ -388,12 +441,22 @@ class Stub:
             message = [channel.ERROR, call] + _error(e)
         finally:
             self.streams.pop(call, None)
+            self.credits.pop(call, None)
         if not stop.is_set():
             self.link.send(message)
+
+    def grant(self, call: int, count: int) -> None:
+        """A stream's reader took `count` answers (called by the reader thread)."""
+        credit = self.credits.get(call)
+        if credit is not None:
+            credit.grant(count)
 
     def cancel(self, call: int) -> None:
         """The client of a streamed request went away (called by the reader thread)."""
         held = self.streams.pop(call, None)
+        credit = self.credits.pop(call, None)
+        if credit is not None:
+            credit.end()
         if isinstance(held, threading.Event):
             held.set()
         elif held is not None:
