@@ -58,7 +58,8 @@ def config(name: str, mode: str, count: int) -> dict:
         "input": [{"name": "INPUT0", **tensor}, {"name": "INPUT1", **tensor}],
         "output": [{"name": "OUTPUT0", **tensor}, {"name": "OUTPUT1", **tensor}],
         "instance_group": [{"count": count, "kind": "KIND_CPU"}],
-        "parameters": {"EXECUTION_MODE": {"string_value": mode}},
+        # mode "": the config as Triton's (no EXECUTION_MODE): a Triton-API model then runs in processes
+        "parameters": {"EXECUTION_MODE": {"string_value": mode}} if mode else {},
     }
 
 
@@ -146,15 +147,15 @@ def rest(loops: int, rounds: int, duration: float, triton: str) -> None:
     models = {  # name: (code, mode, count), `max_batch_size 0` as the figure asks
         "busy_thread_1": (busy, "thread", 1),
         "busy_thread_2": (busy, "thread", 2),
-        "busy_process_1": (busy, "process", 1),
-        "busy_process_2": (busy, "process", 2),
+        "busy_default_1": (busy, "", 1),  # Triton's config unchanged: processes, the default for its API
+        "busy_default_2": (busy, "", 2),
         "simple_thread": (SIMPLE_PY, "thread", 1),
-        "simple_process": (SIMPLE_PY, "process", 1),
+        "simple_default": (SIMPLE_PY, "", 1),
     }
     stub_python = triton_interpreter() if triton else None
     if stub_python:
-        models["busy_process_1_as_triton"] = (busy, "process", 1)
-        models["busy_process_2_as_triton"] = (busy, "process", 2)
+        models["busy_default_1_as_triton"] = (busy, "", 1)
+        models["busy_default_2_as_triton"] = (busy, "", 2)
     body = json.dumps(
         {"inputs": [{"name": n, "datatype": "INT32", "shape": [1, 16], "data": list(range(16))}
                     for n in ("INPUT0", "INPUT1")]}

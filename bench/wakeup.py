@@ -45,6 +45,7 @@ import uvloop
 from bench.procs import ServerProcess, cpu_clock, serve_argv
 from bench.transport import save
 from codec import ipc
+from codec.framing import pack, unpack
 from server.link import Link
 
 MECHANISMS = ("socket", "ring", "ring-lazy")
@@ -121,7 +122,7 @@ class RingLink:
             struct.pack_into("<Q", into.map, 16, 1)
 
     def send(self, message: list) -> None:
-        data = ipc.pack(message)
+        data = pack(message)
         if not self.pending:
             self.loop.call_soon(self._flush)
         self.pending += (_LENGTH.pack(len(data)), data)
@@ -136,7 +137,7 @@ class RingLink:
         data, pos = memoryview(self.into.read()), 0
         while pos < len(data):
             (length,) = _LENGTH.unpack_from(data, pos)
-            self.on_message(ipc.unpack(data[pos + 4 : pos + 4 + length]))
+            self.on_message(unpack(data[pos + 4 : pos + 4 + length]))
             pos += 4 + length
 
 
@@ -158,7 +159,7 @@ async def _side(mechanism: str, ends: tuple, answers: bool, messages: int, in_fl
             link.send(MESSAGE)
 
     if mechanism == "socket":
-        link = Link(on_message, lambda: None)
+        link = Link(on_message, lambda: None, lambda message, error: None)
         await loop.create_unix_connection(lambda: link, sock=ends[answers])
     else:
         rings = [Ring(fd, wakeup, mechanism == "ring-lazy") for fd, wakeup in ends]

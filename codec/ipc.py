@@ -1,34 +1,45 @@
-"""Requests and answers between a front-end worker and the engine (server/workers.py), sans-IO.
+"""The messages between the server's processes, sans-IO: their kinds (one table for both links: a
+front-end worker and its engine, server/frontend.py and engine.py; the server and a python model's
+process, server/backends/channel.py), and the requests and answers a worker and its engine exchange.
 
-A message is a MessagePack array (msgspec: ~0.2 us to encode a `simple` request, ~0.5 us to decode; no
-pickle, so nothing a process receives can run code). Its first element says what it is (the `KIND`s
-below) and its second which call it belongs to. An InferRequest or InferResponse travels as nested arrays;
-each tensor as [name, datatype, shape, data, parameters], its data the v2 binary layout (BYTES
+A message is a MessagePack array in the framing of codec/framing.py. Its first element says what it is
+(the kinds below) and its second which call it belongs to. An InferRequest or InferResponse travels as
+nested arrays; each tensor as [name, datatype, shape, data, parameters] (a model's process uses the first
+four: server/backends/channel.py), its datatype the v2 name, its data the v2 binary layout (BYTES
 length-prefixed, anything else C-order little-endian), or a descriptor [arena, offset, length] of those
 bytes in the shared memory between the two processes (server/arena.py: large tensors, given `arenas`),
 or None for a tensor in a client's shared-memory region (the engine reads and writes those). Decoded
 numeric data is a numpy array over the arena, or over a copy of the message's bytes (msgpack's binary
-decodes to read-only bytes; models may write their inputs, while an answer is only read).
-"""
+decodes to read-only bytes; models may write their inputs, while an answer is only read)."""
 
 from __future__ import annotations
 
 import math
 from typing import Any, Protocol
 
-import msgspec
 import numpy as np
 
 from codec.bytes_tensor import decode_bytes
 from codec.datatypes import BY_V2
 from codec.tensor import InferRequest, InferResponse, RequestedOutput, Tensor, tensor_bytes
 
-# What a message is (its first element).
-INFER, STREAM, HTTP, GRPC, CALL = 1, 2, 3, 4, 5  # worker -> engine: a call starts
+# What a message is (its first element), on both links between the server's processes: a front-end
+# worker and its engine, and the server and a python model's process (server/backends/channel.py). A kind
+# means the same on both.
+INFER, STREAM, HTTP, GRPC = 1, 2, 3, 4  # worker -> engine: a call starts (STREAM: to a model's process too)
+CALL = 5  # a model's process -> the server: a BLS request
 MESSAGE, END, CANCEL = 6, 7, 8  # either way, within a call: a piece of a stream, its end, a cancel
-RESULT, ERROR, EVENT = 9, 10, 11  # engine -> worker: a call's answer, its error, news for every worker
-MORE = 12  # worker -> engine: a stream's consumer took a message (the engine sends AHEAD beyond those)
+RESULT, ERROR, EVENT = 9, 10, 11  # a call's answer, its error; engine -> worker: news for every worker
+MORE = 12  # a stream's reader took messages ([MORE, call, count]): the sender may send AHEAD beyond those
 RELEASE = 13  # either way: every view of a region of the receiver's arena is gone ([RELEASE, 0, offset])
+# Only between the server and a python model's process:
+LOAD, READY, FAILED = 14, 15, 16  # server -> process: the model to load; the answer: loaded, or why not
+EXECUTE = 17  # server -> process: a batch; answered by RESULT (its answers) or ERROR (it raised)
+LOG = 18  # process -> server: a line for the server's log (pb_utils.Logger)
+REPLY = 19  # server -> process: a BLS call's answer
+STOP = 20  # server -> process: finalize and exit
+COMPLETE = 21  # server -> process: auto_complete_config, answered by READY with the completed config
+METRIC = 22  # process -> server: a value for grps's app_monitor [METRIC, 0, name, aggregation, value]
 AHEAD = 8
 
 
@@ -40,25 +51,6 @@ class Arenas(Protocol):
 
     def take(self, descriptor: list) -> np.ndarray:
         """The bytes a descriptor names, as a uint8 array."""
-
-
-def _plain(value: Any) -> Any:
-    """What msgspec cannot write itself: numpy scalars and arrays a model put in its parameters."""
-    if isinstance(value, np.generic | np.ndarray):
-        return value.tolist()
-    raise NotImplementedError(f"{type(value).__name__} cannot cross to another process")
-
-
-_encoder = msgspec.msgpack.Encoder(enc_hook=_plain)
-_decoder = msgspec.msgpack.Decoder()
-
-
-def pack(message: list) -> bytes:
-    return _encoder.encode(message)
-
-
-def unpack(data: bytes | memoryview) -> Any:
-    return _decoder.decode(data)
 
 
 # ------------------------------------------------------------------------------------------ tensors

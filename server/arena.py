@@ -1,5 +1,7 @@
-"""Shared memory for the large tensors a worker and its engine exchange (`--workers`): one arena per
-direction of each link, a memfd both processes map.
+"""Shared memory between the server's processes: `Region`, one memfd that both sides map, grow and follow;
+and over it, the arenas of the large tensors a worker and its engine exchange (`--workers`): one arena per
+direction of each link, a reference-counted free list. (A python model's process has the other allocator
+over a Region: server/backends/channel.py, a bump allocator per batch.)
 
 A process writes only into its own arena and reads the other's. A tensor of INLINE_MAX bytes or more
 travels as a descriptor (which arena, offset, length) instead of inside the message:
@@ -30,16 +32,51 @@ ALIGN = 64
 MINE, YOURS = 0, 1  # a descriptor's arena, as its sender names it: the sender's own, or the receiver's
 
 
-class Arena:
-    """One memfd mapped here: the spans free in it, and how many holds each region in use has."""
+class Region:
+    """One memfd mapped here. One side creates it (`fd` None) and passes the fd to the other; either may
+    grow it (`reserve`, then its message says the new size) and the other maps it again (`follow`).
+    Pages exist only once written."""
 
-    def __init__(self, size: int, fd: int | None = None) -> None:
+    def __init__(self, size: int, fd: int | None = None, name: str = "tensorgate") -> None:
         if fd is None:
-            fd = os.memfd_create("tensorgate-arena", 0)  # sparse: pages exist once written
+            fd = os.memfd_create(name, os.MFD_CLOEXEC)
             os.ftruncate(fd, size)
         self.fd = fd
         self.size = size
         self.map = mmap.mmap(fd, size)
+
+    def reserve(self, size: int) -> None:
+        """At least `size` bytes, growing the memfd (doubling, so that growth is rare)."""
+        if size > self.size:
+            self.size = max(size, self.size * 2)
+            os.ftruncate(self.fd, self.size)
+            self._remap()
+
+    def follow(self, size: int) -> None:
+        """The other side grew the memfd to `size`."""
+        if size > self.size:
+            self.size = size
+            self._remap()
+
+    def _remap(self) -> None:
+        # The old map is not closed: arrays a model kept may still view it; it goes with the last of them.
+        self.map = mmap.mmap(self.fd, self.size)
+
+    def close(self) -> None:
+        with contextlib.suppress(BufferError):  # arrays over it still live: it goes with the last of them
+            self.map.close()
+        os.close(self.fd)
+
+
+def aligned(size: int) -> int:
+    return (size + ALIGN - 1) // ALIGN * ALIGN
+
+
+class Arena(Region):
+    """A Region of fixed size whose spans are allocated and freed: how many holds each one in use has."""
+
+    def __init__(self, size: int, fd: int | None = None) -> None:
+        super().__init__(size, fd, "tensorgate-arena")
         self.address = np.frombuffer(self.map, np.uint8, 1).ctypes.data
         self.free_spans: list[tuple[int, int]] = [(0, size)]  # (offset, length), by offset
         self.starts: list[int] = []  # offsets of the regions in use, sorted
@@ -53,7 +90,7 @@ class Arena:
 
     def allocate(self, nbytes: int) -> np.ndarray:
         """A region of `nbytes`, as a uint8 array over it: held while that array (or a view of it) lives."""
-        length = -(-max(nbytes, 1) // ALIGN) * ALIGN
+        length = aligned(max(nbytes, 1))
         for index, (offset, free) in enumerate(self.free_spans):
             if free >= length:
                 if free == length:
@@ -119,11 +156,6 @@ class Arena:
             return None
         offset = data.__array_interface__["data"][0] - self.address
         return offset if offset >= 0 and offset + data.nbytes <= self.size else None
-
-    def close(self) -> None:
-        with contextlib.suppress(BufferError):  # arrays over it still live: it goes with the last of them
-            self.map.close()
-        os.close(self.fd)
 
 
 class LinkArenas:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import functools
 import logging
 import os
@@ -36,7 +35,7 @@ from grpclib.exceptions import GRPCError
 from codec import ipc
 from codec.errors import ErrorKind, InferError
 from codec.tensor import InferRequest, InferResponse
-from server import assembly
+from server import assembly, kin
 from server.arena import Arena, LinkArenas
 from server.grpc.inference import RawMessage
 from server.http import buffers
@@ -61,7 +60,6 @@ FRONT_END_METHODS = frozenset(
         "/grps.protos.v1.GrpsService/PredictStreaming",
     )
 )
-PR_SET_PDEATHSIG = 1
 ENGINE_GONE = signal.SIGUSR2  # what the kernel sends a worker when its engine dies
 
 
@@ -424,13 +422,10 @@ def forward_methods(parts: assembly.Parts, client: EngineClient) -> None:
 # ------------------------------------------------------------------------------ the worker process
 
 
-def die_with_parent() -> None:
+def die_with_engine() -> None:
     """The kernel sends this process ENGINE_GONE when the engine that started it dies (Linux): a signal
     nobody else sends, so `serve` knows to say so and exit at once (SIGTERM and SIGINT drain)."""
-    try:
-        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, ENGINE_GONE, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl")
-    except (OSError, AttributeError):
+    if not kin.die_with_parent(ENGINE_GONE):
         log.warning("cannot ask to die with the engine (prctl): this worker may outlive it")
 
 
@@ -456,7 +451,7 @@ async def serve(args: argparse.Namespace, logs: LogControl) -> None:
     engine = os.getppid()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(ENGINE_GONE, _engine_gone, engine)
-    die_with_parent()
+    die_with_engine()
     if os.getppid() != engine:  # it died before the request took effect
         _engine_gone(engine)
     link_socket, arenas, listening = inherited(args.worker_of, args.worker_arena_bytes)

@@ -16,15 +16,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import struct
 from collections.abc import Callable
 from typing import Any
 
-from codec.ipc import pack, unpack
+from codec.framing import LENGTH, NOTHING, FrameReader, pack
 
 log = logging.getLogger("tensorgate.link")
-_LENGTH = struct.Struct("<I")
-READ_BUFFER = 256 << 10
 
 
 class Link(asyncio.BufferedProtocol):
@@ -44,9 +41,7 @@ class Link(asyncio.BufferedProtocol):
         self.loop = asyncio.get_running_loop()
         self.out: list[bytes] = []
         self.flush_pending = False
-        self.buffer = bytearray(READ_BUFFER)
-        self.view = memoryview(self.buffer)
-        self.start = self.end = 0
+        self.frames = FrameReader()
 
     # ---- sending
 
@@ -56,7 +51,7 @@ class Link(asyncio.BufferedProtocol):
         if not self.flush_pending:
             self.flush_pending = True
             self.loop.call_soon(self.flush)
-        self.out.append(_LENGTH.pack(len(data)))
+        self.out.append(LENGTH.pack(len(data)))
         self.out.append(data)
 
     def flush(self) -> None:
@@ -91,16 +86,7 @@ class Link(asyncio.BufferedProtocol):
             self.drained.set_result(None)
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self.end == len(self.buffer):  # full: move the incomplete message to the front, or grow
-            size = self.end - self.start
-            if self.start == 0:
-                self.buffer = bytearray(2 * len(self.buffer))
-                self.buffer[:size] = self.view[:size]
-            else:
-                self.buffer[:size] = self.view[self.start : self.end]
-            self.view = memoryview(self.buffer)
-            self.start, self.end = 0, size
-        return self.view[self.end :]
+        return self.frames.get_buffer(sizehint)
 
     def pause_reading(self) -> None:
         """No more messages handed on (not even those already read) until resume_reading."""
@@ -112,43 +98,31 @@ class Link(asyncio.BufferedProtocol):
         self.reading = True
         if self.transport is not None:
             self.transport.resume_reading()
-        if self.end > self.start:
+        if self.frames.pending:
             self.loop.call_soon(self._deliver)
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.end += nbytes
+        self.frames.received(nbytes)
         self._deliver()
 
     def _deliver(self) -> None:
-        view, pos, end = self.view, self.start, self.end
-        while end - pos >= 4 and self.reading:
-            (length,) = _LENGTH.unpack_from(view, pos)
-            if end - pos - 4 < length:
-                if length + 4 > len(self.buffer):  # a message larger than the buffer: room for it whole
-                    grown = bytearray(length + 4)
-                    grown[: end - pos] = view[pos:end]
-                    self.buffer, self.view = grown, memoryview(grown)
-                    self.start, self.end = 0, end - pos
-                    return
-                break
+        frames = self.frames
+        while self.reading:
             try:
-                message = unpack(view[pos + 4 : pos + 4 + length])
+                message = frames.next()
             except Exception:  # not our framing: nothing after it can be trusted
                 log.exception("a message over the link does not decode; the link is closed")
-                self.start = self.end = 0
+                frames.start = frames.end = 0
                 if self.transport is not None:
                     self.transport.abort()
                 return
-            pos += 4 + length
+            if message is NOTHING:
+                return
             try:
                 self.on_message(message)
             except Exception as e:  # a fault handling one message fails that call alone, not the link
                 log.exception("a message over the link failed")
                 self.on_fault(message, e)
-        if pos == end:
-            self.start = self.end = 0
-        else:
-            self.start = pos
 
     def close(self) -> None:
         if self.transport is not None:

@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 
 from codec import ipc
+from codec.framing import pack, unpack
 from codec.tensor import InferRequest, InferResponse, RequestedOutput, Tensor
 
 
 def crossed(message: list) -> list:
-    return ipc.unpack(ipc.pack(message))
+    return unpack(pack(message))
 
 
 def test_a_request_crosses_with_every_field() -> None:
@@ -74,4 +75,4 @@ def test_numpy_values_in_parameters_cross_as_plain_values() -> None:
 
 def test_what_cannot_cross_says_so() -> None:
     with pytest.raises(NotImplementedError, match="object cannot cross to another process"):
-        ipc.pack([object()])
+        pack([object()])

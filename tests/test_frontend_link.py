@@ -13,9 +13,9 @@ import pytest
 
 from codec import ipc
 from codec.errors import ErrorKind, InferError
+from codec.framing import LENGTH, pack, unpack
 from codec.tensor import InferRequest, InferResponse, Tensor
 from server.frontend import EngineClient
-from server.link import _LENGTH
 
 
 class Version:
@@ -24,8 +24,8 @@ class Version:
 
 def arrive(client: EngineClient, message: list) -> None:
     """`message` read from the socket, as the event loop hands it to the link."""
-    data = ipc.pack(message)
-    framed = _LENGTH.pack(len(data)) + data
+    data = pack(message)
+    framed = LENGTH.pack(len(data)) + data
     client.link.get_buffer(len(framed))[: len(framed)] = framed
     client.link.buffer_updated(len(framed))
 
@@ -101,8 +101,8 @@ async def engine_reads(engine: socket.socket) -> list:
             data += chunk
     messages = []
     while data:
-        (length,) = _LENGTH.unpack_from(data)
-        messages.append(ipc.unpack(data[4 : 4 + length]))
+        (length,) = LENGTH.unpack_from(data)
+        messages.append(unpack(data[4 : 4 + length]))
         data = data[4 + length :]
     return messages
 
@@ -113,7 +113,7 @@ def test_bytes_that_do_not_decode_end_the_link_and_fail_every_call() -> None:
         engine = await linked(client)
         waiting = asyncio.create_task(client.infer(Version(), request()))
         await asyncio.sleep(0)
-        engine.send(_LENGTH.pack(3) + b"\xc1\xc1\xc1")  # 0xc1: never used in MessagePack
+        engine.send(LENGTH.pack(3) + b"\xc1\xc1\xc1")  # 0xc1: never used in MessagePack
         with pytest.raises(InferError) as failed:
             await asyncio.wait_for(waiting, 5)
         assert failed.value.kind is ErrorKind.UNAVAILABLE

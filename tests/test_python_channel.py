@@ -1,25 +1,37 @@
-"""server/backends/channel.py alone: messages framed and split back at any cut; tensors through the
-shared-memory arena (every kind of array, BYTES in Triton's form, growth seen from the other side) and
-inside messages."""
+"""The pieces of the link to a python model's process alone: messages framed and split back at any cut
+(codec/framing.py, the framing of both links); tensors through the instance's shared-memory Region
+(server/backends/channel.py: every kind of array, BYTES in Triton's form, growth seen from the other side)
+and inside messages, each named by its v2 datatype."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from codec import ipc
+from codec.framing import NOTHING, FrameReader, frame
+from server.arena import ALIGN
 from server.backends import channel
-from server.backends.channel import Arena, Frames
+from server.backends.channel import BatchArena
+
+
+def fed(reader: FrameReader, data: bytes) -> list:
+    reader.feed(data)
+    messages = []
+    while (message := reader.next()) is not NOTHING:
+        messages.append(message)
+    return messages
 
 
 def test_frames_come_back_whatever_the_cuts() -> None:
-    messages = [[channel.EXECUTE, 1, [b"\x00" * 300, "x"]], [channel.LOG, 20, "héllo"], [channel.END, 7]]
-    data = b"".join(channel.frame(m) for m in messages)
+    messages = [[ipc.EXECUTE, 1, [b"\x00" * 300, "x"]], [ipc.LOG, 20, "héllo"], [ipc.END, 7]]
+    data = b"".join(frame(m) for m in messages)
     for cut in (1, 3, 4, 5, 17, len(data) - 1):
-        frames = Frames()
-        got = frames.feed(data[:cut]) + frames.feed(data[cut:])
+        reader = FrameReader()
+        got = fed(reader, data[:cut]) + fed(reader, data[cut:])
         assert got == messages
-    frames = Frames()
-    assert [m for byte in range(len(data)) for m in frames.feed(data[byte : byte + 1])] == messages
+    reader = FrameReader(16)  # smaller than a message: it grows to hold it
+    assert [m for byte in range(len(data)) for m in fed(reader, data[byte : byte + 1])] == messages
 
 
 ARRAYS = {
@@ -33,11 +45,12 @@ ARRAYS = {
 
 
 def test_arrays_go_through_the_arena_as_they_are() -> None:
-    server = Arena.create("test", 4096)
+    server = BatchArena(4096, name="test")
     try:
-        process = Arena(server.fd, server.size)  # the other side maps the same memfd
+        process = BatchArena(server.size, server.fd)  # the other side maps the same memfd
         descriptors, end = server.write(ARRAYS, 0)
-        assert end % channel.ALIGN == 0
+        assert end % ALIGN == 0
+        assert [d[1] for d in descriptors] == ["FP32", "INT64", "BOOL", "INT16", "UINT8", "BYTES"]
         for descriptor in descriptors:
             got = process.read(descriptor, copy=False)
             want = ARRAYS[descriptor[0]]
@@ -45,7 +58,8 @@ def test_arrays_go_through_the_arena_as_they_are() -> None:
             assert got.tolist() == want.tolist()
         text = next(d for d in descriptors if d[0] == "text")
         assert text[1] == channel.BYTES  # Triton's serialized form: a 4-byte length, then the bytes
-        raw = bytes(server.map[text[3] : text[3] + text[4]])
+        offset, size = text[3]
+        raw = bytes(server.map[offset : offset + size])
         assert (
             raw
             == b"\x01\x00\x00\x00a"
@@ -58,9 +72,9 @@ def test_arrays_go_through_the_arena_as_they_are() -> None:
 
 
 def test_the_arena_grows_and_the_other_side_follows() -> None:
-    server = Arena.create("test", 1024)
+    server = BatchArena(1024, name="test")
     try:
-        process = Arena(server.fd, server.size)
+        process = BatchArena(server.size, server.fd)
         big = np.arange(100_000, dtype=np.float64)
         descriptors, _ = server.write({"big": big}, 512)  # past the end: the memfd grows
         assert server.size >= 512 + big.nbytes
@@ -76,9 +90,16 @@ def test_the_arena_grows_and_the_other_side_follows() -> None:
 
 def test_tensors_inside_messages() -> None:
     for name, array in ARRAYS.items():
-        message = Frames().feed(channel.frame([channel.PART, 1, [channel.inline(name, array)]]))[0]
+        (message,) = fed(FrameReader(), frame([ipc.MESSAGE, 1, [channel.inline(name, array)]]))
         descriptor = message[2][0]
         got = channel.inline_array(descriptor)
         assert got.shape == array.shape and got.tolist() == array.tolist()
         if got.dtype != object:
             got[...] = got  # writable, as a model may expect its inputs to be
+
+
+def test_an_array_no_datatype_holds_is_refused_by_name() -> None:
+    with pytest.raises(TypeError, match="tensor 'z' is complex64, which no tensor datatype holds"):
+        channel.inline("z", np.zeros(2, np.complex64))
+    big_endian = np.arange(3, dtype=">i4")  # its values, in the link's little-endian layout
+    assert channel.inline_array(channel.inline("b", big_endian)).tolist() == [0, 1, 2]

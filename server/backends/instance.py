@@ -23,10 +23,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-import server.backends.channel as channel
 import server.backends.pb_utils as pb_utils
+from codec import ipc
 from codec.errors import ErrorKind, InferError
-from server.backends.channel import Arena, Frames
+from codec.framing import FrameReader, frame, receive
+from server.backends.channel import BatchArena
+from server.link import Link
 from server.model_config import parameter
 
 log = logging.getLogger("tensorgate.python")
@@ -97,10 +99,10 @@ class Instance:
         self.owner = owner
         self.index = index
         label = owner.name.encode()[:200].decode(errors="ignore")  # the kernel takes at most 249 bytes
-        self.arena = Arena.create(f"tensorgate-{label}-{index}", ARENA_SIZE)
+        self.arena = BatchArena(ARENA_SIZE, name=f"tensorgate-{label}-{index}")
         self.process: subprocess.Popen | None = None
         self.sock: socket.socket | None = None
-        self.transport: asyncio.Transport | None = None
+        self.link: Link | None = None  # on the server's loop, once attached
         self.alive = False
         self.stopping = False
         self.cause = ""  # why the server killed it (a timeout), for the error of its requests
@@ -108,8 +110,7 @@ class Instance:
         self.calls: dict[int, tuple[asyncio.Future, Callable[[Instance, list], Any]] | asyncio.Queue] = {}
         self.held = 0  # batches sent to it and not yet answered (server/backends/process.py)
         self.bls: set[int] = set()  # the BLS calls it is making, as their answers are awaited
-        self.frames = Frames()
-        self.pending: list = []  # messages read by the handshake past its answer
+        self.frames = FrameReader()  # the handshake's, then the link's: what it read past its answer stays
         self.next_call = 0
         self.failures = 0  # consecutive failed starts or deaths: the backoff grows with them
 
@@ -121,9 +122,9 @@ class Instance:
         self.process, self.sock = start_stub(self.owner.python, self.arena.fd)
         self.bls = set()
         self.sock.sendall(
-            channel.frame(
+            frame(
                 [
-                    channel.LOAD,
+                    ipc.LOAD,
                     0,
                     self.owner.config,
                     self.owner.version,
@@ -138,16 +139,16 @@ class Instance:
         """Blocking: waits for the model to load in the process; its answer, or raises why not."""
         assert self.sock is not None and self.process is not None
         self.sock.settimeout(START_TIMEOUT)
-        self.frames, self.pending = Frames(), []
+        self.frames = FrameReader()
         try:
-            answer = channel.receive(self.sock, self.frames, self.pending)
-            while answer is not None and answer[0] in (channel.LOG, channel.METRIC, channel.CALL):
-                if answer[0] == channel.CALL:  # from initialize: no loop serves this instance yet
+            answer = receive(self.sock, self.frames)
+            while answer is not None and answer[0] in (ipc.LOG, ipc.METRIC, ipc.CALL):
+                if answer[0] == ipc.CALL:  # from initialize: no loop serves this instance yet
                     refused = [[1, pb_utils.TritonError.UNAVAILABLE, "BLS is not available in initialize"]]
-                    self.sock.sendall(channel.frame([channel.REPLY, answer[1], refused]))
+                    self.sock.sendall(frame([ipc.REPLY, answer[1], refused]))
                 else:
                     self.received(answer)
-                answer = channel.receive(self.sock, self.frames, self.pending)
+                answer = receive(self.sock, self.frames)
         except TimeoutError:
             self.kill()
             raise RuntimeError(
@@ -158,7 +159,7 @@ class Instance:
                 self.process.wait(5)
             self.kill()
             raise RuntimeError(f"instance {self.index} {exited(self.process)} while loading its model")
-        if answer[0] != channel.READY:
+        if answer[0] != ipc.READY:
             self.kill()
             raise RuntimeError(answer[2])
         self.sock.settimeout(None)
@@ -169,11 +170,11 @@ class Instance:
     async def attach(self) -> None:
         """The socket handed to the event loop (once, from the loop: the instance serves from here on)."""
         loop = asyncio.get_running_loop()
-        self.transport, protocol = await loop.connect_accepted_socket(lambda: _Protocol(self), self.sock)
-        protocol.frames = self.frames  # what the handshake read past its answer
-        pending, self.pending = self.pending, []
-        for message in pending:
-            self.received(message)
+        link = Link(self.received, self.died, self.fault)
+        link.frames = self.frames  # with what the handshake read past its answer, handed on now
+        await loop.connect_accepted_socket(lambda: link, self.sock)
+        self.link = link
+        link.resume_reading()
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -186,24 +187,26 @@ class Instance:
         process = self.process
         if process is None:
             return
-        if self.transport is not None:
+        transport = self.link.transport if self.link is not None else None
+        if transport is not None:
             with contextlib.suppress(RuntimeError):  # RuntimeError: the transport's loop is closed
-                self.transport.pause_reading()  # read here from now on
+                self.link.flush()  # type: ignore[union-attr]
+                transport.pause_reading()  # read here from now on
         deadline = time.monotonic() + STOP_TIMEOUT
         try:
             if self.sock is not None:
                 with socket.socket(fileno=os.dup(self.sock.fileno())) as reader:
                     reader.settimeout(STOP_TIMEOUT)
-                    reader.sendall(channel.frame([channel.STOP, 0]))
-                    while (message := channel.receive(reader, self.frames, self.pending)) is not None:
-                        if message[0] in (channel.LOG, channel.METRIC):
+                    reader.sendall(frame([ipc.STOP, 0]))
+                    while (message := receive(reader, self.frames)) is not None:
+                        if message[0] in (ipc.LOG, ipc.METRIC):
                             self.received(message)
                         reader.settimeout(max(0.01, deadline - time.monotonic()))
         except OSError:  # gone already; or finalize ran past its time (TimeoutError)
             pass
-        if self.transport is not None:
+        if transport is not None:
             with contextlib.suppress(RuntimeError):
-                self.transport.close()
+                transport.close()
         if self.sock is not None:
             self.sock.close()
         try:
@@ -221,13 +224,13 @@ class Instance:
         arrives (what it raises, if it raises)."""
         future = asyncio.get_running_loop().create_future()
         self.calls[message[1]] = (future, read)
-        self.transport.write(channel.frame(message))  # type: ignore[union-attr]
+        self.link.send(message)  # type: ignore[union-attr]
         return future
 
     def open_stream(self, message: list) -> asyncio.Queue:
         queue: asyncio.Queue = asyncio.Queue()
         self.calls[message[1]] = queue
-        self.transport.write(channel.frame(message))  # type: ignore[union-attr]
+        self.link.send(message)  # type: ignore[union-attr]
         return queue
 
     def new_call(self) -> int:
@@ -235,18 +238,29 @@ class Instance:
         return self.next_call
 
     def send(self, message: list) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(channel.frame(message))
+        transport = self.link.transport if self.link is not None else None
+        if transport is not None and not transport.is_closing():
+            self.link.send(message)  # type: ignore[union-attr]
+
+    def fault(self, message: list, error: Exception) -> None:
+        """Handling a message from the process raised: the call it names fails now, not silently."""
+        log.error("model '%s' instance %d: a message failed", self.owner.name, self.index, exc_info=error)
+        target = self.calls.pop(message[1], None) if len(message) > 1 else None
+        failed = InferError(ErrorKind.INTERNAL, f"model '{self.owner.name}' instance {self.index}: {error!r}")
+        if isinstance(target, asyncio.Queue):
+            target.put_nowait([ipc.ERROR, 0, None, failed, ""])
+        elif target is not None and not target[0].done():
+            target[0].set_exception(failed)
 
     def received(self, message: list) -> None:
         kind = message[0]
-        if kind == channel.LOG:
+        if kind == ipc.LOG:
             model_log.log(message[1], "%s", message[2])
             return
-        if kind == channel.METRIC:
+        if kind == ipc.METRIC:
             self.owner.record(message[2], message[3], message[4])
             return
-        if kind == channel.CALL:
+        if kind == ipc.CALL:
             self.owner.bls(self, message)
             return
         target = self.calls.get(message[1])
@@ -254,7 +268,7 @@ class Instance:
             return
         if isinstance(target, asyncio.Queue):
             target.put_nowait(message)
-            if kind in (channel.END, channel.ERROR):
+            if kind in (ipc.END, ipc.ERROR):
                 del self.calls[message[1]]
         else:
             del self.calls[message[1]]
@@ -268,7 +282,7 @@ class Instance:
     def died(self) -> None:
         """Its socket ended: the process is gone (or going). Fails what it held and has it restarted."""
         self.alive = False
-        self.transport = None
+        self.link = None
         process = self.process
         if process is not None:
             try:
@@ -288,27 +302,10 @@ class Instance:
         executing = min(batches, default=None)
         for call, target in calls.items():
             if isinstance(target, asyncio.Queue):
-                target.put_nowait([channel.ERROR, 0, None, error, ""])
+                target.put_nowait([ipc.ERROR, 0, None, error, ""])
             elif not target[0].done():
                 target[0].set_exception(error if call == executing else NotStarted())
         self.owner.lost(self)
-
-
-class _Protocol(asyncio.Protocol):
-    def __init__(self, instance: Instance) -> None:
-        self.instance = instance
-        self.frames = Frames()
-
-    def data_received(self, data: bytes) -> None:
-        for message in self.frames.feed(data):
-            try:
-                self.instance.received(message)
-            except Exception:  # a fault in one message is not the link's end
-                log.exception("model '%s' instance %d: a message failed", self.instance.owner.name,
-                              self.instance.index)  # fmt: skip
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.instance.died()
 
 
 def exited(process: subprocess.Popen | None) -> str:
@@ -355,10 +352,10 @@ def complete_in_process(version_dir: Path, config: dict) -> dict:
     try:
         process, ours = start_stub(python)
         with ours:
-            ours.sendall(channel.frame([channel.COMPLETE, 0, config, str(version_dir)]))
+            ours.sendall(frame([ipc.COMPLETE, 0, config, str(version_dir)]))
             ours.settimeout(START_TIMEOUT)
-            frames, pending = Frames(), []
-            while (answer := channel.receive(ours, frames, pending)) is not None and answer[0] == channel.LOG:
+            frames = FrameReader()
+            while (answer := receive(ours, frames)) is not None and answer[0] == ipc.LOG:
                 model_log.log(answer[1], "%s", answer[2])
         process.wait(STOP_TIMEOUT)
     finally:
@@ -366,6 +363,6 @@ def complete_in_process(version_dir: Path, config: dict) -> dict:
             shutil.rmtree(unpacked, ignore_errors=True)
     if answer is None:
         raise RuntimeError(f"auto_complete_config: the model's process {exited(process)}")
-    if answer[0] != channel.READY:
+    if answer[0] != ipc.READY:
         raise RuntimeError(answer[2])
     return json.loads(answer[2])

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import server.backends.channel as channel
 import server.backends.pb_utils as pb_utils
 from batcher.staging import HostStaging, instance_count
+from codec import ipc
 from codec.errors import ErrorKind, InferError
 from codec.tensor import custom_parameters
 from server.backends.base import Backend, stream_only_error
@@ -111,7 +112,7 @@ class ProcessBackend(Backend):
 
         async def attach_all() -> None:
             for instance in self._all:
-                if instance.alive and instance.transport is None:
+                if instance.alive and instance.link is None:
                     await instance.attach()
 
         try:
@@ -185,9 +186,9 @@ class ProcessBackend(Backend):
                     if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
                         self._give(waiter.result())
                     raise
-            if instance.alive and instance.transport is None:
+            if instance.alive and instance.link is None:
                 await instance.attach()
-            if instance.alive and instance.transport is not None:
+            if instance.alive and instance.link is not None:
                 return instance
             self._give(instance)
 
@@ -310,15 +311,15 @@ class ProcessBackend(Backend):
         def build(instance: Instance, call: int) -> list:
             if small:
                 requests = [[channel.inline_all(job.inputs), _meta(job.request)] for job in jobs]
-                return [channel.EXECUTE, call, instance.arena.size, requests, -1]
+                return [ipc.EXECUTE, call, instance.arena.size, requests, -1]
             arena, end, requests = instance.arena, 0, []
             for job in jobs:
                 descriptors, end = arena.write(job.inputs, end)
                 requests.append([descriptors, _meta(job.request)])
-            return [channel.EXECUTE, call, arena.size, requests, end]
+            return [ipc.EXECUTE, call, arena.size, requests, end]
 
         def read(instance: Instance, answer: list) -> list:
-            if answer[0] == channel.ERROR:
+            if answer[0] == ipc.ERROR:
                 raise self._failed(answer)
             arena = instance.arena
             arena.follow(answer[2])
@@ -354,7 +355,7 @@ class ProcessBackend(Backend):
         def build(instance: Instance, call: int) -> list:
             if small:
                 return [
-                    channel.EXECUTE,
+                    ipc.EXECUTE,
                     call,
                     instance.arena.size,
                     channel.inline_all(inputs),
@@ -362,10 +363,10 @@ class ProcessBackend(Backend):
                     parameters,
                 ]
             descriptors, end = instance.arena.write(inputs, 0)
-            return [channel.EXECUTE, call, instance.arena.size, descriptors, end, parameters]
+            return [ipc.EXECUTE, call, instance.arena.size, descriptors, end, parameters]
 
         def read(instance: Instance, answer: list) -> dict:
-            if answer[0] == channel.ERROR:
+            if answer[0] == ipc.ERROR:
                 raise self._failed(answer)
             if answer[3] is None:
                 raise InferError(
@@ -390,7 +391,7 @@ class ProcessBackend(Backend):
         instance = await self._take(True)
         self._give(instance)  # not held: a stream does not occupy the instance between its answers
         call = instance.new_call()
-        queue = instance.open_stream([channel.STREAM, call, tensors, meta])
+        queue = instance.open_stream([ipc.STREAM, call, tensors, meta])
         finished = False
         taken = 0  # answers taken since the last MORE: granted back in halves (credit flow, as the links')
         try:
@@ -398,13 +399,13 @@ class ProcessBackend(Backend):
                 message = await queue.get()
                 kind = message[0]
                 taken += 1
-                if taken == channel.AHEAD // 2:
-                    instance.send([channel.MORE, call, taken])
+                if taken == ipc.AHEAD // 2:
+                    instance.send([ipc.MORE, call, taken])
                     taken = 0
-                if kind == channel.END:
+                if kind == ipc.END:
                     finished = True
                     return
-                if kind == channel.ERROR:
+                if kind == ipc.ERROR:
                     finished = True
                     raise self._failed(message)
                 if message[2] is None:  # a response with an error
@@ -414,7 +415,7 @@ class ProcessBackend(Backend):
         finally:
             if not finished:
                 instance.calls.pop(call, None)
-                instance.send([channel.CANCEL, call])
+                instance.send([ipc.CANCEL, call])
 
     # ---------------------------------------------------------------------------------- BLS
 
@@ -482,4 +483,4 @@ async def _answer_bls(owner: ProcessBackend, instance: Instance, message: list) 
         else:
             answers.append([0, [channel.inline(t.name(), t.as_numpy()) for t in response.output_tensors()]])
     instance.bls.discard(call)
-    instance.send([channel.REPLY, call, answers])
+    instance.send([ipc.REPLY, call, answers])

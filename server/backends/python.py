@@ -19,7 +19,9 @@ may be `async def`.
 
 A model.py that imports `triton_python_backend_utils` is a model written for Triton's python backend and
 gets Triton's API instead (`execute(requests)`, server/backends/triton_python.py): a repository moved
-from Triton runs unchanged, and our own API stays for models that want whole batches as arrays.
+from Triton runs unchanged, and our own API stays for models that want whole batches as arrays. Where
+the instances run (`execution_mode`) follows the API by default: Triton's in processes, as Triton runs
+them; ours in threads.
 
 A streaming model defines the async generator `execute_stream`: streaming clients (grps streaming, v2
 ModelStreamInfer) receive each yield as it comes; a client that goes away closes the generator. Such a

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import inspect
 import json
 import logging
 import queue
-import signal
 import socket
 import sys
 import threading
@@ -27,13 +25,14 @@ from typing import Any
 
 import server.backends.channel as channel
 import server.backends.pb_utils as pb_utils
+from codec import ipc
 from codec.datatypes import BY_CONFIG
 from codec.errors import ErrorKind, InferError
+from codec.framing import FrameReader, frame, receive
+from server import kin
 from server.app_monitor import AppMonitor
-from server.backends.channel import Arena, Frames
+from server.backends.channel import BatchArena
 from server.backends.module import ModelModule, use_app_monitor
-
-PR_SET_PDEATHSIG = 1
 
 
 class Link:
@@ -47,8 +46,7 @@ class Link:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self._frames = Frames()
-        self._pending: list[Any] = []
+        self._frames = FrameReader()
         self._lock = threading.Lock()
         self._reading = threading.Lock()  # held by whichever thread reads the socket
         self._reader: threading.Thread | None = None
@@ -59,13 +57,13 @@ class Link:
         self.on_more: Callable[[int, int], None] = lambda call, count: None
 
     def send(self, message: list) -> None:
-        data = channel.frame(message)
+        data = frame(message)
         with self._lock:
             self.sock.sendall(data)
 
     def first(self) -> Any:
         """The first message (the model to load)."""
-        return channel.receive(self.sock, self._frames, self._pending)
+        return receive(self.sock, self._frames)
 
     def next(self) -> Any:
         """Blocking, on the main thread: the next message for it (None: the server is gone)."""
@@ -95,7 +93,7 @@ class Link:
 
     def _receive(self) -> Any:
         try:
-            message = channel.receive(self.sock, self._frames, self._pending)
+            message = receive(self.sock, self._frames)
         except OSError:
             message = None
         if message is None:
@@ -105,16 +103,16 @@ class Link:
     def _dispatch(self, message: list) -> list | None:
         """A BLS answer or a cancel taken care of here; any other message returned for the main thread."""
         kind = message[0]
-        if kind == channel.REPLY:
+        if kind == ipc.REPLY:
             with self._lock:
                 deliver = self._replies.pop(message[1], None)
             if deliver is not None:
                 deliver(message)
             return None
-        if kind == channel.CANCEL:
+        if kind == ipc.CANCEL:
             self.on_cancel(message[1])
             return None
-        if kind == channel.MORE:
+        if kind == ipc.MORE:
             self.on_more(message[1], message[2])
             return None
         return message
@@ -124,7 +122,7 @@ class Link:
         with self._lock:
             waiting, self._replies = self._replies, {}
         for call, deliver in waiting.items():
-            deliver([channel.REPLY, call, [[1, pb_utils.TritonError.UNAVAILABLE, "the server went away"]]])
+            deliver([ipc.REPLY, call, [[1, pb_utils.TritonError.UNAVAILABLE, "the server went away"]]])
 
     def call(self, message: list, deliver: Callable[[list], None]) -> None:
         """Sends a BLS request (its call number set here); its answer goes to `deliver`."""
@@ -170,7 +168,7 @@ def _bls_message(request: pb_utils.InferenceRequest, decoupled: bool) -> list:
     tensors = [channel.inline(t.name(), t.as_numpy()) for t in request.inputs()]
     parent = request.trace()._trace  # a RemoteTrace (given a received request's trace()), or None
     return [
-        channel.CALL, 0, request.model_name(), request.model_version(), tensors,
+        ipc.CALL, 0, request.model_name(), request.model_version(), tensors,
         request.requested_output_names(), request.request_id(), request.correlation_id(), request.flags(),
         request.parameters(), decoupled, None if parent is None else parent.key,
     ]  # fmt: skip
@@ -205,7 +203,7 @@ class _ToServer(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         with contextlib.suppress(OSError):
-            self.link.send([channel.LOG, record.levelno, record.getMessage()])
+            self.link.send([ipc.LOG, record.levelno, record.getMessage()])
 
 
 class _Monitor(AppMonitor):
@@ -217,15 +215,15 @@ class _Monitor(AppMonitor):
 
     def _put(self, name: str, aggregation: str, value: float) -> None:
         self._check(name, aggregation, value)
-        self.link.send([channel.METRIC, 0, name, aggregation, value])
+        self.link.send([ipc.METRIC, 0, name, aggregation, value])
 
 
 class Credit:
-    """How many more answers a stream may send before its reader takes some (channel.MORE): a model that
+    """How many more answers a stream may send before its reader takes some (ipc.MORE): a model that
     streams faster than its client reads waits in `spend`, as it would in the server's own process."""
 
     def __init__(self) -> None:
-        self.left = channel.AHEAD
+        self.left = ipc.AHEAD
         self.ended = False
         self.changed = threading.Condition()
 
@@ -248,7 +246,7 @@ class Credit:
 
 
 class Stub:
-    def __init__(self, link: Link, arena: Arena) -> None:
+    def __init__(self, link: Link, arena: BatchArena) -> None:
         self.link = link
         self.arena = arena
         self.streams: dict[int, Any] = {}  # call -> a streamed request's sender, or our API's stop event
@@ -321,18 +319,18 @@ class Stub:
         link = self.link
         while True:
             message = link.next()
-            if message is None or message[0] == channel.STOP:
+            if message is None or message[0] == ipc.STOP:
                 return
             kind, call = message[0], message[1]
             try:
-                if kind == channel.EXECUTE:
+                if kind == ipc.EXECUTE:
                     self.arena.follow(message[2])
                     self._execute(call, message)
-                elif kind == channel.STREAM:
+                elif kind == ipc.STREAM:
                     link.start_reader()  # its cancel must arrive while the main thread is busy
                     self._stream(call, message[2], message[3])
             except Exception as e:  # noqa: BLE001 (the model's fault fails its call, not the process)
-                link.send([channel.ERROR, call] + _error(e))
+                link.send([ipc.ERROR, call] + _error(e))
 
     def _execute(self, call: int, message: list) -> None:
         if self.triton:
@@ -348,7 +346,7 @@ class Stub:
                     answers.append([0, descriptors])
                 else:
                     answers.append([1, outputs.code(), outputs.message()])
-            self.link.send([channel.RESULT, call, self.arena.size, answers])
+            self.link.send([ipc.RESULT, call, self.arena.size, answers])
             return
         _, _, _, descriptors, end, parameters = message
         inputs = {d[0]: self.arena.read(d, copy=False) for d in descriptors}
@@ -357,11 +355,11 @@ class Stub:
             self._call(execute, inputs, parameters) if self.with_parameters else self._call(execute, inputs)
         )
         if not isinstance(produced, dict):
-            self.link.send([channel.RESULT, call, self.arena.size, None, type(produced).__name__])
+            self.link.send([ipc.RESULT, call, self.arena.size, None, type(produced).__name__])
             return
         outputs = {name: channel.as_array(value) for name, value in produced.items()}
         descriptors = channel.inline_all(outputs) if end < 0 else self.arena.write(outputs, end)[0]
-        self.link.send([channel.RESULT, call, self.arena.size, descriptors])
+        self.link.send([ipc.RESULT, call, self.arena.size, descriptors])
 
     def _request(self, inputs: list, meta: list, sender: Any) -> pb_utils.InferenceRequest:
         request_id, correlation_id, flags, parameters, requested, traced = meta
@@ -387,14 +385,14 @@ class Stub:
                 if response is not None and credit.spend():
                     if response.has_error():
                         error = response.error()
-                        link.send([channel.PART, call, None, error.code(), error.message()])
+                        link.send([ipc.MESSAGE, call, None, error.code(), error.message()])
                     else:
                         tensors = [channel.inline(t.name(), t.as_numpy()) for t in response.output_tensors()]
-                        link.send([channel.PART, call, tensors])
+                        link.send([ipc.MESSAGE, call, tensors])
                 if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
                     self.streams.pop(call, None)
                     self.credits.pop(call, None)
-                    link.send([channel.END, call])
+                    link.send([ipc.END, call])
 
             sender = pb_utils.InferenceResponseSender(deliver)
             self.streams[call] = sender
@@ -430,15 +428,15 @@ class Stub:
                     tensors = [channel.inline(n, channel.as_array(v)) for n, v in outputs.items()]
                     if not credit.spend():  # blocks this stream's thread: the generator waits too
                         return
-                    self.link.send([channel.PART, call, tensors])
+                    self.link.send([ipc.MESSAGE, call, tensors])
             finally:
                 await produced.aclose()
 
         try:
             asyncio.run(drive())
-            message = [channel.END, call]
+            message = [ipc.END, call]
         except Exception as e:  # noqa: BLE001
-            message = [channel.ERROR, call] + _error(e)
+            message = [ipc.ERROR, call] + _error(e)
         finally:
             self.streams.pop(call, None)
             self.credits.pop(call, None)
@@ -499,13 +497,8 @@ def _error(error: BaseException) -> list:
     return [None, f"{type(error).__name__}: {error}", "".join(traceback.format_exception(error))]
 
 
-def _die_with_server() -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
 def main(argv: list[str]) -> int:
-    _die_with_server()
+    kin.die_with_parent()  # SIGKILL: nothing of the model's runs once the server is gone
     link = Link(socket.socket(fileno=int(argv[0])))
     first = link.first()
     if first is None:
@@ -515,17 +508,17 @@ def main(argv: list[str]) -> int:
     logging.getLogger("tensorgate.model").propagate = False
     pb_utils.attach_caller(Calls(link))
     use_app_monitor(_Monitor(link))
-    if first[0] == channel.COMPLETE:
+    if first[0] == ipc.COMPLETE:
         return _complete(link, first[2], first[3])
     _, _, config, version, version_dir, instance, arena_size = first
-    stub = Stub(link, Arena(int(argv[1]), arena_size))
+    stub = Stub(link, BatchArena(arena_size, int(argv[1])))
     link.on_cancel = stub.cancel
     try:
         info = stub.load(config, version, version_dir, instance)
     except BaseException as e:  # noqa: BLE001 (a model's code may raise anything, SystemExit included)
-        link.send([channel.FAILED, 0, f"{type(e).__name__}: {e}"])
+        link.send([ipc.FAILED, 0, f"{type(e).__name__}: {e}"])
         return 1
-    link.send([channel.READY, 0, info])
+    link.send([ipc.READY, 0, info])
     try:
         stub.serve()
     finally:
@@ -540,9 +533,9 @@ def _complete(link: Link, config: dict, version_dir: str) -> int:
     try:
         completed = complete(Path(version_dir), config)
     except BaseException as e:  # noqa: BLE001
-        link.send([channel.FAILED, 0, f"{type(e).__name__}: {e}"])
+        link.send([ipc.FAILED, 0, f"{type(e).__name__}: {e}"])
         return 1
-    link.send([channel.READY, 0, json.dumps(completed)])
+    link.send([ipc.READY, 0, json.dumps(completed)])
     return 0
 
 

@@ -14,9 +14,10 @@ model_instance_kind, model_instance_name, model_instance_device_id. `execute` re
 one batch apart (dynamic batching gives several, each with its own tensors), runs in a worker thread (so
 a BLS `exec()` may block on another model; `async def execute` runs on the event loop and uses
 `await async_exec()`), and answers one response per request, in order; a response with a TritonError
-fails its request alone, an exception fails the batch. Here `instance_group` count threads share the one
-model object; with `EXECUTION_MODE process` each instance is a process of its own instead, as Triton's
-stubs are (server/backends/process.py, which runs this API's model there through server/backends/stub.py).
+fails its request alone, an exception fails the batch. This module runs such a model in threads of the
+server (`EXECUTION_MODE thread`: `instance_group` count threads share the one model object). By default
+each instance is a process of its own instead, as Triton's stubs are (server/backends/python.py decides;
+server/backends/process.py runs this API's model there through server/backends/stub.py).
 
 Decoupled models (`model_transaction_policy { decoupled: true }`) answer through
 `request.get_response_sender()`, from any thread, until TRITONSERVER_RESPONSE_COMPLETE_FINAL: they are
