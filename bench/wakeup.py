@@ -44,7 +44,7 @@ import uvloop
 
 from bench.procs import ServerProcess, cpu_clock, serve_argv
 from bench.transport import save
-from codec import ipc
+from codec import messages as msg
 from codec.framing import pack, unpack
 from server.link import Link
 
@@ -54,7 +54,7 @@ _HEAD = struct.Struct("<QQQ")  # bytes written, bytes read, the reader sleeps (1
 _LENGTH = struct.Struct("<I")
 _TENSOR = bytes(64)  # one [1, 16] INT32 tensor
 MESSAGE = [
-    ipc.INFER,
+    msg.INFER,
     1,
     ["simple", "", "", None, [["INPUT0", "INT32", [1, 16], _TENSOR, None]] * 2, None, False, None, 0, 0],
 ]
@@ -150,7 +150,7 @@ async def _side(mechanism: str, ends: tuple, answers: bool, messages: int, in_fl
     def on_message(message: list) -> None:
         nonlocal received
         if answers:
-            link.send([ipc.RESULT, message[1], message[2]])
+            link.send([msg.RESULT, message[1], message[2]])
             return
         received += 1
         if received == messages:

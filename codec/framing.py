@@ -32,6 +32,15 @@ _encoder = msgspec.msgpack.Encoder(enc_hook=_plain)
 _decoder = msgspec.msgpack.Decoder()
 
 
+class Invalid(Exception):
+    """A whole message whose fields do not match its kind (msgspec.ValidationError): it is dropped, and
+    the call it names (`call`, 0: none) fails; the framing after it is intact."""
+
+    def __init__(self, call: int, error: msgspec.ValidationError) -> None:
+        super().__init__(str(error))
+        self.call = call
+
+
 def pack(message: Any) -> bytes:
     return _encoder.encode(message)
 
@@ -47,7 +56,10 @@ def frame(message: Any) -> bytes:
 
 
 class FrameReader:
-    def __init__(self, size: int = READ_BUFFER) -> None:
+    def __init__(self, decoder: msgspec.msgpack.Decoder = _decoder, size: int = READ_BUFFER) -> None:
+        """`decoder`: what the reader's peer may send (a union of codec/messages.py's Structs), or any
+        MessagePack value."""
+        self.decoder = decoder
         self.buffer = bytearray(size)
         self.view = memoryview(self.buffer)
         self.start = self.end = 0  # the bytes received and not yet handed out
@@ -84,8 +96,9 @@ class FrameReader:
         return self.end > self.start
 
     def next(self) -> Any:
-        """The next whole message (NOTHING if none is in yet). Raises msgspec.DecodeError for bytes that
-        are not a message: nothing after them can be trusted, so the link ends."""
+        """The next whole message (NOTHING if none is in yet). Raises Invalid for a message the peer may
+        not send (it is dropped), and msgspec.DecodeError for bytes that are not MessagePack: nothing
+        after those can be trusted, so the link ends."""
         start, end = self.start, self.end
         if end - start < 4:
             return NOTHING
@@ -97,13 +110,29 @@ class FrameReader:
                 self.buffer, self.view = grown, memoryview(grown)
                 self.start, self.end = 0, end - start
             return NOTHING
-        message = _decoder.decode(self.view[start + 4 : start + 4 + length])
-        start += 4 + length
-        if start == end:
+        body = self.view[start + 4 : start + 4 + length]
+        after = start + 4 + length
+        try:
+            message = self.decoder.decode(body)
+        except msgspec.ValidationError as e:
+            self.start, self.end = (0, 0) if after == end else (after, end)
+            raise Invalid(_call_of(body), e) from None
+        if after == end:
             self.start = self.end = 0
         else:
-            self.start = start
+            self.start = after
         return message
+
+
+def _call_of(body: memoryview) -> int:
+    """The call an invalid message names: its second element, when it is an array of an int and more."""
+    try:
+        value = _decoder.decode(body)
+    except msgspec.DecodeError:
+        return 0
+    if type(value) is list and len(value) > 1 and type(value[1]) is int:
+        return value[1]
+    return 0
 
 
 def receive(sock: Any, reader: FrameReader) -> Any:

@@ -28,11 +28,14 @@ import socket
 import sys
 from typing import Any
 
+import msgspec
 from grpclib.const import Handler, Status
 from grpclib.exceptions import GRPCError
 
 from codec import ipc
+from codec import messages as msg
 from codec.errors import ErrorKind, InferError
+from codec.framing import FrameReader
 from server import assembly
 from server.arena import Arena, LinkArenas
 from server.http import eager
@@ -46,6 +49,7 @@ from server.router import HttpRequest, HttpResponse
 from server.shared_memory import SharedMemory
 from server.tracing.tracer import Tracer
 
+_FROM_WORKER = msgspec.msgpack.Decoder(msg.TO_ENGINE)
 log = logging.getLogger("tensorgate.engine")
 
 RESTART_DELAY = 0.5  # seconds before a worker that died is replaced (a crash loop stays slow)
@@ -238,13 +242,13 @@ class Engine:
 
     def _online(self, online: bool) -> None:
         for link in self.links:
-            link.link.send([ipc.EVENT, 0, "online", online])
+            link.link.send(msg.Event("online", online))
 
     def _logs(self, settings: LogSettings) -> None:
         """The log settings a client changed: every worker's log follows."""
         changes = {k: v for k, v in dataclasses.asdict(settings).items() if k != "log_file"}
         for link in self.links:
-            link.link.send([ipc.EVENT, 0, "logs", changes])
+            link.link.send(msg.Event("logs", changes))
 
 
 class WorkerLink:
@@ -258,9 +262,9 @@ class WorkerLink:
     def __init__(self, engine: Engine, index: int, mine: Arena, yours: Arena, max_waiting: int = 0) -> None:
         self.engine = engine
         self.index = index
-        self.link = Link(self._message, self._lost, self._fault)
+        self.link = Link(self._message, self._lost, self._fault, FrameReader(_FROM_WORKER))
         self.max_waiting = max_waiting  # 0: no limit
-        self.arenas = LinkArenas(mine, yours, lambda offset: self.link.send([ipc.RELEASE, 0, offset]))
+        self.arenas = LinkArenas(mine, yours, lambda offset: self.link.send(msg.Release(offset)))
         self.tasks: dict[int, asyncio.Task] = {}
         self.inboxes: dict[int, Inbox] = {}  # forwarded gRPC calls: the client's messages
         self.credits: dict[int, Credit] = {}  # streamed answers: how far ahead of the worker they may go
@@ -269,7 +273,7 @@ class WorkerLink:
 
     def send_table(self, table: list, sequence: int) -> asyncio.Future:
         future = self.acks.setdefault(sequence, self.loop.create_future())
-        self.link.send([ipc.EVENT, 0, "models", [table, sequence]])
+        self.link.send(msg.Event("models", [table, sequence]))
         return future
 
     def close(self) -> None:
@@ -285,9 +289,9 @@ class WorkerLink:
             if not future.done():
                 future.set_result(None)
 
-    def _fault(self, message: list, error: Exception) -> None:
+    def _fault(self, message: Any, error: Exception) -> None:
         """Handling a message raised: its call (if it names one) ends with an error now."""
-        call_id = message[1] if len(message) > 1 else 0
+        call_id = getattr(message, "call", 0)
         if not call_id:
             return
         task = self.tasks.pop(call_id, None)
@@ -303,42 +307,42 @@ class WorkerLink:
         elif not self.link.reading and waiting <= self.max_waiting // 2:
             self.link.resume_reading()
 
-    def _message(self, message: list) -> None:
-        kind, call_id = message[0], message[1]
-        if kind == ipc.INFER:
-            self._infer(call_id, message[2])
-        elif kind == ipc.MESSAGE or kind == ipc.END:
-            inbox = self.inboxes.get(call_id)
-            if inbox is not None:
-                inbox.put(kind, message[2] if len(message) > 2 else None)
-        elif kind == ipc.RELEASE:
-            self.arenas.mine.release(message[2])
-        elif kind == ipc.MORE:
-            credit = self.credits.get(call_id)
-            if credit is not None:
-                credit.grant(message[2])
-        elif kind == ipc.CANCEL:
-            task = self.tasks.get(call_id)
-            if task is not None:
-                task.cancel()
-        elif kind == ipc.STREAM:
-            self._start(call_id, self._stream(call_id, message[2]))
-        elif kind == ipc.HTTP:
-            self._start(call_id, self._http(call_id, *message[2:]))
-        elif kind == ipc.GRPC:
-            self.inboxes[call_id] = Inbox()
-            self._start(call_id, self._grpc(call_id, message[2], message[3]))
-        elif kind == ipc.EVENT and message[2] == "ack":
-            future = self.acks.pop(message[3], None)
-            if future is not None and not future.done():
-                future.set_result(None)
-        elif kind == ipc.EVENT and message[2] == "serving":
-            serving = self.engine.serving[self.index]
-            if not serving.done():
-                serving.set_result(None)
+    def _message(self, message: Any) -> None:
+        match message:
+            case msg.Infer(call_id, request):
+                self._infer(call_id, request)
+            case msg.Message(call_id) | msg.End(call_id):
+                inbox = self.inboxes.get(call_id)
+                if inbox is not None:
+                    inbox.put(message)
+            case msg.Release(offset):
+                self.arenas.mine.release(offset)
+            case msg.More(call_id, count):
+                credit = self.credits.get(call_id)
+                if credit is not None:
+                    credit.grant(count)
+            case msg.Cancel(call_id):
+                task = self.tasks.get(call_id)
+                if task is not None:
+                    task.cancel()
+            case msg.Stream(call_id, request):
+                self._start(call_id, self._stream(call_id, request))
+            case msg.Http():
+                self._start(message.call, self._http(message))
+            case msg.Grpc(call_id, path, metadata):
+                self.inboxes[call_id] = Inbox()
+                self._start(call_id, self._grpc(call_id, path, metadata))
+            case msg.Event("ack", sequence):
+                future = self.acks.pop(sequence, None)
+                if future is not None and not future.done():
+                    future.set_result(None)
+            case msg.Event("serving"):
+                serving = self.engine.serving[self.index]
+                if not serving.done():
+                    serving.set_result(None)
 
     def _start(self, call_id: int, work: Any) -> None:
-        self.credits[call_id] = Credit(ipc.AHEAD)
+        self.credits[call_id] = Credit(msg.AHEAD)
         task = self.loop.create_task(self._final(call_id, work))
         self.tasks[call_id] = task
         task.add_done_callback(lambda _, call_id=call_id: self._forget(call_id))
@@ -362,14 +366,14 @@ class WorkerLink:
         """A message of a streamed answer, once the worker has taken all but AHEAD of those before it (a
         client that stops reading stops the model's generator, as in one process)."""
         await self.credits[call_id].spend()
-        self.link.send([ipc.MESSAGE, call_id, payload])
+        self.link.send(msg.Message(call_id, payload))
 
     def _fail(self, call_id: int, error: InferError) -> None:
-        self.link.send([ipc.ERROR, call_id, [error.kind.value, error.message]])
+        self.link.send(msg.Error(call_id, error.kind.value, error.message))
 
     # ---- inference
 
-    def _infer(self, call_id: int, item: list) -> None:
+    def _infer(self, call_id: int, item: msg.Request) -> None:
         """A request, run at once; a task only if it has to wait (a batch, a worker thread)."""
         engine = self.engine
         try:
@@ -405,7 +409,7 @@ class WorkerLink:
         except Exception as e:  # a value that cannot cross (a model's parameters): an answer all the same
             log.exception("an answer could not be sent to the worker")
             return self._fail(call_id, _internal(e))
-        self.link.send([ipc.RESULT, call_id, answer])
+        self.link.send(msg.Result(call_id, answer))
 
     def _answered(self, call_id: int, task: asyncio.Task) -> None:
         if self.tasks.pop(call_id, None) is not None and not self.link.reading:
@@ -421,41 +425,43 @@ class WorkerLink:
             log.error("unexpected error serving an inference request", exc_info=error)
             self._fail(call_id, _internal(error))
 
-    async def _stream(self, call_id: int, item: list) -> None:
+    async def _stream(self, call_id: int, item: msg.Request) -> None:
         engine = self.engine
         request = ipc.request_in(item, self.arenas)
         version = engine.repository.resolve(request.model_name, request.model_version)
         async for response in version.infer_stream(request):
             await self._send_more(call_id, ipc.response_out(response, self.arenas))
-        self.link.send([ipc.END, call_id])
+        self.link.send(msg.End(call_id))
 
     # ---- forwarded routes and methods
 
-    async def _http(
-        self, call_id: int, port: str, method: str, path: str, query: bytes, headers: list, body: bytes
-    ) -> None:
+    async def _http(self, forwarded: msg.Http) -> None:
         engine = self.engine
-        router = engine.parts.routers[port]
-        found = router.find(method, path)
+        call_id = forwarded.call
+        router = engine.parts.routers[forwarded.port]
+        found = router.find(forwarded.method, forwarded.path)
         if isinstance(found, HttpResponse):
             response = found
         else:
             route, params = found
-            request = HttpRequest(method, path, query, {k: v for k, v in headers}, body, params)
+            headers = dict(forwarded.headers)
+            request = HttpRequest(
+                forwarded.method, forwarded.path, forwarded.query, headers, forwarded.body, params
+            )
             response = await router.call(route, request)
         await engine.synced_answer()
-        head = [response.status, response.headers]
         chunks = response.chunks
         if isinstance(chunks, list):
-            self.link.send([ipc.RESULT, call_id, [*head, b"".join(chunks), response.trailers]])
+            body = b"".join(chunks)
+            self.link.send(msg.Answer(call_id, response.status, response.headers, body, response.trailers))
             return
-        self.link.send([ipc.RESULT, call_id, [*head, None, response.trailers]])
+        self.link.send(msg.Answer(call_id, response.status, response.headers, None, response.trailers))
         try:
             async for chunk in chunks:
                 await self._send_more(call_id, bytes(chunk))
         finally:
             await chunks.aclose()
-        self.link.send([ipc.END, call_id, response.trailers])
+        self.link.send(msg.End(call_id, response.trailers))
 
     async def _grpc(self, call_id: int, path: str, metadata: list) -> None:
         engine = self.engine
@@ -471,7 +477,7 @@ class WorkerLink:
             log.exception("unexpected error serving %s", path)
             status, message = Status.INTERNAL, f"internal error serving {path}"
         await engine.synced_answer()
-        self.link.send([ipc.END, call_id, [status.value, message]])
+        self.link.send(msg.End(call_id, [status.value, message]))
 
 
 def _internal(error: BaseException) -> InferError:
@@ -497,10 +503,10 @@ class RelayedCall:
         self.inbox = link.inboxes[call_id]
 
     async def recv_message(self) -> Any:
-        kind, payload = await self.inbox.get()
-        if kind == ipc.END:
+        message = await self.inbox.get()
+        if isinstance(message, msg.End):
             return None
-        return self.handler.request_type.FromString(payload)
+        return self.handler.request_type.FromString(message.payload)
 
     async def send_message(self, message: Any) -> None:
         await self.link._send_more(self.call_id, message.SerializeToString())

@@ -29,11 +29,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from grpclib.const import Handler, Status
 from grpclib.exceptions import GRPCError
 
 from codec import ipc
+from codec import messages as msg
 from codec.errors import ErrorKind, InferError
+from codec.framing import FrameReader
 from codec.tensor import InferRequest, InferResponse
 from server import assembly, kin
 from server.arena import Arena, LinkArenas
@@ -50,6 +53,7 @@ from server.tracing import config as trace_config
 from server.tracing.tracer import Tracer
 
 log = logging.getLogger("tensorgate.worker")
+_FROM_ENGINE = msgspec.msgpack.Decoder(msg.TO_WORKER)
 
 # The gRPC methods a worker serves itself; the others are forwarded to the engine.
 FRONT_END_METHODS = frozenset(
@@ -63,9 +67,12 @@ FRONT_END_METHODS = frozenset(
 ENGINE_GONE = signal.SIGUSR2  # what the kernel sends a worker when its engine dies
 
 
-def error_of(payload: list) -> InferError:
-    kind, message = payload
-    return InferError(ErrorKind(kind), message)
+def error_of(message: msg.Error) -> InferError:
+    return InferError(ErrorKind(message.kind), message.message)
+
+
+def error_message(call_id: int, error: InferError) -> msg.Error:
+    return msg.Error(call_id, error.kind.value, error.message)
 
 
 # ------------------------------------------------------------------------------ the engine, from here
@@ -79,7 +86,7 @@ class EngineClient:
     looks: the calls' last-heard times, not a timer per call."""
 
     def __init__(self, arenas: tuple[Arena, Arena] | None = None, call_timeout: float = 0.0) -> None:
-        self.link = Link(self._message, self._lost, self._fault)
+        self.link = Link(self._message, self._lost, self._fault, FrameReader(_FROM_ENGINE))
         self.arenas = None if arenas is None else LinkArenas(*arenas, self._release)
         self.calls: dict[int, asyncio.Future | Inbox] = {}
         self.heard: dict[int, float] = {}  # a call's start, or its stream's last message (loop time)
@@ -101,19 +108,19 @@ class EngineClient:
         return self.next_id
 
     def _release(self, offset: int) -> None:
-        self.link.send([ipc.RELEASE, 0, offset])
+        self.link.send(msg.Release(offset))
 
     def _cancel(self, call_id: int) -> None:
         self.heard.pop(call_id, None)
         if self.calls.pop(call_id, None) is not None and self.link.transport is not None:
-            self.link.send([ipc.CANCEL, call_id])
+            self.link.send(msg.Cancel(call_id))
 
     def _end(self, call_id: int, error: InferError) -> None:
         """Fails a call the engine will not answer, and tells the engine to drop it."""
         target = self.calls.get(call_id)
         self._cancel(call_id)
         if isinstance(target, Inbox):
-            target.put(ipc.ERROR, [error.kind.value, error.message])
+            target.put(error_message(call_id, error))
         elif target is not None and not target.done():
             target.set_exception(error)
 
@@ -130,11 +137,12 @@ class EngineClient:
         if self.link.transport is not None or not self.gone.is_set():
             self.loop.call_later(1.0, self._sweep)
 
-    def _fault(self, message: list, error: Exception) -> None:
+    def _fault(self, message: Any, error: Exception) -> None:
         """Handling a message from the engine raised: its call fails, not silently."""
-        if len(message) > 1 and message[1] in self.calls:
+        call_id = getattr(message, "call", 0)
+        if call_id in self.calls:
             reason = f"internal error: the engine's answer could not be read ({type(error).__name__})"
-            self._end(message[1], InferError(ErrorKind.INTERNAL, reason))
+            self._end(call_id, InferError(ErrorKind.INTERNAL, reason))
 
     # ---- inference
 
@@ -145,7 +153,7 @@ class EngineClient:
         message = ipc.request_out(request, self.arenas)  # raises when the shared memory is full
         future = self.loop.create_future()
         call_id = self._call(future)
-        self.link.send([ipc.INFER, call_id, message])
+        self.link.send(msg.Infer(call_id, message))
         try:
             return ipc.response_in(await future, self.arenas)
         except asyncio.CancelledError:  # the client left, or a deadline passed: so does the request
@@ -163,20 +171,23 @@ class EngineClient:
         message = ipc.request_out(request, self.arenas)
         inbox = Inbox()
         call_id = self._call(inbox)
-        self.link.send([ipc.STREAM, call_id, message])
+        self.link.send(msg.Stream(call_id, message))
         finished = False
         try:
             while True:
-                kind, payload = await inbox.get()
-                if kind == ipc.MESSAGE:
-                    self._more(call_id)
-                    yield ipc.response_in(payload, self.arenas)
-                elif kind == ipc.END:
-                    finished = True
-                    return
-                else:
-                    finished = True
-                    raise error_of(payload)
+                match await inbox.get():
+                    case msg.Message(payload=msg.Response() as response):
+                        self._more(call_id)
+                        yield ipc.response_in(response, self.arenas)
+                    case msg.End():
+                        finished = True
+                        return
+                    case msg.Error() as error:
+                        finished = True
+                        raise error_of(error)
+                    case unexpected:
+                        finished = True
+                        raise _unexpected(unexpected)
         finally:
             if not finished:  # closed early: the client left
                 self._cancel(call_id)
@@ -190,24 +201,24 @@ class EngineClient:
             await self.link.drain()
         inbox = Inbox()
         call_id = self._call(inbox)
-        head = [ipc.HTTP, call_id, port, request.method, request.path, request.query]
         # the body is as the router handed it: inflated already, if it came compressed
         headers = [(k, v) for k, v in request.headers.items() if k != b"content-encoding"]
-        self.link.send([*head, headers, bytes(request.body)])
+        forwarded = msg.Http(
+            call_id, port, request.method, request.path, request.query, headers, bytes(request.body)
+        )
+        self.link.send(forwarded)
         try:
-            kind, payload = await inbox.get()
+            answer = await inbox.get()
         except BaseException:  # cancelled: the client left
             self._cancel(call_id)
             raise
-        if kind == ipc.ERROR:
+        if not isinstance(answer, msg.Answer):
             self._forget(call_id)
-            raise error_of(payload)
-        status, headers, body, trailers = payload
-        headers = [tuple(pair) for pair in headers]
-        if body is not None:
+            raise error_of(answer) if isinstance(answer, msg.Error) else _unexpected(answer)
+        if answer.body is not None:
             self._forget(call_id)
-            return HttpResponse(status, headers, [body], _pairs(trailers))
-        response = HttpResponse(status, headers, [], _pairs(trailers))
+            return HttpResponse(answer.status, answer.headers, [answer.body], answer.trailers)
+        response = HttpResponse(answer.status, answer.headers, [], answer.trailers)
         response.chunks = Relayed(self, call_id, inbox, response)
         return response
 
@@ -217,23 +228,27 @@ class EngineClient:
             await self.link.drain()
         inbox = Inbox()
         call_id = self._call(inbox)
-        self.link.send([ipc.GRPC, call_id, path, list(call.metadata.items())])
+        self.link.send(msg.Grpc(call_id, path, list(call.metadata.items())))
         pump = self.loop.create_task(self._pump(call_id, call))
         finished = False
         try:
             while True:
-                kind, payload = await inbox.get()
-                if kind == ipc.MESSAGE:
-                    await call.send_message(RawMessage(payload))
-                    self._more(call_id)
-                    continue
-                finished = True
-                if kind == ipc.END:
-                    status, message = payload
-                    if status:
-                        raise GRPCError(Status(status), message)
-                    return
-                raise error_of(payload)
+                match await inbox.get():
+                    case msg.Message(payload=bytes() as payload):
+                        await call.send_message(RawMessage(payload))
+                        self._more(call_id)
+                        continue
+                    case msg.End(payload=[status, text]):
+                        finished = True
+                        if status:
+                            raise GRPCError(Status(status), text)
+                        return
+                    case msg.Error() as error:
+                        finished = True
+                        raise error_of(error)
+                    case unexpected:
+                        finished = True
+                        raise _unexpected(unexpected)
         finally:
             pump.cancel()
             if not finished:
@@ -244,13 +259,13 @@ class EngineClient:
         """The client's messages to the engine, as they come; then the end of them."""
         async for message in call:
             self.heard[call_id] = self.loop.time()
-            self.link.send([ipc.MESSAGE, call_id, bytes(message.data)])
-        self.link.send([ipc.END, call_id])
+            self.link.send(msg.Message(call_id, bytes(message.data)))
+        self.link.send(msg.End(call_id))
 
     def _more(self, call_id: int) -> None:
         """A streamed message taken: the engine may send one more (its wait for us is not its silence)."""
         self.heard[call_id] = self.loop.time()
-        self.link.send([ipc.MORE, call_id, 1])
+        self.link.send(msg.More(call_id, 1))
 
     def _forget(self, call_id: int) -> None:
         self.calls.pop(call_id, None)
@@ -258,30 +273,34 @@ class EngineClient:
 
     # ---- from the engine
 
-    def _message(self, message: list) -> None:
-        kind, call_id = message[0], message[1]
-        if kind == ipc.RELEASE:
-            return self.arenas.mine.release(message[2])  # type: ignore[union-attr]
-        if kind == ipc.EVENT:
-            return self._event(message[2], message[3])
-        target = self.calls.get(call_id)
-        if target is None:
-            return  # a call cancelled meanwhile
-        if isinstance(target, asyncio.Future) and target.done():
-            return  # cancelled in this loop pass: its task has not yet run to forget it
-        if isinstance(target, Inbox):
-            self.heard[call_id] = self.loop.time()
-            target.put(kind, message[2] if len(message) > 2 else None)
-        elif kind == ipc.RESULT:
-            target.set_result(message[2])
-        else:
-            target.set_exception(error_of(message[2]))
+    def _message(self, message: Any) -> None:
+        match message:
+            case msg.Release(offset):
+                self.arenas.mine.release(offset)  # type: ignore[union-attr]
+            case msg.Event(name, payload):
+                self._event(name, payload)
+            case _:
+                call_id = message.call
+                target = self.calls.get(call_id)
+                if target is None:
+                    return  # a call cancelled meanwhile
+                if isinstance(target, Inbox):
+                    self.heard[call_id] = self.loop.time()
+                    target.put(message)
+                elif target.done():
+                    return  # cancelled in this loop pass: its task has not yet run to forget it
+                elif type(message) is msg.Result:
+                    target.set_result(message.response)
+                elif type(message) is msg.Error:
+                    target.set_exception(error_of(message))
+                else:
+                    target.set_exception(_unexpected(message))
 
     def _event(self, name: str, payload: Any) -> None:
         if name == "models":
             table, sequence = payload
             self.repository.apply(table)
-            self.link.send([ipc.EVENT, 0, "ack", sequence])
+            self.link.send(msg.Event("ack", sequence))
             if not self.first_table.done():
                 self.first_table.set_result(None)
         elif name == "online":
@@ -294,7 +313,7 @@ class EngineClient:
         for target in self.calls.values():
             error = InferError(ErrorKind.UNAVAILABLE, "the server's engine is gone")
             if isinstance(target, Inbox):
-                target.put(ipc.ERROR, [error.kind.value, error.message])
+                target.put(error_message(0, error))
             elif not target.done():
                 target.set_exception(error)
         self.calls.clear()
@@ -318,16 +337,16 @@ class Relayed:
     async def __anext__(self) -> bytes:
         if self.call_id not in self.client.calls:
             raise StopAsyncIteration
-        kind, payload = await self.inbox.get()
-        if kind == ipc.MESSAGE:
+        message = await self.inbox.get()
+        if isinstance(message, msg.Message) and type(message.payload) is bytes:
             self.client._more(self.call_id)
-            return payload
+            return message.payload
         self.client._forget(self.call_id)
-        if kind == ipc.END:
-            if payload is not None:
-                self.response.trailers = _pairs(payload)
+        if isinstance(message, msg.End):
+            if message.payload is not None:
+                self.response.trailers = _pairs(message.payload)
             raise StopAsyncIteration
-        raise error_of(payload)
+        raise error_of(message) if isinstance(message, msg.Error) else _unexpected(message)
 
     async def aclose(self) -> None:
         self.client._cancel(self.call_id)
@@ -335,6 +354,13 @@ class Relayed:
 
 def _pairs(items: list | None) -> list[tuple[bytes, bytes]] | None:
     return None if items is None else [tuple(pair) for pair in items]
+
+
+def _unexpected(message: Any) -> InferError:
+    """A message this call cannot receive (an engine that does not match this worker)."""
+    return InferError(
+        ErrorKind.INTERNAL, f"internal error: unexpected {type(message).__name__} from the engine"
+    )
 
 
 # ------------------------------------------------------------------------------ the model table
@@ -489,7 +515,7 @@ async def serve(args: argparse.Namespace, logs: LogControl) -> None:
 
     def serving() -> None:
         log.info("worker %d serving", os.getpid())
-        client.link.send([ipc.EVENT, 0, "serving", None])
+        client.link.send(msg.Event("serving", None))
 
     await assembly.serve_ports(args, parts, listening, shutdown_trigger, client.offline, serving)
     client.link.close()

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from codec.framing import LENGTH, NOTHING, FrameReader, pack
+from codec.framing import LENGTH, NOTHING, FrameReader, Invalid, pack
 
 log = logging.getLogger("tensorgate.link")
 
@@ -30,7 +30,9 @@ class Link(asyncio.BufferedProtocol):
         on_message: Callable[[Any], None],
         on_lost: Callable[[], None],
         on_fault: Callable[[Any, Exception], None],
+        frames: FrameReader | None = None,
     ) -> None:
+        """`frames`: the reader of what the peer sends (its decoder: the messages it may send)."""
         self.on_message = on_message
         self.on_lost = on_lost
         self.on_fault = on_fault  # (the message, what its handling raised)
@@ -41,11 +43,11 @@ class Link(asyncio.BufferedProtocol):
         self.loop = asyncio.get_running_loop()
         self.out: list[bytes] = []
         self.flush_pending = False
-        self.frames = FrameReader()
+        self.frames = frames or FrameReader()
 
     # ---- sending
 
-    def send(self, message: list) -> None:
+    def send(self, message: Any) -> None:
         """Queues a message for the end of this event-loop pass."""
         data = pack(message)
         if not self.flush_pending:
@@ -110,6 +112,10 @@ class Link(asyncio.BufferedProtocol):
         while self.reading:
             try:
                 message = frames.next()
+            except Invalid as e:  # dropped: the call it names fails
+                log.error("a message over the link does not match its kind: %s", e)
+                self.on_fault(e, e)
+                continue
             except Exception:  # not our framing: nothing after it can be trusted
                 log.exception("a message over the link does not decode; the link is closed")
                 frames.start = frames.end = 0
@@ -131,20 +137,20 @@ class Link(asyncio.BufferedProtocol):
 
 
 class Inbox:
-    """What a call receives, in order, until it ends: MESSAGEs, then END (or an error)."""
+    """What a call receives, in order, until it ends: Messages, then its End (or an Error)."""
 
     __slots__ = ("items", "waiter")
 
     def __init__(self) -> None:
-        self.items: collections.deque[tuple[int, Any]] = collections.deque()
+        self.items: collections.deque[Any] = collections.deque()
         self.waiter: asyncio.Future | None = None
 
-    def put(self, kind: int, payload: Any) -> None:
-        self.items.append((kind, payload))
+    def put(self, message: Any) -> None:
+        self.items.append(message)
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
 
-    async def get(self) -> tuple[int, Any]:
+    async def get(self) -> Any:
         while not self.items:
             self.waiter = asyncio.get_running_loop().create_future()
             await self.waiter
@@ -152,7 +158,7 @@ class Inbox:
 
 
 class Credit:
-    """How many more messages a stream may send before its consumer takes some (ipc.MORE)."""
+    """How many more messages a stream may send before its consumer takes some (codec.messages.More)."""
 
     __slots__ = ("left", "waiter")
 

@@ -1,16 +1,26 @@
-"""The messages between a front end and the engine (codec/ipc.py): every field of a request and an answer
-arrives as it left, tensors included, and the engine's models may write what they receive."""
+"""The messages between a front end and the engine (codec/ipc.py, codec/messages.py): every field of a
+request and an answer arrives as it left, tensors included, and the engine's models may write what they
+receive; a message whose fields do not match its kind is refused by the decoder, naming the field, and
+fails the call it names while the messages after it still arrive."""
 
+import msgspec
 import numpy as np
 import pytest
 
 from codec import ipc
-from codec.framing import pack, unpack
+from codec import messages as msg
+from codec.framing import NOTHING, FrameReader, Invalid, frame, pack, unpack
 from codec.tensor import InferRequest, InferResponse, RequestedOutput, Tensor
 
+TO_ENGINE = msgspec.msgpack.Decoder(msg.TO_ENGINE)
+TO_WORKER = msgspec.msgpack.Decoder(msg.TO_WORKER)
 
-def crossed(message: list) -> list:
-    return unpack(pack(message))
+
+def crossed(message: msg.Request | msg.Response) -> msg.Request | msg.Response:
+    """The payload as the other side decodes it: inside its message, with the decoder of that link."""
+    if isinstance(message, msg.Request):
+        return TO_ENGINE.decode(pack(msg.Infer(1, message))).request
+    return TO_WORKER.decode(pack(msg.Result(1, message))).response
 
 
 def test_a_request_crosses_with_every_field() -> None:
@@ -70,9 +80,33 @@ def test_an_answer_crosses_with_its_parameters() -> None:
 
 
 def test_numpy_values_in_parameters_cross_as_plain_values() -> None:
-    assert crossed([np.int64(5), np.arange(3)]) == [5, [0, 1, 2]]
+    assert unpack(pack([np.int64(5), np.arange(3)])) == [5, [0, 1, 2]]
 
 
 def test_what_cannot_cross_says_so() -> None:
     with pytest.raises(NotImplementedError, match="object cannot cross to another process"):
         pack([object()])
+
+
+def test_a_message_is_its_kind_then_its_fields_in_order() -> None:
+    assert unpack(pack(msg.Cancel(7))) == [msg.CANCEL, 7]
+    assert unpack(pack(msg.More(7, 4))) == [msg.MORE, 7, 4]
+    assert unpack(pack(msg.Error(3, "internal", "boom"))) == [msg.ERROR, 3, "internal", "boom"]
+
+
+def test_a_message_that_does_not_match_its_kind_is_refused_and_the_link_reads_on() -> None:
+    reader = FrameReader(TO_WORKER)
+    reader.feed(frame([msg.RESULT, 5, "not a response"]) + frame(msg.Error(6, "internal", "x")))
+    with pytest.raises(Invalid, match=r"Expected `array`, got `str` - at `\$\[2\]`") as refused:
+        reader.next()
+    assert refused.value.call == 5  # the call that fails
+    assert reader.next() == msg.Error(6, "internal", "x")
+    assert reader.next() is NOTHING
+
+
+def test_a_kind_the_receiver_may_not_receive_is_refused() -> None:
+    reader = FrameReader(TO_WORKER)
+    reader.feed(frame(msg.Infer(9, ipc.request_out(InferRequest("m")))))  # an engine never sends INFER
+    with pytest.raises(Invalid) as refused:
+        reader.next()
+    assert refused.value.call == 9

@@ -43,7 +43,7 @@ def response_out(response, arenas=None):
 
 
 def infer(self, call_id, item):
-    if item[0] == "unanswered":
+    if item.model_name == "unanswered":
         return
     return _infer(self, call_id, item)
 

@@ -7,11 +7,13 @@ import asyncio
 import contextlib
 import socket
 import time
+from typing import Any
 
 import numpy as np
 import pytest
 
 from codec import ipc
+from codec import messages as msg
 from codec.errors import ErrorKind, InferError
 from codec.framing import LENGTH, pack, unpack
 from codec.tensor import InferRequest, InferResponse, Tensor
@@ -22,7 +24,7 @@ class Version:
     version_str = "1"
 
 
-def arrive(client: EngineClient, message: list) -> None:
+def arrive(client: EngineClient, message: Any) -> None:
     """`message` read from the socket, as the event loop hands it to the link."""
     data = pack(message)
     framed = LENGTH.pack(len(data)) + data
@@ -34,7 +36,7 @@ def request() -> InferRequest:
     return InferRequest("m", inputs=[Tensor("I", "INT32", (1,), np.ones(1, np.int32))])
 
 
-def answer(value: int) -> list:
+def answer(value: int) -> msg.Response:
     return ipc.response_out(
         InferResponse("m", "1", [Tensor("O", "INT32", (1,), np.full(1, value, np.int32))])
     )
@@ -46,14 +48,14 @@ def test_an_answer_to_a_call_cancelled_in_the_same_pass_is_dropped(caplog: pytes
         left = asyncio.create_task(client.infer(Version(), request()))
         await asyncio.sleep(0)  # sent; waiting for the engine
         left.cancel()  # the client went away: the wait ends at once, the task learns of it on its next step
-        arrive(client, [ipc.RESULT, client.next_id, answer(1)])  # the engine's answer is already here
-        arrive(client, [ipc.ERROR, client.next_id, [400, "late"]])
+        arrive(client, msg.Result(client.next_id, answer(1)))  # the engine's answer is already here
+        arrive(client, msg.Error(client.next_id, "invalid argument", "late"))
         with pytest.raises(asyncio.CancelledError):
             await left
         assert client.calls == {}
         served = asyncio.create_task(client.infer(Version(), request()))  # the link still serves
         await asyncio.sleep(0)
-        arrive(client, [ipc.RESULT, client.next_id, answer(7)])
+        arrive(client, msg.Result(client.next_id, answer(7)))
         assert int((await served).outputs[0].data[0]) == 7
 
     asyncio.run(scenario())
@@ -63,25 +65,29 @@ def test_an_answer_to_a_call_cancelled_in_the_same_pass_is_dropped(caplog: pytes
 def test_a_message_whose_handling_raises_fails_its_call_and_the_link_serves_on(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A RESULT without its payload (an engine's bug): the call it names fails now, with INTERNAL,
-    instead of waiting for an answer that was dropped; the next call is answered."""
+    """A RESULT without its payload (an engine's bug): the decoder refuses it, and the call it names
+    fails now, with INTERNAL, instead of waiting for an answer that was dropped; the next call is
+    answered."""
 
     async def scenario() -> None:
         client = EngineClient()
         broken = asyncio.create_task(client.infer(Version(), request()))
         await asyncio.sleep(0)
-        arrive(client, [ipc.RESULT, client.next_id])
+        arrive(client, [msg.RESULT, client.next_id])
         with pytest.raises(InferError) as failed:
             await asyncio.wait_for(broken, 5)
         assert failed.value.kind is ErrorKind.INTERNAL
-        assert "the engine's answer could not be read (IndexError)" in failed.value.message
+        assert "the engine's answer could not be read (Invalid)" in failed.value.message
         served = asyncio.create_task(client.infer(Version(), request()))
         await asyncio.sleep(0)
-        arrive(client, [ipc.RESULT, client.next_id, answer(7)])
+        arrive(client, msg.Result(client.next_id, answer(7)))
         assert int((await served).outputs[0].data[0]) == 7
 
     asyncio.run(scenario())
-    assert "a message over the link failed" in caplog.text
+    assert (
+        "a message over the link does not match its kind: Expected `array` of at least length 3, got 2"
+        in caplog.text
+    )
 
 
 async def linked(client: EngineClient) -> socket.socket:
@@ -135,7 +141,7 @@ def test_a_call_the_engine_never_answers_fails_at_the_deadline_and_is_cancelled_
         assert "did not answer within 0.5 s (--worker-call-timeout)" in failed.value.message
         assert 0.5 <= waited < 2.5  # the sweep runs each second
         kinds = [message[0] for message in await engine_reads(engine)]
-        assert kinds == [ipc.INFER, ipc.CANCEL]
+        assert kinds == [msg.INFER, msg.CANCEL]
         assert client.calls == {} and client.heard == {}
         engine.close()
 
@@ -153,15 +159,15 @@ def test_a_stream_whose_reader_is_behind_is_not_timed_out() -> None:
         first = asyncio.create_task(anext(stream))
         await asyncio.sleep(0.05)
         for value in (1, 2):
-            arrive(client, [ipc.MESSAGE, client.next_id, answer(value)])
+            arrive(client, msg.Message(client.next_id, answer(value)))
         assert int((await first).outputs[0].data[0]) == 1
         await asyncio.sleep(1.6)  # the reader is slow: the second answer waits for it
         assert int((await anext(stream)).outputs[0].data[0]) == 2
-        arrive(client, [ipc.END, client.next_id])
+        arrive(client, msg.End(client.next_id))
         with pytest.raises(StopAsyncIteration):
             await anext(stream)
         kinds = [message[0] for message in await engine_reads(engine)]
-        assert ipc.CANCEL not in kinds
+        assert msg.CANCEL not in kinds
         engine.close()
 
     asyncio.run(scenario())
@@ -175,8 +181,8 @@ def test_while_the_engine_does_not_read_new_calls_wait_and_then_go() -> None:
         waiting = asyncio.create_task(client.infer(Version(), request()))
         assert [m[0] for m in await engine_reads(engine)] == []
         client.link.resume_writing()
-        assert [m[0] for m in await engine_reads(engine)] == [ipc.INFER]
-        arrive(client, [ipc.RESULT, client.next_id, answer(3)])
+        assert [m[0] for m in await engine_reads(engine)] == [msg.INFER]
+        arrive(client, msg.Result(client.next_id, answer(3)))
         assert int((await waiting).outputs[0].data[0]) == 3
         engine.close()
 

@@ -5,10 +5,11 @@ and inside messages, each named by its v2 datatype."""
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
 
-from codec import ipc
+from codec import messages as msg
 from codec.framing import NOTHING, FrameReader, frame
 from server.arena import ALIGN
 from server.backends import channel
@@ -24,13 +25,13 @@ def fed(reader: FrameReader, data: bytes) -> list:
 
 
 def test_frames_come_back_whatever_the_cuts() -> None:
-    messages = [[ipc.EXECUTE, 1, [b"\x00" * 300, "x"]], [ipc.LOG, 20, "héllo"], [ipc.END, 7]]
+    messages = [[msg.EXECUTE, 1, [b"\x00" * 300, "x"]], [msg.LOG, 20, "héllo"], [msg.END, 7]]
     data = b"".join(frame(m) for m in messages)
     for cut in (1, 3, 4, 5, 17, len(data) - 1):
         reader = FrameReader()
         got = fed(reader, data[:cut]) + fed(reader, data[cut:])
         assert got == messages
-    reader = FrameReader(16)  # smaller than a message: it grows to hold it
+    reader = FrameReader(size=16)  # smaller than a message: it grows to hold it
     assert [m for byte in range(len(data)) for m in fed(reader, data[byte : byte + 1])] == messages
 
 
@@ -50,15 +51,15 @@ def test_arrays_go_through_the_arena_as_they_are() -> None:
         process = BatchArena(server.size, server.fd)  # the other side maps the same memfd
         descriptors, end = server.write(ARRAYS, 0)
         assert end % ALIGN == 0
-        assert [d[1] for d in descriptors] == ["FP32", "INT64", "BOOL", "INT16", "UINT8", "BYTES"]
+        assert [t.datatype for t in descriptors] == ["FP32", "INT64", "BOOL", "INT16", "UINT8", "BYTES"]
         for descriptor in descriptors:
             got = process.read(descriptor, copy=False)
-            want = ARRAYS[descriptor[0]]
+            want = ARRAYS[descriptor.name]
             assert got.shape == want.shape and got.dtype == want.dtype
             assert got.tolist() == want.tolist()
-        text = next(d for d in descriptors if d[0] == "text")
-        assert text[1] == channel.BYTES  # Triton's serialized form: a 4-byte length, then the bytes
-        offset, size = text[3]
+        text = next(t for t in descriptors if t.name == "text")
+        assert text.datatype == channel.BYTES  # Triton's serialized form: a 4-byte length, then the bytes
+        _, offset, size = text.data
         raw = bytes(server.map[offset : offset + size])
         assert (
             raw
@@ -90,9 +91,9 @@ def test_the_arena_grows_and_the_other_side_follows() -> None:
 
 def test_tensors_inside_messages() -> None:
     for name, array in ARRAYS.items():
-        (message,) = fed(FrameReader(), frame([ipc.MESSAGE, 1, [channel.inline(name, array)]]))
-        descriptor = message[2][0]
-        got = channel.inline_array(descriptor)
+        reader = FrameReader(msgspec.msgpack.Decoder(msg.FROM_MODEL))
+        (message,) = fed(reader, frame(msg.Part(1, msg.Answered([channel.inline(name, array)]))))
+        got = channel.inline_array(message.answer.outputs[0])
         assert got.shape == array.shape and got.tolist() == array.tolist()
         if got.dtype != object:
             got[...] = got  # writable, as a model may expect its inputs to be

@@ -1,15 +1,15 @@
 """What a python model's process and the server say to each other (server/backends/process.py is the
 server's side, server/backends/stub.py the process's): messages in the framing of every link between the
-server's processes (codec/framing.py), their kinds in the one table of codec/ipc.py, and tensors in a
-shared-memory Region (server/arena.py).
+server's processes (codec/framing.py), typed (codec/messages.py, the same kinds as the workers' link),
+and tensors in a shared-memory Region (server/arena.py).
 
 The Region is one memfd per instance that both sides map, with a bump allocator per batch
 (`BatchArena`): the server writes a batch's inputs at its start, the process writes its outputs after
 them, and each message names where. Either side grows it when a batch does not fit and says the new size
-in its message; the other side maps it again. A tensor's descriptor is `[name, datatype, shape, data]`,
-its datatype the v2 name (as the workers' link, codec/ipc.py), its data `[offset, size]` in the Region
-or the bytes themselves when the tensor travels in the message (a small batch's tensors both ways, a
-streamed answer, a BLS call's tensors). BYTES are Triton's serialized form (each element a 4-byte length
+in its message; the other side maps it again. A tensor is a codec.messages.Tensor, as on the workers'
+link: its v2 datatype, and its data `[0, offset, size]` in the Region or the bytes themselves when the
+tensor travels in the message (a small batch's tensors both ways, a streamed answer, a BLS call's
+tensors). BYTES are Triton's serialized form (each element a 4-byte length
 and its bytes, codec/bytes_tensor.py). An EXECUTE whose end offset is -1 is a small batch: its outputs
 are answered in the message too.
 """
@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from codec import messages as msg
 from codec.bytes_tensor import decode_bytes, encode_bytes
 from codec.datatypes import BY_NUMPY, BY_V2
 from server.arena import Region, aligned
@@ -41,7 +42,7 @@ def datatype_of(name: str, array: np.ndarray) -> str:
 class BatchArena(Region):
     """The instance's Region, allocated one batch at a time from its start."""
 
-    def write(self, tensors: dict[str, np.ndarray], offset: int) -> tuple[list[list], int]:
+    def write(self, tensors: dict[str, np.ndarray], offset: int) -> tuple[list[msg.Tensor], int]:
         """Writes the arrays from `offset` on; their descriptors and the offset after them."""
         encoded = {}
         need = offset
@@ -63,17 +64,17 @@ class BatchArena(Region):
                 size = array.nbytes
                 target = BY_V2[datatype].numpy
                 np.ndarray(array.shape, target, buffer=self.map, offset=offset)[...] = array
-            descriptors.append([name, datatype, list(array.shape), [offset, size]])
+            descriptors.append(msg.Tensor(name, datatype, list(array.shape), [0, offset, size]))
             offset += aligned(size)
         return descriptors, offset
 
-    def read(self, descriptor: list, copy: bool) -> np.ndarray:
-        """The array a descriptor names: a view of the Region, or a copy of it (`copy`); or the array of a
+    def read(self, tensor: msg.Tensor, copy: bool) -> np.ndarray:
+        """The array a tensor names: a view of the Region, or a copy of it (`copy`); or the array of a
         tensor that travelled in the message."""
-        name, datatype, shape, data = descriptor
+        name, datatype, shape, data = tensor.name, tensor.datatype, tensor.shape, tensor.data
         if type(data) is not list:
-            return inline_array(descriptor)
-        offset, size = data
+            return inline_array(tensor)
+        _, offset, size = data
         if datatype == BYTES:
             return decode_bytes(memoryview(self.map)[offset : offset + size], math.prod(shape), name).reshape(
                 shape
@@ -82,21 +83,21 @@ class BatchArena(Region):
         return array.copy() if copy else array
 
 
-def inline(name: str, array: np.ndarray) -> list:
+def inline(name: str, array: np.ndarray) -> msg.Tensor:
     """A tensor carried in the message itself."""
     if array.dtype.kind == "O":
-        return [name, BYTES, list(array.shape), encode_bytes(array)]
+        return msg.Tensor(name, BYTES, list(array.shape), encode_bytes(array))
     datatype = datatype_of(name, array)
     data = array.astype(BY_V2[datatype].numpy, copy=False).tobytes()  # C order, whatever its strides
-    return [name, datatype, list(array.shape), data]
+    return msg.Tensor(name, datatype, list(array.shape), data)
 
 
-def inline_all(tensors: dict[str, np.ndarray]) -> list[list]:
+def inline_all(tensors: dict[str, np.ndarray]) -> list[msg.Tensor]:
     return [inline(name, array) for name, array in tensors.items()]
 
 
-def inline_array(descriptor: list) -> np.ndarray:
-    name, datatype, shape, data = descriptor
+def inline_array(tensor: msg.Tensor) -> np.ndarray:
+    name, datatype, shape, data = tensor.name, tensor.datatype, tensor.shape, tensor.data
     if datatype == BYTES:
         return decode_bytes(memoryview(data), math.prod(shape), name).reshape(shape)
     return np.frombuffer(data, BY_V2[datatype].numpy).reshape(shape).copy()  # writable, as a model may expect
@@ -108,3 +109,12 @@ def as_array(value: Any) -> np.ndarray:
     if array.dtype.kind in "US":
         array = array.astype(object)
     return array
+
+
+def answered(response: Any) -> msg.Answered:
+    """A Triton response (pb_utils.InferenceResponse) as it crosses: its outputs in the message, or its
+    error's code and message."""
+    error = response.error()
+    if error is not None:
+        return msg.Answered(None, error.code(), error.message())
+    return msg.Answered([inline(t.name(), t.as_numpy()) for t in response.output_tensors()])

@@ -23,8 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+import msgspec
+
 import server.backends.pb_utils as pb_utils
-from codec import ipc
+from codec import messages as msg
 from codec.errors import ErrorKind, InferError
 from codec.framing import FrameReader, frame, receive
 from server.backends.channel import BatchArena
@@ -32,6 +34,7 @@ from server.link import Link
 from server.model_config import parameter
 
 log = logging.getLogger("tensorgate.python")
+FROM_MODEL = msgspec.msgpack.Decoder(msg.FROM_MODEL)
 model_log = logging.getLogger("tensorgate.model")
 
 ARENA_SIZE = 1 << 20  # to start with: it grows to the largest batch
@@ -110,7 +113,7 @@ class Instance:
         self.calls: dict[int, tuple[asyncio.Future, Callable[[Instance, list], Any]] | asyncio.Queue] = {}
         self.held = 0  # batches sent to it and not yet answered (server/backends/process.py)
         self.bls: set[int] = set()  # the BLS calls it is making, as their answers are awaited
-        self.frames = FrameReader()  # the handshake's, then the link's: what it read past its answer stays
+        self.frames = FrameReader(FROM_MODEL)  # the handshake's, then the link's (bytes read ahead stay)
         self.next_call = 0
         self.failures = 0  # consecutive failed starts or deaths: the backoff grows with them
 
@@ -121,31 +124,23 @@ class Instance:
         thread that forked, server/backends/stub.py)."""
         self.process, self.sock = start_stub(self.owner.python, self.arena.fd)
         self.bls = set()
-        self.sock.sendall(
-            frame(
-                [
-                    ipc.LOAD,
-                    0,
-                    self.owner.config,
-                    self.owner.version,
-                    str(self.owner.version_dir),
-                    self.index,
-                    self.arena.size,
-                ]
-            )  # fmt: skip
-        )
+        owner = self.owner
+        load = msg.Load(owner.config, owner.version, str(owner.version_dir), self.index, self.arena.size)
+        self.sock.sendall(frame(load))
 
     def handshake(self) -> dict:
         """Blocking: waits for the model to load in the process; its answer, or raises why not."""
         assert self.sock is not None and self.process is not None
         self.sock.settimeout(START_TIMEOUT)
-        self.frames = FrameReader()
+        self.frames = FrameReader(FROM_MODEL)
         try:
             answer = receive(self.sock, self.frames)
-            while answer is not None and answer[0] in (ipc.LOG, ipc.METRIC, ipc.CALL):
-                if answer[0] == ipc.CALL:  # from initialize: no loop serves this instance yet
-                    refused = [[1, pb_utils.TritonError.UNAVAILABLE, "BLS is not available in initialize"]]
-                    self.sock.sendall(frame([ipc.REPLY, answer[1], refused]))
+            while isinstance(answer, msg.Log | msg.Metric | msg.Call):
+                if isinstance(answer, msg.Call):  # from initialize: no loop serves this instance yet
+                    refused = msg.Answered(
+                        None, pb_utils.TritonError.UNAVAILABLE, "BLS is not available in initialize"
+                    )
+                    self.sock.sendall(frame(msg.Reply(answer.call, [refused])))
                 else:
                     self.received(answer)
                 answer = receive(self.sock, self.frames)
@@ -159,18 +154,18 @@ class Instance:
                 self.process.wait(5)
             self.kill()
             raise RuntimeError(f"instance {self.index} {exited(self.process)} while loading its model")
-        if answer[0] != ipc.READY:
+        if not isinstance(answer, msg.Ready):
             self.kill()
-            raise RuntimeError(answer[2])
+            raise RuntimeError(answer.reason if isinstance(answer, msg.Failed) else f"unexpected {answer!r}")
         self.sock.settimeout(None)
         self.sock.setblocking(False)
         self.alive = True
-        return answer[2]
+        return answer.info
 
     async def attach(self) -> None:
         """The socket handed to the event loop (once, from the loop: the instance serves from here on)."""
         loop = asyncio.get_running_loop()
-        link = Link(self.received, self.died, self.fault)
+        link = Link(self.received, self.died, self.fault)  # its frames: the handshake's (FROM_MODEL)
         link.frames = self.frames  # with what the handshake read past its answer, handed on now
         await loop.connect_accepted_socket(lambda: link, self.sock)
         self.link = link
@@ -197,9 +192,9 @@ class Instance:
             if self.sock is not None:
                 with socket.socket(fileno=os.dup(self.sock.fileno())) as reader:
                     reader.settimeout(STOP_TIMEOUT)
-                    reader.sendall(frame([ipc.STOP, 0]))
+                    reader.sendall(frame(msg.Stop()))
                     while (message := receive(reader, self.frames)) is not None:
-                        if message[0] in (ipc.LOG, ipc.METRIC):
+                        if isinstance(message, msg.Log | msg.Metric):
                             self.received(message)
                         reader.settimeout(max(0.01, deadline - time.monotonic()))
         except OSError:  # gone already; or finalize ran past its time (TimeoutError)
@@ -219,17 +214,17 @@ class Instance:
 
     # ---------------------------------------------------------------------------------- calls
 
-    def call(self, message: list, read: Callable[[Instance, list], Any]) -> asyncio.Future:
-        """Sends a message that expects one answer; the future of what `read` makes of that answer as it
-        arrives (what it raises, if it raises)."""
+    def call(self, message: msg.Execute, read: Callable[[Instance, Any], Any]) -> asyncio.Future:
+        """Sends a batch; the future of what `read` makes of its answer as it arrives (what it raises, if
+        it raises)."""
         future = asyncio.get_running_loop().create_future()
-        self.calls[message[1]] = (future, read)
+        self.calls[message.call] = (future, read)
         self.link.send(message)  # type: ignore[union-attr]
         return future
 
-    def open_stream(self, message: list) -> asyncio.Queue:
+    def open_stream(self, message: msg.Open) -> asyncio.Queue:
         queue: asyncio.Queue = asyncio.Queue()
-        self.calls[message[1]] = queue
+        self.calls[message.call] = queue
         self.link.send(message)  # type: ignore[union-attr]
         return queue
 
@@ -237,41 +232,42 @@ class Instance:
         self.next_call += 1
         return self.next_call
 
-    def send(self, message: list) -> None:
+    def send(self, message: Any) -> None:
         transport = self.link.transport if self.link is not None else None
         if transport is not None and not transport.is_closing():
             self.link.send(message)  # type: ignore[union-attr]
 
-    def fault(self, message: list, error: Exception) -> None:
+    def fault(self, message: Any, error: Exception) -> None:
         """Handling a message from the process raised: the call it names fails now, not silently."""
         log.error("model '%s' instance %d: a message failed", self.owner.name, self.index, exc_info=error)
-        target = self.calls.pop(message[1], None) if len(message) > 1 else None
-        failed = InferError(ErrorKind.INTERNAL, f"model '{self.owner.name}' instance {self.index}: {error!r}")
+        target = self.calls.pop(getattr(message, "call", 0), None)
+        failed = f"model '{self.owner.name}' instance {self.index}: {error!r}"
         if isinstance(target, asyncio.Queue):
-            target.put_nowait([ipc.ERROR, 0, None, failed, ""])
+            target.put_nowait(msg.Raised(0, ErrorKind.INTERNAL.name, failed))
         elif target is not None and not target[0].done():
-            target[0].set_exception(failed)
+            target[0].set_exception(InferError(ErrorKind.INTERNAL, failed))
 
-    def received(self, message: list) -> None:
-        kind = message[0]
-        if kind == ipc.LOG:
-            model_log.log(message[1], "%s", message[2])
-            return
-        if kind == ipc.METRIC:
-            self.owner.record(message[2], message[3], message[4])
-            return
-        if kind == ipc.CALL:
-            self.owner.bls(self, message)
-            return
-        target = self.calls.get(message[1])
+    def received(self, message: Any) -> None:
+        match message:
+            case msg.Log(level, text):
+                model_log.log(level, "%s", text)
+                return
+            case msg.Metric(name, aggregation, value):
+                self.owner.record(name, aggregation, value)
+                return
+            case msg.Call():
+                self.owner.bls(self, message)
+                return
+        call = message.call
+        target = self.calls.get(call)
         if target is None:  # a cancelled stream's late answers
             return
         if isinstance(target, asyncio.Queue):
             target.put_nowait(message)
-            if kind in (ipc.END, ipc.ERROR):
-                del self.calls[message[1]]
+            if isinstance(message, msg.End | msg.Raised):
+                del self.calls[call]
         else:
-            del self.calls[message[1]]
+            del self.calls[call]
             future, read = target
             if not future.done():
                 try:
@@ -302,7 +298,7 @@ class Instance:
         executing = min(batches, default=None)
         for call, target in calls.items():
             if isinstance(target, asyncio.Queue):
-                target.put_nowait([ipc.ERROR, 0, None, error, ""])
+                target.put_nowait(msg.Raised(0, error.kind.name, error.message))
             elif not target[0].done():
                 target[0].set_exception(error if call == executing else NotStarted())
         self.owner.lost(self)
@@ -352,17 +348,17 @@ def complete_in_process(version_dir: Path, config: dict) -> dict:
     try:
         process, ours = start_stub(python)
         with ours:
-            ours.sendall(frame([ipc.COMPLETE, 0, config, str(version_dir)]))
+            ours.sendall(frame(msg.Complete(config, str(version_dir))))
             ours.settimeout(START_TIMEOUT)
-            frames = FrameReader()
-            while (answer := receive(ours, frames)) is not None and answer[0] == ipc.LOG:
-                model_log.log(answer[1], "%s", answer[2])
+            frames = FrameReader(FROM_MODEL)
+            while isinstance(answer := receive(ours, frames), msg.Log):
+                model_log.log(answer.level, "%s", answer.text)
         process.wait(STOP_TIMEOUT)
     finally:
         if unpacked is not None:
             shutil.rmtree(unpacked, ignore_errors=True)
     if answer is None:
         raise RuntimeError(f"auto_complete_config: the model's process {exited(process)}")
-    if answer[0] != ipc.READY:
-        raise RuntimeError(answer[2])
-    return json.loads(answer[2])
+    if not isinstance(answer, msg.Ready):
+        raise RuntimeError(answer.reason if isinstance(answer, msg.Failed) else f"unexpected {answer!r}")
+    return json.loads(answer.info)

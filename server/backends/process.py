@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import server.backends.channel as channel
 import server.backends.pb_utils as pb_utils
 from batcher.staging import HostStaging, instance_count
-from codec import ipc
+from codec import messages as msg
 from codec.errors import ErrorKind, InferError
 from codec.tensor import custom_parameters
 from server.backends.base import Backend, stream_only_error
@@ -279,14 +279,11 @@ class ProcessBackend(Backend):
             )
             instance.kill()
 
-    def _failed(self, answer: list) -> InferError:
-        kind, text = answer[2], answer[3]
-        if isinstance(text, InferError):
-            return text
-        if kind is not None:
-            return InferError(ErrorKind[kind], text)
-        log.error("%s: execute failed: %s\n%s", self.label, text, answer[4] if len(answer) > 4 else "")
-        return InferError(ErrorKind.INTERNAL, f"{self.label} failed: {text}")
+    def _failed(self, raised: msg.Raised) -> InferError:
+        if raised.kind is not None:
+            return InferError(ErrorKind[raised.kind], raised.message)
+        log.error("%s: execute failed: %s\n%s", self.label, raised.message, raised.traceback)
+        return InferError(ErrorKind.INTERNAL, f"{self.label} failed: {raised.message}")
 
     # ---------------------------------------------------------------------------------- Triton's API
 
@@ -305,29 +302,29 @@ class ProcessBackend(Backend):
 
     def _triton_batch(
         self, jobs: list[Job], small: bool
-    ) -> tuple[Callable[[Instance, int], list], Callable[[Instance, list], Any]]:
+    ) -> tuple[Callable[[Instance, int], msg.Execute], Callable[[Instance, Any], Any]]:
         """How a batch of Triton requests is sent to an instance, and how its answer is read."""
 
-        def build(instance: Instance, call: int) -> list:
+        def build(instance: Instance, call: int) -> msg.Execute:
             if small:
-                requests = [[channel.inline_all(job.inputs), _meta(job.request)] for job in jobs]
-                return [ipc.EXECUTE, call, instance.arena.size, requests, -1]
+                requests = [msg.Batched(channel.inline_all(job.inputs), _meta(job.request)) for job in jobs]
+                return msg.Execute(call, instance.arena.size, requests, -1, None)
             arena, end, requests = instance.arena, 0, []
             for job in jobs:
-                descriptors, end = arena.write(job.inputs, end)
-                requests.append([descriptors, _meta(job.request)])
-            return [ipc.EXECUTE, call, arena.size, requests, end]
+                tensors, end = arena.write(job.inputs, end)
+                requests.append(msg.Batched(tensors, _meta(job.request)))
+            return msg.Execute(call, arena.size, requests, end, None)
 
-        def read(instance: Instance, answer: list) -> list:
-            if answer[0] == ipc.ERROR:
+        def read(instance: Instance, answer: Any) -> list:
+            if type(answer) is msg.Raised:
                 raise self._failed(answer)
             arena = instance.arena
-            arena.follow(answer[2])
+            arena.follow(answer.arena_size)
             return [
-                {d[0]: arena.read(d, copy=True) for d in entry[1]}
-                if entry[0] == 0
-                else pb_utils.as_infer_error(pb_utils.TritonError(entry[2], entry[1]))
-                for entry in answer[3]
+                {t.name: arena.read(t, copy=True) for t in entry.outputs}
+                if entry.outputs is not None
+                else pb_utils.as_infer_error(pb_utils.TritonError(entry.message, entry.code))
+                for entry in answer.answers or ()
             ]
 
         return build, read
@@ -341,7 +338,7 @@ class ProcessBackend(Backend):
         if trace is not None:
             self.traced[id(trace)] = trace
         try:
-            async for outputs in self._stream(tensors, _meta(request)):
+            async for outputs in self._stream(tensors, _meta(request), None):
                 yield outputs
         finally:
             if trace is not None:
@@ -352,70 +349,67 @@ class ProcessBackend(Backend):
     async def _execute_ours(self, inputs: dict[str, Any], parameters: Any = None) -> dict:
         small = sum(array.nbytes for array in inputs.values()) <= INLINE_BYTES
 
-        def build(instance: Instance, call: int) -> list:
+        def build(instance: Instance, call: int) -> msg.Execute:
             if small:
-                return [
-                    ipc.EXECUTE,
-                    call,
-                    instance.arena.size,
-                    channel.inline_all(inputs),
-                    -1,
-                    parameters,
-                ]
-            descriptors, end = instance.arena.write(inputs, 0)
-            return [ipc.EXECUTE, call, instance.arena.size, descriptors, end, parameters]
+                batch = msg.Batched(channel.inline_all(inputs), None)
+                return msg.Execute(call, instance.arena.size, [batch], -1, parameters)
+            tensors, end = instance.arena.write(inputs, 0)
+            return msg.Execute(call, instance.arena.size, [msg.Batched(tensors, None)], end, parameters)
 
-        def read(instance: Instance, answer: list) -> dict:
-            if answer[0] == ipc.ERROR:
+        def read(instance: Instance, answer: Any) -> dict:
+            if type(answer) is msg.Raised:
                 raise self._failed(answer)
-            if answer[3] is None:
+            if answer.outputs is None:
                 raise InferError(
-                    ErrorKind.INTERNAL, f"{self.label} returned {answer[4]}, not a dict of outputs"
+                    ErrorKind.INTERNAL, f"{self.label} returned {answer.returned}, not a dict of outputs"
                 )
             arena = instance.arena
-            arena.follow(answer[2])
-            return {d[0]: arena.read(d, copy=True) for d in answer[3]}
+            arena.follow(answer.arena_size)
+            return {t.name: arena.read(t, copy=True) for t in answer.outputs}
 
         return await self._run(small, build, read)
 
     async def _stream_ours(self, inputs: dict[str, Any], parameters: Any = None) -> AsyncIterator[dict]:
         tensors = [channel.inline(name, array) for name, array in inputs.items()]
-        async for outputs in self._stream(tensors, parameters):
+        async for outputs in self._stream(tensors, None, parameters):
             yield outputs
 
     # ---------------------------------------------------------------------------------- streams
 
-    async def _stream(self, tensors: list, meta: Any) -> AsyncIterator[dict]:
+    async def _stream(
+        self, tensors: list[msg.Tensor], meta: msg.Meta | None, parameters: dict | None
+    ) -> AsyncIterator[dict]:
         """One streamed request on an instance (streams share instances with batches: their tensors
         travel in the messages, not in the arena)."""
         instance = await self._take(True)
         self._give(instance)  # not held: a stream does not occupy the instance between its answers
         call = instance.new_call()
-        queue = instance.open_stream([ipc.STREAM, call, tensors, meta])
+        queue = instance.open_stream(msg.Open(call, tensors, meta, parameters))
         finished = False
         taken = 0  # answers taken since the last MORE: granted back in halves (credit flow, as the links')
         try:
             while True:
                 message = await queue.get()
-                kind = message[0]
                 taken += 1
-                if taken == ipc.AHEAD // 2:
-                    instance.send([ipc.MORE, call, taken])
+                if taken == msg.AHEAD // 2:
+                    instance.send(msg.More(call, taken))
                     taken = 0
-                if kind == ipc.END:
-                    finished = True
-                    return
-                if kind == ipc.ERROR:
-                    finished = True
-                    raise self._failed(message)
-                if message[2] is None:  # a response with an error
-                    finished = True
-                    raise pb_utils.as_infer_error(pb_utils.TritonError(message[4], message[3]))
-                yield {d[0]: channel.inline_array(d) for d in message[2]}
+                match message:
+                    case msg.Part(answer=msg.Answered(outputs=None) as failed):  # a response with an error
+                        finished = True
+                        raise pb_utils.as_infer_error(pb_utils.TritonError(failed.message, failed.code))
+                    case msg.Part(answer=answer):
+                        yield {t.name: channel.inline_array(t) for t in answer.outputs}
+                    case msg.End():
+                        finished = True
+                        return
+                    case _:
+                        finished = True
+                        raise self._failed(message)
         finally:
             if not finished:
                 instance.calls.pop(call, None)
-                instance.send([ipc.CANCEL, call])
+                instance.send(msg.Cancel(call))
 
     # ---------------------------------------------------------------------------------- BLS
 
@@ -428,9 +422,9 @@ class ProcessBackend(Backend):
         except ValueError as e:  # checked in the process already: a disagreement between processes
             log.warning("%s: app_monitor: %s", self.label, e)
 
-    def bls(self, instance: Instance, message: list) -> None:
+    def bls(self, instance: Instance, message: msg.Call) -> None:
         """A BLS request from a model's process: answered through the server's schedulers."""
-        instance.bls.add(message[1])
+        instance.bls.add(message.call)
         asyncio.get_running_loop().create_task(_answer_bls(self, instance, message))
 
     def close(self) -> None:
@@ -443,44 +437,34 @@ class ProcessBackend(Backend):
             shutil.rmtree(self._unpacked, ignore_errors=True)
 
 
-def _meta(request: Any) -> list:
-    """What a Triton model reads of a request besides its tensors: [id, correlation id, flags,
-    parameters (JSON), requested outputs (None: all), trace (None, or [its key in `traced`, the client's
-    traceparent])]."""
+def _meta(request: Any) -> msg.Meta:
+    """What a Triton model reads of a request besides its tensors; its trace by its key in `traced`."""
     if request is None:
-        return ["", 0, 0, "{}", None, None]
+        return msg.Meta("", 0, 0, "{}", None, None)
     parameters = json.dumps(custom_parameters(request.parameters)) if request.parameters else "{}"
     requested = None if request.outputs is None else [o.name for o in request.outputs]
     trace = request.trace
-    traced = None if trace is None else [id(trace), trace.traceparent]
-    return [request.id or "", request.sequence_id, request.sequence_flags, parameters, requested, traced]
-
-
-async def _answer_bls(owner: ProcessBackend, instance: Instance, message: list) -> None:
-    """A model process's BLS request run as the in-thread mode runs it (pb_utils, on this server), its
-    responses sent back: [REPLY, call, [[0, tensors] or [1, code, message], ...]]."""
-    _, call, model, version, tensors, requested, request_id, correlation_id, flags, parameters, decoupled = (
-        message[:11]
+    traced = None if trace is None else msg.TraceRef(id(trace), trace.traceparent)
+    return msg.Meta(
+        request.id or "", request.sequence_id, request.sequence_flags, parameters, requested, traced
     )
-    parent = owner.traced.get(message[11]) if message[11] is not None else None
+
+
+async def _answer_bls(owner: ProcessBackend, instance: Instance, call: msg.Call) -> None:
+    """A model process's BLS request run as the in-thread mode runs it (pb_utils, on this server), its
+    responses sent back in a Reply."""
+    parent = owner.traced.get(call.trace) if call.trace is not None else None
     try:
-        inputs = [pb_utils.Tensor(d[0], channel.inline_array(d)) for d in tensors]
+        inputs = [pb_utils.Tensor(t.name, channel.inline_array(t)) for t in call.inputs]
         request = pb_utils.InferenceRequest(
-            model, inputs, requested, version, correlation_id, request_id, flags, parameters=parameters,
-            trace=pb_utils.InferenceTrace(parent),
+            call.model, inputs, call.requested, call.version, call.correlation_id, call.request_id,
+            call.flags, parameters=call.parameters, trace=pb_utils.InferenceTrace(parent),
         )  # fmt: skip
-        if decoupled:
+        if call.decoupled:
             responses = [r async for r in await request.async_exec(decoupled=True)]
         else:
             responses = [await request.async_exec()]
     except Exception as e:  # noqa: BLE001 (a bad request from the model: its call fails, not the server)
         responses = [pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{type(e).__name__}: {e}"))]
-    answers = []
-    for response in responses:
-        error = response.error()
-        if error is not None:
-            answers.append([1, error.code(), error.message()])
-        else:
-            answers.append([0, [channel.inline(t.name(), t.as_numpy()) for t in response.output_tensors()]])
-    instance.bls.discard(call)
-    instance.send([ipc.REPLY, call, answers])
+    instance.bls.discard(call.call)
+    instance.send(msg.Reply(call.call, [channel.answered(response) for response in responses]))

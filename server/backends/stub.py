@@ -23,9 +23,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 import server.backends.channel as channel
 import server.backends.pb_utils as pb_utils
-from codec import ipc
+from codec import messages as msg
 from codec.datatypes import BY_CONFIG
 from codec.errors import ErrorKind, InferError
 from codec.framing import FrameReader, frame, receive
@@ -33,6 +35,8 @@ from server import kin
 from server.app_monitor import AppMonitor
 from server.backends.channel import BatchArena
 from server.backends.module import ModelModule, use_app_monitor
+
+_FROM_SERVER = msgspec.msgpack.Decoder(msg.TO_MODEL)
 
 
 class Link:
@@ -46,7 +50,7 @@ class Link:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self._frames = FrameReader()
+        self._frames = FrameReader(_FROM_SERVER)
         self._lock = threading.Lock()
         self._reading = threading.Lock()  # held by whichever thread reads the socket
         self._reader: threading.Thread | None = None
@@ -56,7 +60,7 @@ class Link:
         self.on_cancel: Callable[[int], None] = lambda call: None
         self.on_more: Callable[[int, int], None] = lambda call, count: None
 
-    def send(self, message: list) -> None:
+    def send(self, message: Any) -> None:
         data = frame(message)
         with self._lock:
             self.sock.sendall(data)
@@ -100,36 +104,37 @@ class Link:
             self._fail_calls()
         return message
 
-    def _dispatch(self, message: list) -> list | None:
-        """A BLS answer or a cancel taken care of here; any other message returned for the main thread."""
-        kind = message[0]
-        if kind == ipc.REPLY:
-            with self._lock:
-                deliver = self._replies.pop(message[1], None)
-            if deliver is not None:
-                deliver(message)
-            return None
-        if kind == ipc.CANCEL:
-            self.on_cancel(message[1])
-            return None
-        if kind == ipc.MORE:
-            self.on_more(message[1], message[2])
-            return None
-        return message
+    def _dispatch(self, message: Any) -> Any:
+        """A BLS answer, a cancel or a stream's credit taken care of here; any other message returned for
+        the main thread."""
+        match message:
+            case msg.Reply(call):
+                with self._lock:
+                    deliver = self._replies.pop(call, None)
+                if deliver is not None:
+                    deliver(message)
+            case msg.Cancel(call):
+                self.on_cancel(call)
+            case msg.More(call, count):
+                self.on_more(call, count)
+            case _:
+                return message
+        return None
 
     def _fail_calls(self) -> None:
         """The server is gone: BLS calls still waiting get an error answer."""
         with self._lock:
             waiting, self._replies = self._replies, {}
         for call, deliver in waiting.items():
-            deliver([ipc.REPLY, call, [[1, pb_utils.TritonError.UNAVAILABLE, "the server went away"]]])
+            gone = msg.Answered(None, pb_utils.TritonError.UNAVAILABLE, "the server went away")
+            deliver(msg.Reply(call, [gone]))
 
-    def call(self, message: list, deliver: Callable[[list], None]) -> None:
+    def call(self, message: msg.Call, deliver: Callable[[msg.Reply], None]) -> None:
         """Sends a BLS request (its call number set here); its answer goes to `deliver`."""
         self.start_reader()
         with self._lock:
             self._next += 1
-            message[1] = self._next
+            message.call = self._next
             self._replies[self._next] = deliver
         self.send(message)
 
@@ -144,7 +149,7 @@ class Calls:
     def exec(self, request: pb_utils.InferenceRequest, decoupled: bool) -> list[pb_utils.InferenceResponse]:
         done, answer = threading.Event(), []
 
-        def deliver(message: list) -> None:
+        def deliver(message: msg.Reply) -> None:
             answer.append(message)
             done.set()
 
@@ -164,14 +169,14 @@ class Calls:
         return _bls_responses(await answer)
 
 
-def _bls_message(request: pb_utils.InferenceRequest, decoupled: bool) -> list:
+def _bls_message(request: pb_utils.InferenceRequest, decoupled: bool) -> msg.Call:
     tensors = [channel.inline(t.name(), t.as_numpy()) for t in request.inputs()]
     parent = request.trace()._trace  # a RemoteTrace (given a received request's trace()), or None
-    return [
-        ipc.CALL, 0, request.model_name(), request.model_version(), tensors,
-        request.requested_output_names(), request.request_id(), request.correlation_id(), request.flags(),
-        request.parameters(), decoupled, None if parent is None else parent.key,
-    ]  # fmt: skip
+    return msg.Call(
+        0, request.model_name(), request.model_version(), tensors, request.requested_output_names(),
+        request.request_id(), request.correlation_id(), request.flags(), request.parameters(), decoupled,
+        None if parent is None else parent.key,
+    )  # fmt: skip
 
 
 class RemoteTrace:
@@ -183,15 +188,16 @@ class RemoteTrace:
         self.traceparent = traceparent
 
 
-def _bls_responses(message: list) -> list[pb_utils.InferenceResponse]:
-    responses = []
-    for entry in message[2]:
-        if entry[0] == 0:
-            tensors = [pb_utils.Tensor(d[0], channel.inline_array(d)) for d in entry[1]]
-            responses.append(pb_utils.InferenceResponse(tensors))
-        else:
-            responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(entry[2], entry[1])))
-    return responses
+def _bls_responses(message: msg.Reply) -> list[pb_utils.InferenceResponse]:
+    return [_response(answer) for answer in message.answers]
+
+
+def _response(answer: msg.Answered) -> pb_utils.InferenceResponse:
+    if answer.outputs is None:
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(answer.message, answer.code))
+    return pb_utils.InferenceResponse(
+        [pb_utils.Tensor(t.name, channel.inline_array(t)) for t in answer.outputs]
+    )
 
 
 class _ToServer(logging.Handler):
@@ -203,7 +209,7 @@ class _ToServer(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         with contextlib.suppress(OSError):
-            self.link.send([ipc.LOG, record.levelno, record.getMessage()])
+            self.link.send(msg.Log(record.levelno, record.getMessage()))
 
 
 class _Monitor(AppMonitor):
@@ -215,15 +221,15 @@ class _Monitor(AppMonitor):
 
     def _put(self, name: str, aggregation: str, value: float) -> None:
         self._check(name, aggregation, value)
-        self.link.send([ipc.METRIC, 0, name, aggregation, value])
+        self.link.send(msg.Metric(name, aggregation, value))
 
 
 class Credit:
-    """How many more answers a stream may send before its reader takes some (ipc.MORE): a model that
+    """How many more answers a stream may send before its reader takes some (msg.MORE): a model that
     streams faster than its client reads waits in `spend`, as it would in the server's own process."""
 
     def __init__(self) -> None:
-        self.left = ipc.AHEAD
+        self.left = msg.AHEAD
         self.ended = False
         self.changed = threading.Condition()
 
@@ -319,85 +325,88 @@ class Stub:
         link = self.link
         while True:
             message = link.next()
-            if message is None or message[0] == ipc.STOP:
+            if message is None or type(message) is msg.Stop:
                 return
-            kind, call = message[0], message[1]
             try:
-                if kind == ipc.EXECUTE:
-                    self.arena.follow(message[2])
-                    self._execute(call, message)
-                elif kind == ipc.STREAM:
-                    link.start_reader()  # its cancel must arrive while the main thread is busy
-                    self._stream(call, message[2], message[3])
+                match message:
+                    case msg.Execute():
+                        self.arena.follow(message.arena_size)
+                        self._execute(message)
+                    case msg.Open():
+                        link.start_reader()  # its cancel must arrive while the main thread is busy
+                        self._stream(message)
             except Exception as e:  # noqa: BLE001 (the model's fault fails its call, not the process)
-                link.send([ipc.ERROR, call] + _error(e))
+                link.send(_raised(message.call, e))
 
-    def _execute(self, call: int, message: list) -> None:
+    def _execute(self, message: msg.Execute) -> None:
+        call, end = message.call, message.end
         if self.triton:
-            answers, end = [], message[4]
-            requests = [self._request(inputs, meta, None) for inputs, meta in message[3]]
+            answers = []
+            requests = [self._request(batched.inputs, batched.meta, None) for batched in message.requests]
             responses = self._call(self.model.execute, requests)
             for outputs in _checked(self.name, len(requests), responses):
                 if isinstance(outputs, dict):
                     if end < 0:  # a small batch: its answers in the message too
-                        descriptors = channel.inline_all(outputs)
+                        tensors = channel.inline_all(outputs)
                     else:
-                        descriptors, end = self.arena.write(outputs, end)
-                    answers.append([0, descriptors])
+                        tensors, end = self.arena.write(outputs, end)
+                    answers.append(msg.Answered(tensors))
                 else:
-                    answers.append([1, outputs.code(), outputs.message()])
-            self.link.send([ipc.RESULT, call, self.arena.size, answers])
+                    answers.append(msg.Answered(None, outputs.code(), outputs.message()))
+            self.link.send(msg.Outputs(call, self.arena.size, answers=answers))
             return
-        _, _, _, descriptors, end, parameters = message
-        inputs = {d[0]: self.arena.read(d, copy=False) for d in descriptors}
+        parameters = message.parameters or {}
+        inputs = {t.name: self.arena.read(t, copy=False) for t in message.requests[0].inputs}
         execute = self.model.execute
         produced = (
             self._call(execute, inputs, parameters) if self.with_parameters else self._call(execute, inputs)
         )
         if not isinstance(produced, dict):
-            self.link.send([ipc.RESULT, call, self.arena.size, None, type(produced).__name__])
+            self.link.send(msg.Outputs(call, self.arena.size, returned=type(produced).__name__))
             return
         outputs = {name: channel.as_array(value) for name, value in produced.items()}
-        descriptors = channel.inline_all(outputs) if end < 0 else self.arena.write(outputs, end)[0]
-        self.link.send([ipc.RESULT, call, self.arena.size, descriptors])
+        tensors = channel.inline_all(outputs) if end < 0 else self.arena.write(outputs, end)[0]
+        self.link.send(msg.Outputs(call, self.arena.size, outputs=tensors))
 
-    def _request(self, inputs: list, meta: list, sender: Any) -> pb_utils.InferenceRequest:
-        request_id, correlation_id, flags, parameters, requested, traced = meta
+    def _request(
+        self, inputs: list[msg.Tensor], meta: msg.Meta | None, sender: Any
+    ) -> pb_utils.InferenceRequest:
         request = pb_utils.InferenceRequest(self.name, model_version=self.version)
         request._inputs = [
-            pb_utils.Tensor._of(d[0], self.arena.read(d, copy=False), self.dtypes[d[0]]) for d in inputs
+            pb_utils.Tensor._of(t.name, self.arena.read(t, copy=False), self.dtypes[t.name]) for t in inputs
         ]
-        request._request_id, request._correlation_id, request._flags = request_id, correlation_id, flags
-        request._parameters = parameters
-        if requested is not None:
-            request._requested = requested
+        if meta is not None:
+            request._request_id, request._correlation_id, request._flags = (
+                meta.id,
+                meta.correlation_id,
+                meta.flags,
+            )
+            request._parameters = meta.parameters
+            if meta.requested is not None:
+                request._requested = meta.requested
+            if meta.trace is not None:
+                request._trace = pb_utils.InferenceTrace(RemoteTrace(meta.trace.key, meta.trace.traceparent))
         request._sender = sender
-        if traced is not None:
-            request._trace = pb_utils.InferenceTrace(RemoteTrace(*traced))
         return request
 
-    def _stream(self, call: int, inputs: list, meta: Any) -> None:
+    def _stream(self, message: msg.Open) -> None:
+        call, inputs = message.call, message.inputs
         credit = self.credits[call] = Credit()
         if self.triton:
             link = self.link
 
             def deliver(response: pb_utils.InferenceResponse | None, flags: int) -> None:
                 if response is not None and credit.spend():
-                    if response.has_error():
-                        error = response.error()
-                        link.send([ipc.MESSAGE, call, None, error.code(), error.message()])
-                    else:
-                        tensors = [channel.inline(t.name(), t.as_numpy()) for t in response.output_tensors()]
-                        link.send([ipc.MESSAGE, call, tensors])
+                    link.send(msg.Part(call, channel.answered(response)))
                 if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
                     self.streams.pop(call, None)
                     self.credits.pop(call, None)
-                    link.send([ipc.END, call])
+                    link.send(msg.End(call))
 
             sender = pb_utils.InferenceResponseSender(deliver)
             self.streams[call] = sender
             try:
-                self._call(self.model.execute, [self._request(inputs, meta, sender)])
+                self._call(self.model.execute, [self._request(inputs, message.meta, sender)])
             except BaseException:
                 self.streams.pop(call, None)
                 self.credits.pop(call, None)
@@ -405,8 +414,8 @@ class Stub:
             return
         stop = threading.Event()
         self.streams[call] = stop
-        arrays = {d[0]: channel.inline_array(d) for d in inputs}
-        args = (call, arrays, meta, stop, credit)
+        arrays = {t.name: channel.inline_array(t) for t in inputs}
+        args = (call, arrays, message.parameters or {}, stop, credit)
         threading.Thread(target=self._run_stream, args=args, daemon=True).start()
 
     def _run_stream(
@@ -428,15 +437,15 @@ class Stub:
                     tensors = [channel.inline(n, channel.as_array(v)) for n, v in outputs.items()]
                     if not credit.spend():  # blocks this stream's thread: the generator waits too
                         return
-                    self.link.send([ipc.MESSAGE, call, tensors])
+                    self.link.send(msg.Part(call, msg.Answered(tensors)))
             finally:
                 await produced.aclose()
 
         try:
             asyncio.run(drive())
-            message = [ipc.END, call]
+            message: Any = msg.End(call)
         except Exception as e:  # noqa: BLE001
-            message = [ipc.ERROR, call] + _error(e)
+            message = _raised(call, e)
         finally:
             self.streams.pop(call, None)
             self.credits.pop(call, None)
@@ -489,12 +498,14 @@ def _checked(name: str, count: int, responses: Any) -> list[dict | pb_utils.Trit
     return answers
 
 
-def _error(error: BaseException) -> list:
-    """[kind, message, traceback]: an InferError's kind and message as they are (no traceback); else
-    kind None, the exception, and its traceback for the server's log."""
+def _raised(call: int, error: BaseException) -> msg.Raised:
+    """An InferError's kind and message as they are (no traceback); else kind None, the exception, and
+    its traceback for the server's log."""
     if isinstance(error, InferError):
-        return [error.kind.name, error.message, ""]
-    return [None, f"{type(error).__name__}: {error}", "".join(traceback.format_exception(error))]
+        return msg.Raised(call, error.kind.name, error.message)
+    return msg.Raised(
+        call, None, f"{type(error).__name__}: {error}", "".join(traceback.format_exception(error))
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -508,17 +519,18 @@ def main(argv: list[str]) -> int:
     logging.getLogger("tensorgate.model").propagate = False
     pb_utils.attach_caller(Calls(link))
     use_app_monitor(_Monitor(link))
-    if first[0] == ipc.COMPLETE:
-        return _complete(link, first[2], first[3])
-    _, _, config, version, version_dir, instance, arena_size = first
-    stub = Stub(link, BatchArena(arena_size, int(argv[1])))
+    if isinstance(first, msg.Complete):
+        return _complete(link, first.config, first.version_dir)
+    if not isinstance(first, msg.Load):
+        return 2
+    stub = Stub(link, BatchArena(first.arena_size, int(argv[1])))
     link.on_cancel = stub.cancel
     try:
-        info = stub.load(config, version, version_dir, instance)
+        info = stub.load(first.config, first.version, first.version_dir, first.instance)
     except BaseException as e:  # noqa: BLE001 (a model's code may raise anything, SystemExit included)
-        link.send([ipc.FAILED, 0, f"{type(e).__name__}: {e}"])
+        link.send(msg.Failed(f"{type(e).__name__}: {e}"))
         return 1
-    link.send([ipc.READY, 0, info])
+    link.send(msg.Ready(info))
     try:
         stub.serve()
     finally:
@@ -533,9 +545,9 @@ def _complete(link: Link, config: dict, version_dir: str) -> int:
     try:
         completed = complete(Path(version_dir), config)
     except BaseException as e:  # noqa: BLE001
-        link.send([ipc.FAILED, 0, f"{type(e).__name__}: {e}"])
+        link.send(msg.Failed(f"{type(e).__name__}: {e}"))
         return 1
-    link.send([ipc.READY, 0, json.dumps(completed)])
+    link.send(msg.Ready(json.dumps(completed)))
     return 0
 
 
