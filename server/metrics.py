@@ -11,12 +11,17 @@ inference endpoints and their hot path know nothing of it.
 
 Beside Triton's series, prometheus_client's standard `python_gc_*` counters say how often the cycle
 collector ran and how many objects it freed, in the process that answers (the engine, with `--workers`):
-serving a request should leave it nothing (its pauses land in the latency's tail).
+serving a request should leave it nothing (its pauses land in the latency's tail). And the memory of each
+of the server's processes (the engine, each `--workers` worker, each python model's process), read from
+/proc at scrape time: resident (RSS, shared pages counted in each) and proportional (PSS: a page shared by
+n processes counts 1/n in each, so the processes' PSS add up to what the server costs the machine).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prometheus_client.gc_collector import GCCollector
@@ -38,6 +43,8 @@ PLAIN = b"text/plain; charset=utf-8"  # the 404 and 405 answers
 METRICS_PATH = "/metrics"
 
 APP_METRIC = "tensorgate_app_metric"
+RESIDENT = "tensorgate_process_resident_memory_bytes"
+PROPORTIONAL = "tensorgate_process_proportional_memory_bytes"
 RESTARTS = "tensorgate_python_instance_restarts"  # ours: a process-mode python model's (a counter)
 PENDING = "nv_inference_pending_request_count"  # a gauge: requests in the model's queue now
 # Triton's per model version counters (core src/metrics.cc): name, HELP text, what it counts.
@@ -147,6 +154,63 @@ class ModelMetrics:
             yield family
 
 
+class ProcessMemory:
+    """A prometheus_client collector: the memory of this process and of its children, by their role."""
+
+    def __init__(self, proc: Path = Path("/proc")) -> None:
+        self.proc = proc
+
+    def collect(self) -> Iterator[Metric]:
+        resident = Metric(RESIDENT, "Resident memory of each process of the server, in bytes", "gauge")
+        proportional = Metric(
+            PROPORTIONAL,
+            "Proportional set size (shared pages split between their sharers), in bytes",
+            "gauge",
+        )
+        for pid, role in self.processes():
+            sizes = self.sizes(pid)
+            if sizes is None:
+                continue  # gone meanwhile
+            labels = {"process": role, "pid": str(pid)}
+            resident.add_sample(RESIDENT, labels, sizes[0])
+            proportional.add_sample(PROPORTIONAL, labels, sizes[1])
+        yield resident
+        yield proportional
+
+    def processes(self) -> list[tuple[int, str]]:
+        """This process ("engine") and its children, each named by what it runs."""
+        found = [(os.getpid(), "engine")]
+        me = str(os.getpid())
+        for entry in self.proc.iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                parent = (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                if parent != me:
+                    continue
+                command = (entry / "cmdline").read_bytes().split(b"\0")
+            except (OSError, IndexError):
+                continue
+            if b"--worker-of" in command:
+                found.append((int(entry.name), "worker"))
+            elif any(b"server.backends.stub" in part for part in command):
+                found.append((int(entry.name), "python_model"))
+        return found
+
+    def sizes(self, pid: int) -> tuple[int, int] | None:
+        """(RSS, PSS) in bytes, from /proc/PID/smaps_rollup."""
+        try:
+            text = (self.proc / str(pid) / "smaps_rollup").read_text()
+        except OSError:
+            return None
+        fields = {}
+        for line in text.splitlines():
+            name, _, value = line.partition(":")
+            if name in ("Rss", "Pss"):
+                fields[name] = int(value.split()[0]) * 1024  # kB
+        return fields.get("Rss", 0), fields.get("Pss", 0)
+
+
 def exposition(registry: CollectorRegistry) -> bytes:
     """The Prometheus text format (0.0.4) of every family, each sample under the name it carries."""
     lines: list[str] = []
@@ -193,6 +257,7 @@ def metrics_router(repository: Repository, monitor: Monitor | None = None) -> Ro
     """`GET /metrics` (and HEAD) answers the registry's text; anything else 404 or 405, in plain text."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ModelMetrics(repository))
+    registry.register(ProcessMemory())
     GCCollector(registry=registry)
     if monitor is not None:
         registry.register(AppMetrics(monitor))

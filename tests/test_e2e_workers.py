@@ -275,3 +275,28 @@ def _trip_or_error(sock: socket.socket, model: str, values: np.ndarray) -> tuple
         return binary_trip(sock, model, values)
     except (OSError, http.client.HTTPException):
         return None, b""
+
+
+def test_the_metrics_report_the_memory_of_every_process(start_server) -> None:
+    """Each process of the server by its role and pid, resident and proportional: the engine, its
+    worker, and the processes of the example repository's Triton-API python models."""
+    server = start_server(EXAMPLES, extra_args=("--workers", "2"))
+    text = httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
+    samples: dict[str, dict[tuple[str, int], float]] = {}
+    for line in text.splitlines():
+        for measure in ("resident", "proportional"):
+            prefix = f"tensorgate_process_{measure}_memory_bytes{{"
+            if line.startswith(prefix):
+                labels, value = line[len(prefix) :].split("} ")
+                fields = dict(pair.split("=") for pair in labels.split(","))
+                key = (fields["process"].strip('"'), int(fields["pid"].strip('"')))
+                samples.setdefault(measure, {})[key] = float(value)
+    resident, proportional = samples["resident"], samples["proportional"]
+    assert set(resident) == set(proportional)
+    roles = [role for role, _ in resident]
+    assert roles.count("engine") == 1 and roles.count("worker") == 1
+    assert roles.count("python_model") >= 3  # preprocess, postprocess, sequence_python
+    assert ("engine", server.proc.pid) in resident
+    assert {pid for role, pid in resident if role == "worker"} == workers_of(server)
+    assert all(value > 1 << 20 for value in resident.values())
+    assert sum(proportional.values()) < sum(resident.values())  # shared pages counted once in all
