@@ -7,8 +7,8 @@ folder): it wraps two of the engine's functions before the server starts. Its wo
 unchanged (`python -m server`), so every client below talks to an unmodified worker:
 - an answer that cannot cross to the worker (`codec.ipc.response_out` raises NotImplementedError, as
   msgspec's encoder does for a value it cannot write) for model `unsendable`;
-- a call the engine never answers (`WorkerLink._infer` drops it, as a lost message would) for model
-  `unanswered`.
+- a call the engine never answers (`server.worker_link.WorkerLink._infer` drops it, as a lost message
+  would) for model `unanswered`.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ pytestmark = pytest.mark.ours
 
 FAULTS = """
 import codec.ipc as ipc
-import server.engine as engine
+import server.worker_link as worker_link
 
 _response_out = ipc.response_out
-_infer = engine.WorkerLink._infer
+_infer = worker_link.WorkerLink._infer
 
 
 def response_out(response, arenas=None):
@@ -49,7 +49,7 @@ def infer(self, call_id, item):
 
 
 ipc.response_out = response_out
-engine.WorkerLink._infer = infer
+worker_link.WorkerLink._infer = infer
 """
 IDENTITY_CONFIG = """
 name: "%s"
