@@ -182,12 +182,9 @@ class EngineClient:
                     case msg.End():
                         finished = True
                         return
-                    case msg.Error() as error:
+                    case failed:
                         finished = True
-                        raise error_of(error)
-                    case unexpected:
-                        finished = True
-                        raise _unexpected(unexpected)
+                        raise _failure(failed)
         finally:
             if not finished:  # closed early: the client left
                 self._cancel(call_id)
@@ -214,7 +211,7 @@ class EngineClient:
             raise
         if not isinstance(answer, msg.Answer):
             self._forget(call_id)
-            raise error_of(answer) if isinstance(answer, msg.Error) else _unexpected(answer)
+            raise _failure(answer)
         if answer.body is not None:
             self._forget(call_id)
             return HttpResponse(answer.status, answer.headers, [answer.body], answer.trailers)
@@ -243,12 +240,9 @@ class EngineClient:
                         if status:
                             raise GRPCError(Status(status), text)
                         return
-                    case msg.Error() as error:
+                    case failed:
                         finished = True
-                        raise error_of(error)
-                    case unexpected:
-                        finished = True
-                        raise _unexpected(unexpected)
+                        raise _failure(failed)
         finally:
             pump.cancel()
             if not finished:
@@ -291,10 +285,8 @@ class EngineClient:
                     return  # cancelled in this loop pass: its task has not yet run to forget it
                 elif type(message) is msg.Result:
                     target.set_result(message.response)
-                elif type(message) is msg.Error:
-                    target.set_exception(error_of(message))
                 else:
-                    target.set_exception(_unexpected(message))
+                    target.set_exception(_failure(message))
 
     def _event(self, name: str, payload: Any) -> None:
         if name == "models":
@@ -346,7 +338,7 @@ class Relayed:
             if message.payload is not None:
                 self.response.trailers = _pairs(message.payload)
             raise StopAsyncIteration
-        raise error_of(message) if isinstance(message, msg.Error) else _unexpected(message)
+        raise _failure(message)
 
     async def aclose(self) -> None:
         self.client._cancel(self.call_id)
@@ -356,11 +348,13 @@ def _pairs(items: list | None) -> list[tuple[bytes, bytes]] | None:
     return None if items is None else [tuple(pair) for pair in items]
 
 
-def _unexpected(message: Any) -> InferError:
-    """A message this call cannot receive (an engine that does not match this worker)."""
-    return InferError(
-        ErrorKind.INTERNAL, f"internal error: unexpected {type(message).__name__} from the engine"
-    )
+def _failure(message: Any) -> InferError:
+    """How a call ends on a message other than its answer: the engine's Error, or a message this call
+    cannot receive (an engine that does not match this worker)."""
+    if isinstance(message, msg.Error):
+        return error_of(message)
+    unexpected = type(message).__name__
+    return InferError(ErrorKind.INTERNAL, f"internal error: unexpected {unexpected} from the engine")
 
 
 # ------------------------------------------------------------------------------ the model table
