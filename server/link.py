@@ -1,12 +1,14 @@
-"""The socket between a front-end worker and the engine: length-prefixed messages (codec/ipc.py) both ways.
+"""One end of a socket between two of the server's processes, on the event loop: a front-end worker and
+its engine (one socketpair per worker), or the server and a python model's process. Messages are
+codec/messages.py's, framed by codec/framing.py.
 
-One `Link` is one end of a Unix socketpair the engine made for one worker. Messages one event-loop pass
-sends go out together at its end, in one write: at tens of thousands of requests a second, a write per
-message was a system call per request on each side. A read hands every whole message in it to
-`on_message` in order, in the read callback itself (no task per message).
+Messages one event-loop pass sends go out together at its end, in one write: at tens of thousands of
+requests a second, a write per message was a system call per request on each side. A read hands every
+whole message in it to `on_message` in order, in the read callback itself (no task per message).
 
-No call waits on a message that was lost here: a fault handling one goes to `on_fault` (which answers
-its call with an error), and bytes that do not decode end the link (`on_lost` fails every call). A link
+No call waits on a message that was lost here: a fault handling one, or a message that does not match
+its kind, goes to `on_fault` (which answers its call with an error), and bytes that do not decode end
+the link (`on_lost` fails every call). A link
 whose peer stops reading pauses its writer: `paused` is set, and a caller about to start a call awaits
 `drain()` first, so a backlog waits in the callers (bounded by their clients) rather than in memory.
 """
