@@ -4,7 +4,7 @@ the other workers. The models, their batchers and statistics, client shared-memo
 other route are the engine's (server/engine.py), reached over a Unix socket (server/link.py).
 
 - Inference (v2 REST, ModelInfer and ModelStreamInfer, TF Serving predict / classify / regress, grps
-  predict) is decoded and answered here: the request crosses to the engine as tensors (codec/ipc.py, codec/messages.py),
+  predict) is decoded and answered here: the request crosses to the engine as tensors (codec/ipc.py),
   its answer comes back as tensors, and a batch there mixes requests from every worker. Large tensors
   cross in shared memory (server/arena.py): a body of a MiB or more is received straight into this
   worker's arena, so its binary tensors reach the engine without a copy.
