@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -182,11 +183,11 @@ class Instance:
         process = self.process
         if process is None:
             return
-        transport = self.link.transport if self.link is not None else None
-        if transport is not None:
-            with contextlib.suppress(RuntimeError):  # RuntimeError: the transport's loop is closed
-                self.link.flush()  # type: ignore[union-attr]
-                transport.pause_reading()  # read here from now on
+        link = self.link
+        loop = link.loop if link is not None else None
+        if link is not None and link.transport is not None:
+            # on the loop's thread: a transport is not thread-safe, and stop runs on an unloading thread
+            on_loop(loop, lambda: (link.flush(), link.pause_reading()))  # read here from now on
         deadline = time.monotonic() + STOP_TIMEOUT
         try:
             if self.sock is not None:
@@ -199,9 +200,8 @@ class Instance:
                         reader.settimeout(max(0.01, deadline - time.monotonic()))
         except OSError:  # gone already; or finalize ran past its time (TimeoutError)
             pass
-        if transport is not None:
-            with contextlib.suppress(RuntimeError):
-                transport.close()
+        if link is not None and link.transport is not None:
+            on_loop(loop, link.close)
         if self.sock is not None:
             self.sock.close()
         try:
@@ -302,6 +302,37 @@ class Instance:
             elif not target[0].done():
                 target[0].set_exception(error if call == executing else NotStarted())
         self.owner.lost(self)
+
+
+def on_loop(loop: asyncio.AbstractEventLoop | None, action: Callable[[], Any]) -> Any:
+    """Runs `action` on `loop`'s thread and returns what it returns (raises what it raises), waiting for
+    it when called from another thread; here when the loop is not running (or closed)."""
+    if loop is None or not loop.is_running():
+        return action()
+    try:
+        if asyncio.get_running_loop() is loop:
+            return action()
+    except RuntimeError:
+        pass
+    done = threading.Event()
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, action()))
+        except BaseException as e:  # noqa: BLE001 (handed to the caller)
+            outcome.append((False, e))
+        done.set()
+
+    try:
+        loop.call_soon_threadsafe(run)
+    except RuntimeError:  # closed meanwhile
+        return action()
+    done.wait()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
 
 
 def exited(process: subprocess.Popen | None) -> str:

@@ -29,7 +29,6 @@ import asyncio
 import json
 import logging
 import shutil
-import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -42,7 +41,7 @@ from codec import messages as msg
 from codec.errors import ErrorKind, InferError
 from codec.tensor import custom_parameters
 from server.backends.base import Backend, stream_only_error
-from server.backends.instance import Instance, NotStarted, interpreter
+from server.backends.instance import Instance, NotStarted, interpreter, on_loop
 from server.model_config import parameter
 
 if TYPE_CHECKING:
@@ -127,30 +126,7 @@ class ProcessBackend(Backend):
     def _on_loop_thread(self, action: Callable[[], Any]) -> Any:
         """Runs `action` on the event loop's thread when the server runs (a loading thread may end; the
         processes it forked would die with it), else here."""
-        loop = self.host.loop if self.host is not None else None
-        if loop is None or not loop.is_running():
-            return action()
-        try:
-            if asyncio.get_running_loop() is loop:
-                return action()
-        except RuntimeError:
-            pass
-        done = threading.Event()
-        outcome: list[Any] = []
-
-        def run() -> None:
-            try:
-                outcome.append((True, action()))
-            except BaseException as e:  # noqa: BLE001
-                outcome.append((False, e))
-            done.set()
-
-        loop.call_soon_threadsafe(run)
-        done.wait()
-        ok, value = outcome[0]
-        if not ok:
-            raise value
-        return value
+        return on_loop(self.host.loop if self.host is not None else None, action)
 
     # ---------------------------------------------------------------------------------- instances
 
