@@ -155,7 +155,7 @@ class EngineClient:
         call_id = self._call(future)
         self.link.send(msg.Infer(call_id, message))
         try:
-            return ipc.response_in(await future, self.arenas)
+            return await future
         except asyncio.CancelledError:  # the client left, or a deadline passed: so does the request
             self._cancel(call_id)
             raise
@@ -176,9 +176,9 @@ class EngineClient:
         try:
             while True:
                 match await inbox.get():
-                    case msg.Message(payload=msg.Response() as response):
+                    case InferResponse() as response:  # read as it arrived (_message)
                         self._more(call_id)
-                        yield ipc.response_in(response, self.arenas)
+                        yield response
                     case msg.End():
                         finished = True
                         return
@@ -278,13 +278,19 @@ class EngineClient:
                 target = self.calls.get(call_id)
                 if target is None:
                     return  # a call cancelled meanwhile
+                # An answer's tensors are taken now, before the messages after it in this read: a
+                # tensor that lies in this worker's arena is held by the engine's view until its
+                # Release, which may come next (an identity model's output is its input).
                 if isinstance(target, Inbox):
                     self.heard[call_id] = self.loop.time()
-                    target.put(message)
+                    if type(message) is msg.Message and type(message.payload) is msg.Response:
+                        target.put(ipc.response_in(message.payload, self.arenas))
+                    else:
+                        target.put(message)
                 elif target.done():
                     return  # cancelled in this loop pass: its task has not yet run to forget it
                 elif type(message) is msg.Result:
-                    target.set_result(message.response)
+                    target.set_result(ipc.response_in(message.response, self.arenas))
                 else:
                     target.set_exception(_failure(message))
 

@@ -20,6 +20,7 @@ from codec import ipc
 from codec import messages as msg
 from codec.errors import ErrorKind, InferError
 from codec.framing import FrameReader
+from codec.tensor import InferRequest
 from server import assembly
 from server.arena import Arena, LinkArenas
 from server.http import eager
@@ -121,8 +122,8 @@ class WorkerLink:
                 task = self.tasks.get(call_id)
                 if task is not None:
                     task.cancel()
-            case msg.Stream(call_id, request):
-                self._start(call_id, self._stream(call_id, request))
+            case msg.Stream(call_id, request):  # its tensors taken now, as an Infer's (frontend.py)
+                self._start(call_id, self._stream(call_id, ipc.request_in(request, self.arenas)))
             case msg.Http():
                 self._start(message.call, self._http(message))
             case msg.Grpc(call_id, path, metadata):
@@ -221,9 +222,8 @@ class WorkerLink:
             log.error("unexpected error serving an inference request", exc_info=error)
             self._fail(call_id, _internal(error))
 
-    async def _stream(self, call_id: int, item: msg.Request) -> None:
+    async def _stream(self, call_id: int, request: InferRequest) -> None:
         engine = self.engine
-        request = ipc.request_in(item, self.arenas)
         version = engine.repository.resolve(request.model_name, request.model_version)
         async for response in version.infer_stream(request):
             await self._send_more(call_id, ipc.response_out(response, self.arenas))

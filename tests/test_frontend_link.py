@@ -17,6 +17,7 @@ from codec import messages as msg
 from codec.errors import ErrorKind, InferError
 from codec.framing import LENGTH, pack, unpack
 from codec.tensor import InferRequest, InferResponse, Tensor
+from server.arena import YOURS, Arena
 from server.frontend import EngineClient
 
 
@@ -185,5 +186,35 @@ def test_while_the_engine_does_not_read_new_calls_wait_and_then_go() -> None:
         arrive(client, msg.Result(client.next_id, answer(3)))
         assert int((await waiting).outputs[0].data[0]) == 3
         engine.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_answer_over_this_workers_arena_is_read_before_the_release_that_follows_it() -> None:
+    """An identity model answers its input, which lies in this worker's arena: the engine's answer names
+    it (YOURS) and the engine's Release of its own view follows in the same read. The answer's tensor
+    must be taken before that Release frees the region (it was: `offset outside every region in use`)."""
+
+    async def scenario() -> None:
+        client = EngineClient((Arena(1 << 20), Arena(1 << 20)))
+        values = np.arange(30_000, dtype=np.float32)  # 120 KB: past INLINE_MAX, it crosses in the arena
+        request = InferRequest("m", inputs=[Tensor("I", "FP32", values.shape, values)])
+        answered = asyncio.create_task(client.infer(Version(), request))
+        await asyncio.sleep(0)
+        (offset,) = client.arenas.mine.regions  # copied there once, held for the engine
+        echoed = msg.Tensor("O", "FP32", [30_000], [YOURS, offset, values.nbytes])
+        data = b"".join(
+            LENGTH.pack(len(body)) + body
+            for body in (
+                pack(msg.Result(client.next_id, msg.Response("m", "1", None, None, [echoed]))),
+                pack(msg.Release(offset)),
+            )
+        )
+        client.link.get_buffer(len(data))[: len(data)] = data
+        client.link.buffer_updated(len(data))
+        response = await asyncio.wait_for(answered, 5)
+        np.testing.assert_array_equal(response.outputs[0].data.view(np.float32), values)
+        del response, answered  # the task keeps its result
+        assert client.arenas.mine.regions == {}  # freed once the answer is gone
 
     asyncio.run(scenario())
