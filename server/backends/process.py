@@ -3,7 +3,7 @@
 Each instance of the model's instance_group is a process (server/backends/stub.py, started and watched
 by server/backends/instance.py) that loads the model.py and runs it; the batcher hands each batch to a
 free one, so `count: 4` gets four cores for pure-Python code, and a model that crashes takes only its
-own requests with it. Messages and the shared-memory arena:
+own requests with it. Messages: codec/messages.py; the shared-memory arena:
 server/backends/channel.py. The server copies a large batch's inputs into the instance's arena, the
 process writes the outputs after them, and the server copies them out before the arena is the next
 batch's. A small batch (up to INLINE_BYTES of inputs) travels in the messages instead, both ways, which

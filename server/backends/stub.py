@@ -1,7 +1,7 @@
 """A python model instance in its own process: `python -m server.backends.stub SOCKET_FD ARENA_FD`.
 
 Started by server/backends/process.py, one per instance. It loads the model.py (either python API), runs
-initialize, then answers the server's messages (server/backends/channel.py) one at a time on its main
+initialize, then answers the server's messages (codec/messages.py) one at a time on its main
 thread until STOP (finalize, exit 0) or the end of its socket. A decoupled model's response sender may
 answer from any thread; a streaming model of our API runs in a thread of its own. The kernel kills it
 when the server dies (PR_SET_PDEATHSIG).
