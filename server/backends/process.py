@@ -26,11 +26,12 @@ metric tensorgate_python_instance_restarts).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import shutil
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -265,21 +266,6 @@ class ProcessBackend(Backend):
 
     async def _execute_triton(self, jobs: list[Job]) -> list:
         small = sum(array.nbytes for job in jobs for array in job.inputs.values()) <= INLINE_BYTES
-        traced = [job.request.trace for job in jobs if job.request is not None and job.request.trace]
-        if not traced:
-            return await self._run(small, *self._triton_batch(jobs, small))
-        for trace in traced:  # a BLS call the model makes with request.trace() is its child
-            self.traced[id(trace)] = trace
-        try:
-            return await self._run(small, *self._triton_batch(jobs, small))
-        finally:
-            for trace in traced:
-                self.traced.pop(id(trace), None)
-
-    def _triton_batch(
-        self, jobs: list[Job], small: bool
-    ) -> tuple[Callable[[Instance, int], msg.Execute], Callable[[Instance, Any], Any]]:
-        """How a batch of Triton requests is sent to an instance, and how its answer is read."""
 
         def build(instance: Instance, call: int) -> msg.Execute:
             if small:
@@ -303,22 +289,30 @@ class ProcessBackend(Backend):
                 for entry in answer.answers or ()
             ]
 
-        return build, read
+        with self._tracing([job.request.trace for job in jobs if job.request is not None]):
+            return await self._run(small, build, read)
+
+    @contextlib.contextmanager
+    def _tracing(self, traces: list[Any]) -> Iterator[None]:
+        """While requests run in a process, their traces are found by key: a BLS call the model makes
+        with `request.trace()` is traced as its request's child (_answer_bls)."""
+        traces = [trace for trace in traces if trace is not None]
+        for trace in traces:
+            self.traced[id(trace)] = trace
+        try:
+            yield
+        finally:
+            for trace in traces:
+                self.traced.pop(id(trace), None)
 
     def _refuse(self, *_: Any) -> Any:
         raise stream_only_error(self.name)
 
     async def _stream_triton(self, inputs: dict[str, Any], request: Any = None) -> AsyncIterator[dict]:
         tensors = [channel.inline(name, array) for name, array in inputs.items()]
-        trace = request.trace if request is not None else None
-        if trace is not None:
-            self.traced[id(trace)] = trace
-        try:
+        with self._tracing([request.trace if request is not None else None]):
             async for outputs in self._stream(tensors, _meta(request), None):
                 yield outputs
-        finally:
-            if trace is not None:
-                self.traced.pop(id(trace), None)
 
     # ---------------------------------------------------------------------------------- our API
 
