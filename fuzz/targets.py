@@ -32,7 +32,7 @@ from server.endpoints import repository as repository_api
 from server.http.grpc_wire import MessageReader
 from server.http.hpack_decode import Decoder, HeaderListTooLarge, HpackError
 from server.model_config import ConfigError, normalize_config, parse_pbtxt
-from server.repository import override_path
+from server.repository_files import override_path
 from server.router import HttpRequest
 from server.shared_memory import SharedMemory
 
@@ -201,9 +201,9 @@ def repository_load(data: bytes) -> object:
         override_path(key)
     config = parameters.get("config")
     if isinstance(config, str):
-        from server.repository import _parse_config
+        from server.repository_files import parse_config
 
-        _parse_config("m", config)
+        parse_config("m", config)
     return parameters
 
 
