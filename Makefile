@@ -70,7 +70,7 @@ peers: $(STAMP)
 	  { echo "installing nghttp2-client, wrk and libb64-0d (apt-get) for the real-client tests"; \
 	    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
 	      nghttp2-client wrk libb64-0d >/dev/null; } || echo "could not install them: those tests will be skipped"; }
-	@$(BIN)/python -m server.perf_analyzer --install || echo "perf_analyzer's tests will be skipped"
+	@$(BIN)/python -m bench.perf_analyzer --install || echo "perf_analyzer's tests will be skipped"
 
 # mypy checks the compiled modules' types (the list: pyproject.toml [tool.tensorgate] compiled).
 COMPILED_SOURCES = $(BIN)/python -c 'import tomllib; print(*(n.replace(".", "/") + ".py" for n in \
@@ -91,7 +91,7 @@ format: $(STAMP)
 bench: peers
 	$(BIN)/python -m pip install -q -e '.[bench]'
 	$(BIN)/python -m bench.transport $(ARGS)
-	$(BIN)/python -m server.perf_analyzer $(ARGS)
+	$(BIN)/python -m bench.perf_analyzer $(ARGS)
 	$(BIN)/python -m bench.grpc_bench $(ARGS)
 	$(BIN)/python -m bench.ensemble $(ARGS)
 	$(BIN)/python -m bench.workers $(ARGS)
@@ -105,7 +105,7 @@ fuzz: $(STAMP)
 
 # Regenerates the betterproto2 modules in proto/ from proto/*.proto (commit the result; a test checks it).
 proto: $(STAMP)
-	$(BIN)/python -m proto.generate
+	$(BIN)/python -m tensorgate.proto.generate
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

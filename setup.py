@@ -1,4 +1,6 @@
-"""The build: the modules of the request path compiled with Cython from their .py sources (pure-Python
+"""The build: the packages installed under one name, `tensorgate` (the repository's server/, codec/,
+batcher/, proto/ and perf/ are tensorgate.server, tensorgate.codec, ...: no generic top-level name in
+site-packages), and the modules of the request path compiled with Cython from their .py sources (pure-Python
 mode: the .py files stay the source, and nothing in them is Cython-specific), as uvloop, httptools and
 msgspec are built. Which modules, and why those: pyproject.toml, [tool.tensorgate] compiled.
 
@@ -9,7 +11,20 @@ msgspec are built. Which modules, and why those: pyproject.toml, [tool.tensorgat
 import os
 import tomllib
 
-from setuptools import setup
+from setuptools import Extension, setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+PACKAGES = ("server", "codec", "batcher", "proto", "perf")  # bench/, tests/ and fuzz/ are not shipped
+
+
+def packages() -> list[str]:
+    """Every package under PACKAGES (a folder with an __init__.py), by its installed name."""
+    found = []
+    for top in PACKAGES:
+        for folder, _, files in os.walk(os.path.join(ROOT, top)):
+            if "__init__.py" in files:
+                found.append("tensorgate." + os.path.relpath(folder, ROOT).replace(os.sep, "."))
+    return sorted(found)
 
 
 def extensions() -> list:
@@ -17,10 +32,10 @@ def extensions() -> list:
         return []
     from Cython.Build import cythonize
 
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "pyproject.toml"), "rb") as f:
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         modules = tomllib.load(f)["tool"]["tensorgate"]["compiled"]
     return cythonize(
-        [name.replace(".", "/") + ".py" for name in modules],
+        [Extension(f"tensorgate.{name}", [name.replace(".", "/") + ".py"]) for name in modules],
         build_dir="build/cython",  # the generated C, out of the source tree
         nthreads=os.cpu_count() or 1,
         quiet=True,
@@ -30,4 +45,8 @@ def extensions() -> list:
     )
 
 
-setup(ext_modules=extensions())
+setup(
+    packages=packages(),
+    package_dir={f"tensorgate.{top}": top for top in PACKAGES},
+    ext_modules=extensions(),
+)

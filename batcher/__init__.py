@@ -1,1 +1,1 @@
-import codec  # noqa: F401  (first: with TENSORGATE_PURE_PYTHON=1 it loads our modules from source)
+import tensorgate.codec  # noqa: F401  (first: with TENSORGATE_PURE_PYTHON=1 it loads our modules from source)

@@ -4,8 +4,8 @@ from typing import Any
 
 import numpy as np
 
-from codec.datatypes import BY_CONFIG, DataType
-from codec.errors import ErrorKind, InferError
+from tensorgate.codec.datatypes import BY_CONFIG, DataType
+from tensorgate.codec.errors import ErrorKind, InferError
 
 
 def import_torch() -> Any:

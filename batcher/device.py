@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from batcher.arrays import (
+from tensorgate.batcher.arrays import (
     cast_tensor,
     concatenate,
     config_types,
@@ -34,7 +34,7 @@ from batcher.arrays import (
     in_config_dtype,
     tensor_to_numpy,
 )
-from codec.datatypes import BY_NUMPY, DataType, bf16_bits
+from tensorgate.codec.datatypes import BY_NUMPY, DataType, bf16_bits
 
 Types = dict[str, DataType]  # the config's datatype of each output
 MIN_BUFFER_BYTES = 1 << 16  # a pinned buffer starts at 64 KiB and doubles as batches need

@@ -5,12 +5,12 @@ request executed alone. The other implementation is the dynamic batcher (batcher
 import asyncio
 from time import perf_counter_ns
 
-from batcher.execution import Executor, alone
-from batcher.inflight import InFlight
-from batcher.scheduler import Arrays, Job, Scheduler
-from batcher.stats import ModelStats
-from codec.errors import InferError
-from codec.trace import QUEUE_START
+from tensorgate.batcher.execution import Executor, alone
+from tensorgate.batcher.inflight import InFlight
+from tensorgate.batcher.scheduler import Arrays, Job, Scheduler
+from tensorgate.batcher.stats import ModelStats
+from tensorgate.codec.errors import InferError
+from tensorgate.codec.trace import QUEUE_START
 
 
 class DirectScheduler(Scheduler):

@@ -24,15 +24,15 @@ from typing import Any
 
 import numpy as np
 
-from batcher.clock import Clock, MonotonicClock, Timer
-from batcher.execution import Executor, Result, parameters_of
-from batcher.inflight import InFlight
-from batcher.queue import OUT, TIMED_OUT, PriorityQueues, QueuePolicy
-from batcher.scheduler import Arrays, Job, Scheduler
-from batcher.stats import ModelStats
-from codec.datatypes import BY_CONFIG
-from codec.errors import ErrorKind, InferError, invalid
-from codec.trace import QUEUE_START
+from tensorgate.batcher.clock import Clock, MonotonicClock, Timer
+from tensorgate.batcher.execution import Executor, Result, parameters_of
+from tensorgate.batcher.inflight import InFlight
+from tensorgate.batcher.queue import OUT, TIMED_OUT, PriorityQueues, QueuePolicy
+from tensorgate.batcher.scheduler import Arrays, Job, Scheduler
+from tensorgate.batcher.stats import ModelStats
+from tensorgate.codec.datatypes import BY_CONFIG
+from tensorgate.codec.errors import ErrorKind, InferError, invalid
+from tensorgate.codec.trace import QUEUE_START
 
 _by_name = itemgetter(0)
 

@@ -22,11 +22,11 @@ from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any
 
-from batcher.scheduler import Arrays, Job
-from batcher.staging import HostStaging, Staging
-from batcher.threads import Threads
-from codec.errors import ErrorKind, InferError
-from codec.tensor import custom_parameters
+from tensorgate.batcher.scheduler import Arrays, Job
+from tensorgate.batcher.staging import HostStaging, Staging
+from tensorgate.batcher.threads import Threads
+from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.codec.tensor import custom_parameters
 
 log = logging.getLogger("tensorgate.batcher")
 

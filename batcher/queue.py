@@ -18,10 +18,10 @@ from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, NamedTuple
 
-from codec.errors import ErrorKind, InferError
+from tensorgate.codec.errors import ErrorKind, InferError
 
 if TYPE_CHECKING:
-    from batcher.scheduler import Job
+    from tensorgate.batcher.scheduler import Job
 
 REJECT, DELAY = "REJECT", "DELAY"
 QUEUE_FULL = "Exceeds maximum queue size"

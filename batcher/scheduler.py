@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from codec.trace import Trace
+from tensorgate.codec.trace import Trace
 
 Arrays = dict[str, Any]
 

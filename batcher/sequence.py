@@ -27,20 +27,20 @@ import logging
 from collections import OrderedDict, deque
 from typing import TYPE_CHECKING, Any, Protocol
 
-from batcher.clock import Clock, MonotonicClock, Timer
-from batcher.inflight import InFlight
-from batcher.scheduler import Arrays, Job, Scheduler
-from batcher.sequence_direct import DirectStrategy
-from batcher.sequence_inputs import SequenceInputs
-from batcher.sequence_oldest import OldestStrategy
-from batcher.stats import ModelStats
-from codec.errors import ErrorKind, InferError, invalid
-from codec.sequence import END, START
+from tensorgate.batcher.clock import Clock, MonotonicClock, Timer
+from tensorgate.batcher.inflight import InFlight
+from tensorgate.batcher.scheduler import Arrays, Job, Scheduler
+from tensorgate.batcher.sequence_direct import DirectStrategy
+from tensorgate.batcher.sequence_inputs import SequenceInputs
+from tensorgate.batcher.sequence_oldest import OldestStrategy
+from tensorgate.batcher.stats import ModelStats
+from tensorgate.codec.errors import ErrorKind, InferError, invalid
+from tensorgate.codec.sequence import END, START
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from batcher.execution import Executor
+    from tensorgate.batcher.execution import Executor
 
 log = logging.getLogger("tensorgate.batcher")
 

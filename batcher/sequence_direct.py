@@ -19,19 +19,19 @@ import asyncio
 import heapq
 from typing import TYPE_CHECKING
 
-from batcher.dynamic import signature, split_outputs
-from batcher.execution import Executor, Result
-from batcher.inflight import InFlight
-from batcher.scheduler import Job
-from batcher.sequence_inputs import state_outputs
-from codec.datatypes import BY_CONFIG
-from codec.errors import ErrorKind, InferError
-from codec.trace import QUEUE_START
+from tensorgate.batcher.dynamic import signature, split_outputs
+from tensorgate.batcher.execution import Executor, Result
+from tensorgate.batcher.inflight import InFlight
+from tensorgate.batcher.scheduler import Job
+from tensorgate.batcher.sequence_inputs import state_outputs
+from tensorgate.codec.datatypes import BY_CONFIG
+from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.codec.trace import QUEUE_START
 
 if TYPE_CHECKING:
-    from batcher.clock import Clock, Timer
-    from batcher.sequence import Sequence, SequenceBatcher
-    from batcher.stats import ModelStats
+    from tensorgate.batcher.clock import Clock, Timer
+    from tensorgate.batcher.sequence import Sequence, SequenceBatcher
+    from tensorgate.batcher.stats import ModelStats
 
 
 class _Instance:

@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from codec.datatypes import BY_CONFIG, DataType
-from codec.errors import ErrorKind, InferError, invalid
-from codec.sequence import END, START
-from codec.tensor import as_dtype
+from tensorgate.codec.datatypes import BY_CONFIG, DataType
+from tensorgate.codec.errors import ErrorKind, InferError, invalid
+from tensorgate.codec.sequence import END, START
+from tensorgate.codec.tensor import as_dtype
 
 if TYPE_CHECKING:
-    from batcher.scheduler import Job
+    from tensorgate.batcher.scheduler import Job
 
 CORRID = "CONTROL_SEQUENCE_CORRID"
 _BOOLEAN_DTYPES = {"int32_false_true": np.int32, "fp32_false_true": np.float32, "bool_false_true": np.bool_}

@@ -18,15 +18,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from batcher.dynamic import DynamicBatcher
-from batcher.sequence_inputs import state_outputs
+from tensorgate.batcher.dynamic import DynamicBatcher
+from tensorgate.batcher.sequence_inputs import state_outputs
 
 if TYPE_CHECKING:
-    from batcher.clock import Clock
-    from batcher.execution import Executor
-    from batcher.scheduler import Job
-    from batcher.sequence import Sequence, SequenceBatcher
-    from batcher.stats import ModelStats
+    from tensorgate.batcher.clock import Clock
+    from tensorgate.batcher.execution import Executor
+    from tensorgate.batcher.scheduler import Job
+    from tensorgate.batcher.sequence import Sequence, SequenceBatcher
+    from tensorgate.batcher.stats import ModelStats
 
 
 class OldestStrategy:

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from batcher.arrays import (
+from tensorgate.batcher.arrays import (
     cast_tensor,
     concatenate,
     config_types,
@@ -32,7 +32,7 @@ from batcher.arrays import (
     in_config_dtype,
     tensor_to_numpy,
 )
-from batcher.device import DeviceStaging
+from tensorgate.batcher.device import DeviceStaging
 
 log = logging.getLogger("tensorgate.staging")
 

@@ -10,7 +10,7 @@ body has been read in full, as a real app must. Whatever our server reaches belo
 - tensorgate: our own transport (server/http/) with a one-route router (our floor); HTTP/1.1 and h2c.
 - hypercorn: hypercorn with our settings (server/http/asgi.py), the reference transport; both.
 
-Logs `HTTP listening on HOST:PORT` to stderr once bound, like `python -m server serve`; SIGTERM stops it.
+Logs `HTTP listening on HOST:PORT` to stderr once bound, like `tensorgate serve`; SIGTERM stops it.
 """
 
 import argparse
@@ -21,8 +21,8 @@ from typing import Any
 
 import orjson
 
-from server.http.listener import HttpSettings, Listener, address_of, bind, raise_fd_limit
-from server.router import HttpRequest, HttpResponse, Router, body_response
+from tensorgate.server.http.listener import HttpSettings, Listener, address_of, bind, raise_fd_limit
+from tensorgate.server.router import HttpRequest, HttpResponse, Router, body_response
 
 BODY = orjson.dumps(
     {
@@ -88,7 +88,7 @@ async def serve(server: str, sockets: list, log_level: str) -> None:
         await stop.wait()
         await listener.shutdown()
     elif server == "hypercorn":
-        from server.http.asgi import serve_hypercorn
+        from tensorgate.server.http.asgi import serve_hypercorn
 
         await serve_hypercorn(asgi_app, sockets, stop.wait, graceful_timeout=5)  # type: ignore[arg-type]
     else:

@@ -37,7 +37,7 @@ from bench.bare_app import new_event_loop
 from bench.h1client import run_h1
 from bench.procs import ServerProcess
 from bench.stats import Recorder, drive
-from server.perf.h1wire import build_request
+from tensorgate.perf.h1wire import build_request
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "model_repository"
@@ -213,7 +213,14 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
         repository = make_repository(Path(tmp), opts.model)
-        argv_server = [sys.executable, "-m", "server", "serve", "--model-repository", str(repository)]
+        argv_server = [
+            sys.executable,
+            "-m",
+            "tensorgate.server",
+            "serve",
+            "--model-repository",
+            str(repository),
+        ]
         argv_server += ["--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
         with (
             ServerProcess(argv_server, cwd=str(ROOT)) as server,

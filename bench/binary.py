@@ -15,7 +15,7 @@ import numpy as np
 import orjson
 
 from bench.stats import Recorder
-from server.perf.h1wire import chunked_end, parse_head
+from tensorgate.perf.h1wire import chunked_end, parse_head
 
 _IHCL = b"\r\ninference-header-content-length:"
 

@@ -4,7 +4,7 @@ Two servers run side by side on 127.0.0.1:
 
     grpclib-echo  bench/grpc_echo.py: grpclib's server answering ModelInfer / ModelStreamInfer with fixed
                   bytes, parsing nothing (the ceiling of a grpclib server)
-    ours          `python -m server serve` on the example repository, on its gRPC port (and, for
+    ours          `python -m tensorgate.server serve` on the example repository, on its gRPC port (and, for
                   `unary-http-port`, on its HTTP port: one port for everything)
 
 Scenarios, each in `--rounds` rounds whose server order alternates:
@@ -39,7 +39,7 @@ import grpc
 import httpx
 import numpy as np
 
-import proto.inference as pb
+import tensorgate.proto.inference as pb
 from bench.grpc_load import INFER_PATH, STREAM_PATH, infer_request
 from bench.procs import ServerProcess, cpu_clock, memory_kib, reset_peak_rss, serve_argv
 from bench.transport import _H2LOAD, _H2LOAD_TIME, BASELINE, _run, baseline_table, save

@@ -18,7 +18,7 @@ import sys
 from grpclib.const import Cardinality, Handler
 from grpclib.server import Server, Stream
 
-import proto.inference as pb
+import tensorgate.proto.inference as pb
 from bench.bare_app import new_event_loop
 from bench.grpc_load import INFER_PATH, INPUT0, INPUT1, STREAM_PATH, Raw
 

@@ -20,10 +20,12 @@ from grpclib import GRPCError
 from grpclib.client import Channel, StreamStreamMethod, UnaryUnaryMethod
 from grpclib.exceptions import StreamTerminatedError
 
-import proto.inference as pb
+import tensorgate.proto.inference as pb
 from bench.connections import run_until_cancelled
 from bench.stats import Recorder
-from server.grpc.inference import RawMessage as Raw  # messages as their bytes, as the server reads them
+from tensorgate.server.grpc.inference import (
+    RawMessage as Raw,  # messages as their bytes, as the server reads them
+)
 
 INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
 STREAM_PATH = "/inference.GRPCInferenceService/ModelStreamInfer"

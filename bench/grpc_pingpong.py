@@ -22,7 +22,7 @@ import hpack
 
 from bench.bare_app import new_event_loop
 from bench.grpc_load import STREAM_PATH, infer_request
-from server.perf.h2frames import (
+from tensorgate.perf.h2frames import (
     ACK,
     DATA,
     END_HEADERS,

@@ -10,7 +10,7 @@ from typing import cast
 
 from bench.connections import connect, run_until_cancelled
 from bench.stats import Recorder
-from server.perf.h1wire import whole_answer
+from tensorgate.perf.h1wire import whole_answer
 
 
 class _Connection(asyncio.Protocol):

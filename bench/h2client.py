@@ -22,7 +22,7 @@ from h2.settings import SettingCodes
 
 from bench.connections import connect, run_until_cancelled
 from bench.stats import Recorder
-from server.perf.h2wire import CONFIG, WINDOW, pump
+from tensorgate.perf.h2wire import CONFIG, WINDOW, pump
 
 
 class _Connection(asyncio.Protocol):

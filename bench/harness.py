@@ -23,8 +23,8 @@ from bench.h1client import run_h1
 from bench.h2client import run_h2
 from bench.procs import ServerProcess, cpu_clock, exit_note, memory_kib, reset_peak_rss, serve_argv
 from bench.stats import Recorder, drive, show_progress, summarize
-from server.perf.h1wire import build_request
-from server.perf.h2wire import build_headers
+from tensorgate.perf.h1wire import build_request
+from tensorgate.perf.h2wire import build_headers
 
 SCENARIOS = (
     "bare-h1",

@@ -2,7 +2,7 @@
 
 Servers, all up at once on 127.0.0.1, in rounds whose order alternates (A B C, C B A, ...):
 
-    ours          `python -m server serve` from this checkout (compiled where it is built; `--pure` runs it
+    ours          `tensorgate serve` from this checkout (compiled where it is built; `--pure` runs it
                   with TENSORGATE_PURE_PYTHON=1 beside the compiled one, as `pure`)
     baseline      with `--baseline DIR`: the same from another checkout, as its tree is (a worktree without
                   `make compile` runs its .py files)

@@ -1,7 +1,7 @@
 """Triton's perf_analyzer (its C++ HTTP and gRPC clients) as an outside peer, and its figures beside ours.
 
-    python -m server.perf_analyzer --install      # sets it up in .peers/perf_analyzer (idempotent)
-    python -m server.perf_analyzer [--duration 10] [--rounds 3] [--concurrency 16] [--out bench/results]
+    python -m bench.perf_analyzer --install      # sets it up in .peers/perf_analyzer (idempotent)
+    python -m bench.perf_analyzer [--duration 10] [--rounds 3] [--concurrency 16] [--out bench/results]
 
 perf_analyzer is what Triton's users load-test with; its clients are strict where the Python ones are
 lenient, so it is a peer of the tests and the bench, like curl or h2load, never a dependency of the
@@ -188,7 +188,7 @@ def _report(results: dict[str, list[dict]], opts: argparse.Namespace) -> str:
         f"# perf_analyzer (tritonclient 2.51.0) beside our load generators: `simple`, concurrency "
         f"{opts.concurrency}",
         "",
-        f"`python -m server.perf_analyzer --rounds {opts.rounds} --duration {opts.duration:g}` on "
+        f"`python -m bench.perf_analyzer --rounds {opts.rounds} --duration {opts.duration:g}` on "
         f"{host['cpu']} ({host['cores']} cores): one server (`simple` on the example repository); each round "
         f"runs perf_analyzer (three windows of {opts.seconds:.1f} s, binary tensors over HTTP) then our own "
         "generator for as long on the same protocol, HTTP and gRPC alternating first. p99 is perf_analyzer's "
@@ -210,9 +210,7 @@ def _report(results: dict[str, list[dict]], opts: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m server.perf_analyzer", description=__doc__.split("\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m bench.perf_analyzer", description=__doc__.split("\n")[0])
     parser.add_argument("--install", action="store_true", help="only set perf_analyzer up, then exit")
     parser.add_argument("--duration", type=float, default=10.2, help="seconds measured per client per round")
     parser.add_argument("--concurrency", type=int, default=16, help="requests in flight")

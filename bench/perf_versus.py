@@ -1,6 +1,6 @@
 """`tensorgate perf` beside Triton's perf_analyzer on the same server, in alternating rounds.
 
-    python -m server.perf_versus [--rounds 3] [--seconds 3] [--concurrency 16] [--rate 4000] [--out DIR]
+    python -m bench.perf_versus [--rounds 3] [--seconds 3] [--concurrency 16] [--rate 4000] [--out DIR]
 
 One server (`simple` on the example repository). Each round runs, in alternating order, perf_analyzer and
 `tensorgate perf` with the same plan: three windows of `--seconds` at `--concurrency` (closed loop), over
@@ -25,9 +25,9 @@ import tempfile
 from pathlib import Path
 
 import httpx
-from server.perf_analyzer import install, run
 
 from bench.procs import ServerProcess, serve_argv
+from tensorgate.perf_analyzer import install, run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,8 +72,8 @@ def measure(server: ServerProcess, client: str, plan: str, opts: argparse.Namesp
         windows = ["-p", str(int(opts.seconds * 1000)), "-s", "1000", "-r", "3", "--warmup", "0"]
         ours = "grpc" if protocol == "grpc" else "rest-binary"
         done = subprocess.run(
-            [sys.executable, "-m", "server.perf", url, *model, "-i", ours, *levels, *windows, "--no-progress",
-             "--no-server-stats", "--json", str(out)],
+            [sys.executable, "-m", "tensorgate.perf", url, *model, "-i", ours, *levels, *windows,
+             "--no-progress", "--no-server-stats", "--json", str(out)],
             cwd=ROOT, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
         level = json.loads(out.read_text())[0] if done.returncode == 0 else {}
@@ -93,7 +93,7 @@ PLANS = ("http closed", "grpc closed", "http open", "grpc open")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m server.perf_versus", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.perf_versus", description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0, help="each of the three windows")
     parser.add_argument("--concurrency", type=int, default=16)
@@ -141,7 +141,7 @@ def render(results: dict[str, list[dict]], opts: argparse.Namespace) -> str:
     lines = [
         f"# `tensorgate perf` beside perf_analyzer (tritonclient 2.51.0), `{opts.model}` on our server",
         "",
-        f"`python -m server.perf_versus --model {opts.model} --rounds {opts.rounds} --seconds "
+        f"`python -m bench.perf_versus --model {opts.model} --rounds {opts.rounds} --seconds "
         f"{opts.seconds:g} --concurrency {opts.concurrency} --rate {opts.rate:g}` on {host['cpu']} "
         f"({host['cores']} cores), the clients alternating first each round. Medians of the rounds; CPU "
         "per request is each client's process CPU over the requests the server counted during its run.",

@@ -101,8 +101,8 @@ class ServerProcess:
 
 
 def serve_argv(model_repository: str = "examples/model_repository") -> list[str]:
-    """`python -m server serve` on 127.0.0.1, every port picked free, logging warnings only."""
-    return [sys.executable, "-m", "server", "serve", "--model-repository", model_repository,
+    """`python -m tensorgate.server serve` on 127.0.0.1, every port picked free, logging warnings only."""
+    return [sys.executable, "-m", "tensorgate.server", "serve", "--model-repository", model_repository,
             "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
             "--log-level", "warning"]  # fmt: skip
 

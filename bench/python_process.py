@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import uvloop
 
-from batcher.scheduler import Job
-from batcher.threads import Threads
-from codec.tensor import InferRequest
-from server.backends import load_backend
+from tensorgate.batcher.scheduler import Job
+from tensorgate.batcher.threads import Threads
+from tensorgate.codec.tensor import InferRequest
+from tensorgate.server.backends import load_backend
 
 SIMPLE_PY = """
 import triton_python_backend_utils as pb_utils

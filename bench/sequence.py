@@ -3,7 +3,7 @@
     python -m bench.sequence [--sequences 64] [--steps 100] [--rounds 3] [--direct-sequences 16]
                              [--out bench/results]
 
-One server (`python -m server serve`) serves three models:
+One server (`python -m tensorgate.server serve`) serves three models:
 - `sequence_accumulator` (examples/model_repository: onnxruntime, implicit state, the oldest strategy,
   max_batch_size 64, max_queue_delay_microseconds 1000): each answer is its sequence's running total;
 - `direct8`, `direct1` and `direct8_full`: one python model (implicit state, READY) whose every
@@ -43,13 +43,22 @@ import httpx
 import numpy as np
 import orjson
 
-import proto.inference as pb
+import tensorgate.proto.inference as pb
 from bench.bare_app import new_event_loop
 from bench.grpc_load import STREAM_PATH
 from bench.grpc_pingpong import answer_frames
 from bench.procs import ServerProcess, cpu_clock, serve_argv
-from server.perf.h1wire import build_request, parse_head
-from server.perf.h2frames import DATA, END_HEADERS, HEADERS, PREFACE, SETTINGS, WINDOW, WINDOW_UPDATE, frame
+from tensorgate.perf.h1wire import build_request, parse_head
+from tensorgate.perf.h2frames import (
+    DATA,
+    END_HEADERS,
+    HEADERS,
+    PREFACE,
+    SETTINGS,
+    WINDOW,
+    WINDOW_UPDATE,
+    frame,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "model_repository"

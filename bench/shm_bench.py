@@ -1,7 +1,7 @@
 """python -m bench.shm_bench: a 64 MiB FP32 round trip through identity_fp32 in system shared memory beside
 the binary HTTP/1.1 round trip, in the same run, on one server (issue 15).
 
-One server: `python -m server serve` on the example repository with `--allow-client-shm true`.
+One server: `python -m tensorgate.server serve` on the example repository with `--allow-client-shm true`.
 
 - A, binary-h1: the tensor in the request body and back in the answer (Triton's binary tensor data), as
   bench.transport's binary-h1: one round trip by curl checked byte for byte (once, before the rounds),

@@ -39,8 +39,8 @@ import httpx
 import numpy as np
 from grpclib.client import Channel
 
-import proto.grps.protos.v1 as gpb
-import proto.inference as pb
+import tensorgate.proto.grps.protos.v1 as gpb
+import tensorgate.proto.inference as pb
 from bench.procs import ServerProcess, memory_kib
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -415,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="soak-") as directory:
         repos = {name: make_repository(Path(directory) / name) for name in ("explicit", "poll")}
-        base = [sys.executable, "-m", "server", "serve", "--host", "127.0.0.1", "--http-port", "0",
+        base = [sys.executable, "-m", "tensorgate.server", "serve", "--host", "127.0.0.1", "--http-port", "0",
                 "--grpc-port", "0", "--metrics-port", "0", "--log-level", "warning"]  # fmt: skip
         modes = {
             "explicit": ["--model-control-mode", "explicit", "--load-model", "*"],

@@ -30,9 +30,9 @@ from bench.crosscheck import _lua_string
 from bench.harness import JSON_BODY
 from bench.procs import ServerProcess, serve_argv
 from bench.transport import ROOT, measure, save, summarize, wrk
-from codec.trace import TIMESTAMPS
-from server.tracing.settings import TraceSetting
-from server.tracing.tracer import Tracer
+from tensorgate.codec.trace import TIMESTAMPS
+from tensorgate.server.tracing.settings import TraceSetting
+from tensorgate.server.tracing.tracer import Tracer
 
 TARGET = 1.03
 

@@ -4,7 +4,7 @@ Four servers run side by side on 127.0.0.1 (all up at once, so every round gives
 
     uvicorn-bare  uvicorn + httptools + uvloop answering fixed bytes (bench/bare_app.py)   HTTP/1.1 only
     ours-bare     our transport answering fixed bytes: our floor                           h1 + h2c
-    ours          `python -m server serve` on the example repository (our transport)       h1 + h2c
+    ours          `python -m tensorgate.server serve` on the example repository (our transport)       h1 + h2c
     hypercorn     the same server with `--http-server hypercorn` (the reference)           h1 + h2c
 
 Scenarios, each in `--rounds` rounds whose server order alternates (A B C D, D C B A, ...):

@@ -44,9 +44,9 @@ import uvloop
 
 from bench.procs import ServerProcess, cpu_clock, serve_argv
 from bench.transport import save
-from codec import messages as msg
-from codec.framing import pack, unpack
-from server.link import Link
+from tensorgate.codec import messages as msg
+from tensorgate.codec.framing import pack, unpack
+from tensorgate.server.link import Link
 
 MECHANISMS = ("socket", "ring", "ring-lazy")
 RING_BYTES = 4 << 20
@@ -212,8 +212,8 @@ def server_cost(server: ServerProcess, load: list[str], seconds: float) -> dict:
         out = os.path.join(work, "level.json")
         cpu = cpu_clock(server.pid, tree=False)
         subprocess.run(
-            [sys.executable, "-m", "server.perf", f"http://127.0.0.1:{server.port}", "-m", "simple", *load,
-             "--duration", str(seconds), "--warmup", "0", "--no-progress", "--no-server-stats",
+            [sys.executable, "-m", "tensorgate.perf", f"http://127.0.0.1:{server.port}", "-m", "simple",
+             *load, "--duration", str(seconds), "--warmup", "0", "--no-progress", "--no-server-stats",
              "--json", out],
             check=True, capture_output=True, timeout=seconds + 60,
         )  # fmt: skip

@@ -2,7 +2,7 @@
 
 Servers, all up at once on 127.0.0.1, in rounds whose order alternates (A B C, C B A, ...):
 
-    w1, w2, ...   `python -m server serve` on the example repository with `--workers 1`, `2`, ...
+    w1, w2, ...   `python -m tensorgate.server serve` on the example repository with `--workers 1`, `2`, ...
     triton        with `--triton KIT`: Triton 2.51 serving `simple` on its C++ backend
                   (../shared/triton: run its setup.sh first; TRITON_HOME as it says)
 

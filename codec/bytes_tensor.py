@@ -9,7 +9,7 @@ import struct
 
 import numpy as np
 
-from codec.errors import invalid
+from tensorgate.codec.errors import invalid
 
 _LENGTH = struct.Struct("<I")
 

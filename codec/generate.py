@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from codec import json_text
-from codec.errors import InferError, invalid
-from codec.tensor import InferRequest, InferResponse, Tensor
-from codec.v2_http import json_tensor, loads, output_json
+from tensorgate.codec import json_text
+from tensorgate.codec.errors import InferError, invalid
+from tensorgate.codec.tensor import InferRequest, InferResponse, Tensor
+from tensorgate.codec.v2_http import json_tensor, loads, output_json
 
 JSON_CONTENT_TYPE = b"application/json"
 SSE_CONTENT_TYPE = b"text/event-stream; charset=utf-8"

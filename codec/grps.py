@@ -21,11 +21,11 @@ import betterproto2
 import numpy as np
 import orjson
 
-import proto.grps.protos.v1 as pb
-from codec.bytes_tensor import b64decode
-from codec.datatypes import BY_GRPS, BY_V2, DataType
-from codec.errors import describe, invalid
-from codec.tensor import MAX_DIMS, Tensor, holds_booleans, narrowed
+import tensorgate.proto.grps.protos.v1 as pb
+from tensorgate.codec.bytes_tensor import b64decode
+from tensorgate.codec.datatypes import BY_GRPS, BY_V2, DataType
+from tensorgate.codec.errors import describe, invalid
+from tensorgate.codec.tensor import MAX_DIMS, Tensor, holds_booleans, narrowed
 
 BIN_DATA, STR_DATA, GTENSORS, NDARRAY, GMAP = "bin_data", "str_data", "gtensors", "ndarray", "gmap"
 DATA_FIELDS = (BIN_DATA, STR_DATA, GTENSORS, NDARRAY, GMAP)

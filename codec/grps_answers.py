@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import orjson
 
-import proto.grps.protos.v1 as pb
-from codec.datatypes import BY_GRPS, BY_V2, bf16_to_float32
-from codec.errors import ErrorKind, InferError, http_status, invalid
-from codec.grps import BIN_DATA, FLOATS, GMAP, GTENSORS, NDARRAY, STR_DATA, flat_field
-from codec.tensor import InferResponse, Tensor
+import tensorgate.proto.grps.protos.v1 as pb
+from tensorgate.codec.datatypes import BY_GRPS, BY_V2, bf16_to_float32
+from tensorgate.codec.errors import ErrorKind, InferError, http_status, invalid
+from tensorgate.codec.grps import BIN_DATA, FLOATS, GMAP, GTENSORS, NDARRAY, STR_DATA, flat_field
+from tensorgate.codec.tensor import InferResponse, Tensor
 
 OK = 200
 _MAP_FIELDS = {"DT_UINT8": "s_i32", "DT_INT8": "s_i32", "DT_INT16": "s_i32", "DT_INT32": "s_i32"}

@@ -18,10 +18,10 @@ from typing import Protocol
 
 import numpy as np
 
-from codec.datatypes import BY_V2, DataType, bf16_bits
-from codec.errors import ErrorKind, InferError, invalid
-from codec.grps import FLOATS, GMAP, GTENSORS, NDARRAY, Payload
-from codec.tensor import InferRequest, Tensor, narrowed
+from tensorgate.codec.datatypes import BY_V2, DataType, bf16_bits
+from tensorgate.codec.errors import ErrorKind, InferError, invalid
+from tensorgate.codec.grps import FLOATS, GMAP, GTENSORS, NDARRAY, Payload
+from tensorgate.codec.tensor import InferRequest, Tensor, narrowed
 
 
 class InputSpec(Protocol):

@@ -15,10 +15,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from codec import messages
-from codec.bytes_tensor import decode_bytes
-from codec.datatypes import BY_V2
-from codec.tensor import InferRequest, InferResponse, RequestedOutput, Tensor, tensor_bytes
+from tensorgate.codec import messages
+from tensorgate.codec.bytes_tensor import decode_bytes
+from tensorgate.codec.datatypes import BY_V2
+from tensorgate.codec.tensor import InferRequest, InferResponse, RequestedOutput, Tensor, tensor_bytes
 
 
 class Arenas(Protocol):

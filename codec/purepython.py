@@ -11,8 +11,6 @@ from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
 
-PACKAGES = frozenset({"server", "codec", "batcher"})
-
 
 def wanted() -> bool:
     return os.environ.get("TENSORGATE_PURE_PYTHON", "") not in ("", "0")
@@ -24,7 +22,7 @@ class SourcesFirst(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> ModuleSpec | None:
-        if path is None or fullname.partition(".")[0] not in PACKAGES:
+        if path is None or not fullname.startswith("tensorgate."):
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or not isinstance(spec.loader, importlib.machinery.ExtensionFileLoader):

@@ -12,7 +12,7 @@ takes sequences at all is the engine's business (batcher/sequence.py): a model w
 from collections.abc import Callable
 from typing import Any
 
-from codec.errors import invalid
+from tensorgate.codec.errors import invalid
 
 START = 1  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
 END = 2  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_END

@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from codec.bytes_tensor import decode_bytes, encode_bytes
-from codec.datatypes import BY_V2, DataType
-from codec.errors import invalid
-from codec.trace import Trace
+from tensorgate.codec.bytes_tensor import decode_bytes, encode_bytes
+from tensorgate.codec.datatypes import BY_V2, DataType
+from tensorgate.codec.errors import invalid
+from tensorgate.codec.trace import Trace
 
 # Tensors up to this size are answered as a copy of their bytes: one call, where a view costs three
 # (~0.05 against ~0.4 us), and a KiB copied costs less than that difference.

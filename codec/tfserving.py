@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from codec import errors
-from codec.datatypes import BY_V2, bf16_to_float32
-from codec.errors import ErrorKind, InferError, http_status, invalid
-from codec.tensor import InferRequest, InferResponse, RequestedOutput, Tensor
-from codec.tfserving_json import dumps, is_b64, json_rows, json_value, loads, to_array
+from tensorgate.codec import errors
+from tensorgate.codec.datatypes import BY_V2, bf16_to_float32
+from tensorgate.codec.errors import ErrorKind, InferError, http_status, invalid
+from tensorgate.codec.tensor import InferRequest, InferResponse, RequestedOutput, Tensor
+from tensorgate.codec.tfserving_json import dumps, is_b64, json_rows, json_value, loads, to_array
 
 __all__ = ["loads"]  # re-exported: the server parses bodies through this module
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import numpy as np
 
-from codec import json_text
-from codec.bytes_tensor import b64decode
-from codec.datatypes import BY_V2, DataType, bf16_bits
-from codec.errors import describe, invalid
-from codec.tensor import JSON_KINDS, JSON_TYPES, MAX_DIMS, holds_booleans, narrowed
+from tensorgate.codec import json_text
+from tensorgate.codec.bytes_tensor import b64decode
+from tensorgate.codec.datatypes import BY_V2, DataType, bf16_bits
+from tensorgate.codec.errors import describe, invalid
+from tensorgate.codec.tensor import JSON_KINDS, JSON_TYPES, MAX_DIMS, holds_booleans, narrowed
 
 B64 = "b64"
 

@@ -15,9 +15,9 @@ from typing import Any
 
 from grpclib.const import Status
 
-import proto.inference as pb
-from codec.errors import ErrorKind, InferError, invalid
-from codec.protowire import (
+import tensorgate.proto.inference as pb
+from tensorgate.codec.errors import ErrorKind, InferError, invalid
+from tensorgate.codec.protowire import (
     DOUBLE,
     I64_BIAS,
     LEN,
@@ -28,7 +28,7 @@ from codec.protowire import (
     tag,
     uvarint,
 )
-from codec.tensor import (
+from tensorgate.codec.tensor import (
     InferResponse,
     Tensor,
     tensor_bytes,

@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from codec import sequence
-from codec.datatypes import BY_V2, DataType
-from codec.errors import invalid
-from codec.protowire import (
+from tensorgate.codec import sequence
+from tensorgate.codec.datatypes import BY_V2, DataType
+from tensorgate.codec.errors import invalid
+from tensorgate.codec.protowire import (
     DOUBLE,
     I32,
     I64,
@@ -29,7 +29,7 @@ from codec.protowire import (
     text,
     varint,
 )
-from codec.tensor import (
+from tensorgate.codec.tensor import (
     InferRequest,
     RequestedOutput,
     Tensor,

@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from codec import json_text, sequence
-from codec.datatypes import BY_V2, TABLE, DataType
-from codec.errors import invalid
-from codec.tensor import (
+from tensorgate.codec import json_text, sequence
+from tensorgate.codec.datatypes import BY_V2, TABLE, DataType
+from tensorgate.codec.errors import invalid
+from tensorgate.codec.tensor import (
     JSON_KINDS,
     JSON_TYPES,
     KIND_NAMES,

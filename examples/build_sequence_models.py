@@ -192,7 +192,7 @@ def compare(ours: Path, triton: Path) -> list[str]:
     """The differences between our twins and Triton's files (none: an empty list)."""
     import onnxruntime
 
-    from server.model_config import load_model_config
+    from tensorgate.server.model_config import load_model_config
 
     problems = []
     rng = np.random.default_rng(28)

@@ -22,7 +22,7 @@ import sys
 
 import atheris
 
-with atheris.instrument_imports(include=["codec", "server", "fuzz"]):
+with atheris.instrument_imports(include=["tensorgate", "fuzz"]):
     from fuzz.targets import JSON_TARGETS, TARGETS, run_one
 
 EXTREMES = [None, True, False, 0, -1, 1 << 63, -(1 << 64), 1e308, -0.0, "", "NaN", "x" * 300, [], {}, [[[]]]]

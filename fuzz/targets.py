@@ -22,19 +22,19 @@ import orjson
 from grpclib import GRPCError
 from hpack import Decoder as ReferenceDecoder
 
-from codec import grps as grps_wire
-from codec import tfserving, v2_grpc_request, v2_http
-from codec.errors import InferError, invalid
-from codec.tensor import Tensor
 from fuzz import transport
 from fuzz.readback import Mismatch
-from server.endpoints import repository as repository_api
-from server.http.grpc_wire import MessageReader
-from server.http.hpack_decode import Decoder, HeaderListTooLarge, HpackError
-from server.model_config import ConfigError, normalize_config, parse_pbtxt
-from server.repository_files import override_path
-from server.router import HttpRequest
-from server.shared_memory import SharedMemory
+from tensorgate.codec import grps as grps_wire
+from tensorgate.codec import tfserving, v2_grpc_request, v2_http
+from tensorgate.codec.errors import InferError, invalid
+from tensorgate.codec.tensor import Tensor
+from tensorgate.server.endpoints import repository as repository_api
+from tensorgate.server.http.grpc_wire import MessageReader
+from tensorgate.server.http.hpack_decode import Decoder, HeaderListTooLarge, HpackError
+from tensorgate.server.model_config import ConfigError, normalize_config, parse_pbtxt
+from tensorgate.server.repository_files import override_path
+from tensorgate.server.router import HttpRequest
+from tensorgate.server.shared_memory import SharedMemory
 
 EXPECTED = (InferError, ConfigError, GRPCError, HpackError, HeaderListTooLarge)
 MAX_MESSAGE = 1 << 20  # the gRPC target's --grpc-max-message-bytes
@@ -158,7 +158,7 @@ TF_INPUTS = [
 
 def tfserving_predict(data: bytes) -> object:
     """A TF Serving predict body (NaN tokens, b64, nesting, row and columnar forms)."""
-    from codec.tfserving_json import loads
+    from tensorgate.codec.tfserving_json import loads
 
     doc = loads(data, "the predict request")
     if not isinstance(doc, dict):
@@ -172,7 +172,7 @@ def grps_json(data: bytes) -> object:
 
 def grps_protobuf(data: bytes) -> object:
     """A GrpsMessage as the gRPC door receives it: betterproto2's parse, then our payload reading."""
-    import proto.grps.protos.v1 as pb
+    import tensorgate.proto.grps.protos.v1 as pb
 
     try:
         message = pb.GrpsMessage.parse(data)
@@ -201,7 +201,7 @@ def repository_load(data: bytes) -> object:
         override_path(key)
     config = parameters.get("config")
     if isinstance(config, str):
-        from server.repository_files import parse_config
+        from tensorgate.server.repository_files import parse_config
 
         parse_config("m", config)
     return parameters

@@ -17,12 +17,12 @@ from typing import Any
 
 from hpack import Encoder
 
-from codec.errors import invalid
 from fuzz.readback import Mismatch, client_max_frame, http1_answers, http2_answers
-from server.endpoints.v2 import error_response
-from server.http.h1 import H1Connection
-from server.http.listener import ConnectionHost, HttpSettings
-from server.router import HttpRequest, HttpResponse, Router, body_response
+from tensorgate.codec.errors import invalid
+from tensorgate.server.endpoints.v2 import error_response
+from tensorgate.server.http.h1 import H1Connection
+from tensorgate.server.http.listener import ConnectionHost, HttpSettings
+from tensorgate.server.router import HttpRequest, HttpResponse, Router, body_response
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # an empty SETTINGS frame

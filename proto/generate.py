@@ -1,7 +1,7 @@
 """Regenerate the betterproto2 modules in proto/ from the .proto sources beside them.
 
-`make proto` runs `python -m proto.generate`; tests/test_proto.py calls `generate(tmp_dir)` and compares
-the result with the committed files. Needs the `proto` extra (grpcio-tools, betterproto2-compiler).
+`make proto` runs `python -m tensorgate.proto.generate`; tests/test_proto.py calls `generate(tmp_dir)` and
+compares the result with the committed files. Needs the `proto` extra (grpcio-tools, betterproto2-compiler).
 
 The betterproto2 plugin formats its output with the `ruff` it finds on PATH, configured by the
 pyproject.toml of the working directory, so this always runs protoc from the repository root with the

@@ -2,7 +2,7 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
-import codec  # noqa: F401  (first: with TENSORGATE_PURE_PYTHON=1 it loads our modules from source)
+import tensorgate.codec  # noqa: F401  (first: with TENSORGATE_PURE_PYTHON=1 it loads our modules from source)
 
 try:
     __version__ = version("tensorgate")

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from codec.errors import ErrorKind, InferError
+from tensorgate.codec.errors import ErrorKind, InferError
 
 INLINE_MAX = 64 << 10  # smaller tensors travel inside the message (cheaper than a region and a release)
 ALIGN = 64

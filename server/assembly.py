@@ -14,28 +14,28 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from codec import purepython, v2_http
-from server import grpc
-from server.endpoints.customized import StreamingControl
-from server.endpoints.generate import GenerateEndpoints
-from server.endpoints.grps import GrpsEndpoints
-from server.endpoints.monitor import MonitorEndpoints
-from server.endpoints.repository import RepositoryEndpoints
-from server.endpoints.settings import SettingsEndpoints
-from server.endpoints.tfserving import TFServingEndpoints
-from server.endpoints.v2 import V2Endpoints, error_response
-from server.http.listener import Listener, Offline, address_of, bind, tls_context
-from server.metrics import metrics_router
-from server.options import http_settings
-from server.router import Router
+from tensorgate.codec import purepython, v2_http
+from tensorgate.server import grpc
+from tensorgate.server.endpoints.customized import StreamingControl
+from tensorgate.server.endpoints.generate import GenerateEndpoints
+from tensorgate.server.endpoints.grps import GrpsEndpoints
+from tensorgate.server.endpoints.monitor import MonitorEndpoints
+from tensorgate.server.endpoints.repository import RepositoryEndpoints
+from tensorgate.server.endpoints.settings import SettingsEndpoints
+from tensorgate.server.endpoints.tfserving import TFServingEndpoints
+from tensorgate.server.endpoints.v2 import V2Endpoints, error_response
+from tensorgate.server.http.listener import Listener, Offline, address_of, bind, tls_context
+from tensorgate.server.metrics import metrics_router
+from tensorgate.server.options import http_settings
+from tensorgate.server.router import Router
 
 if TYPE_CHECKING:
-    from server.http.grpc_call import GrpcServices
-    from server.log_settings import LogControl
-    from server.monitor import Monitor
-    from server.repository import Repository
-    from server.shared_memory import SharedMemory
-    from server.tracing.tracer import Tracer
+    from tensorgate.server.http.grpc_call import GrpcServices
+    from tensorgate.server.log_settings import LogControl
+    from tensorgate.server.monitor import Monitor
+    from tensorgate.server.repository import Repository
+    from tensorgate.server.shared_memory import SharedMemory
+    from tensorgate.server.tracing.tracer import Tracer
 
 # Where we listen is always said, whatever --log-level: with port 0 it is the only way to learn the port.
 listen_log = logging.getLogger("tensorgate.listen")
@@ -131,7 +131,7 @@ async def serve_ports(
     async def serve_port(name: str) -> None:
         router = parts.routers[name]
         if name != "gRPC" and args.http_server == "hypercorn":
-            from server.http.asgi import AsgiApp, serve_hypercorn
+            from tensorgate.server.http.asgi import AsgiApp, serve_hypercorn
 
             app = AsgiApp(router, settings.max_request_bytes)
             files = tls_files if name == "HTTP" else None

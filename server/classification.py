@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from codec.errors import invalid
-from codec.tensor import Tensor
+from tensorgate.codec.errors import invalid
+from tensorgate.codec.tensor import Tensor
 
 if TYPE_CHECKING:
-    from server.backends.base import Host
+    from tensorgate.server.backends.base import Host
 
 MAX_ELEMENTS = 1_000_000  # Triton's bound on a classified tensor (CPU and memory)
 _KINDS = "iuf"  # integers and floats; BOOL, BYTES and BF16 have no order Triton classifies by

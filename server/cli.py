@@ -5,15 +5,15 @@ import asyncio
 import logging
 import sys
 
-from server import log_settings
-from server.endpoints.customized import PATH_FORMAT
-from server.engine import Engine
-from server.log_settings import LogControl
-from server.options import build_parser
-from server.response_cache import CacheConfigError, parse_cache_config
-from server.tracing import config as trace_config
-from server.tracing.settings import OPENTELEMETRY
-from server.tracing.tracer import Tracer
+from tensorgate.server import log_settings
+from tensorgate.server.endpoints.customized import PATH_FORMAT
+from tensorgate.server.engine import Engine
+from tensorgate.server.log_settings import LogControl
+from tensorgate.server.options import build_parser
+from tensorgate.server.response_cache import CacheConfigError, parse_cache_config
+from tensorgate.server.tracing import config as trace_config
+from tensorgate.server.tracing.settings import OPENTELEMETRY
+from tensorgate.server.tracing.tracer import Tracer
 
 log = logging.getLogger("tensorgate")
 
@@ -24,7 +24,7 @@ def make_tracer(entries: list[str]) -> Tracer:
     setting, otel = trace_config.parse(entries)
     exporter = None
     if setting.mode == OPENTELEMETRY:
-        from server.tracing.otel import OtelExporter
+        from tensorgate.server.tracing.otel import OtelExporter
 
         exporter = OtelExporter(otel)
     return Tracer(setting, otel, exporter)
@@ -32,8 +32,8 @@ def make_tracer(entries: list[str]) -> Tracer:
 
 def main(argv: list[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else argv
-    if arguments[:1] == ["perf"]:  # the load generator: server/perf/, its own command line
-        from server.perf.cli import main as perf
+    if arguments[:1] == ["perf"]:  # the load generator: perf/, its own command line
+        from tensorgate.perf.cli import main as perf
 
         return perf(arguments[1:])
     parser = build_parser()
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         runner = asyncio.Runner()
     with runner:
         if args.worker_of is not None:
-            from server import frontend
+            from tensorgate.server import frontend
 
             runner.run(frontend.serve(args, log_control))
         else:

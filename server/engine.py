@@ -26,17 +26,17 @@ import sys
 
 import msgspec
 
-from codec import messages as msg
-from server import assembly
-from server.arena import Arena
-from server.http.listener import Offline, raise_fd_limit, rebind
-from server.log_settings import LogControl, LogSettings
-from server.monitor import Monitor
-from server.repository import Repository
-from server.response_cache import ResponseCache
-from server.shared_memory import SharedMemory
-from server.tracing.tracer import Tracer
-from server.worker_link import WorkerLink
+from tensorgate.codec import messages as msg
+from tensorgate.server import assembly
+from tensorgate.server.arena import Arena
+from tensorgate.server.http.listener import Offline, raise_fd_limit, rebind
+from tensorgate.server.log_settings import LogControl, LogSettings
+from tensorgate.server.monitor import Monitor
+from tensorgate.server.repository import Repository
+from tensorgate.server.response_cache import ResponseCache
+from tensorgate.server.shared_memory import SharedMemory
+from tensorgate.server.tracing.tracer import Tracer
+from tensorgate.server.worker_link import WorkerLink
 
 _FROM_WORKER = msgspec.msgpack.Decoder(msg.TO_ENGINE)
 log = logging.getLogger("tensorgate.engine")
@@ -168,7 +168,7 @@ class Engine:
             process = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "server",
+                "tensorgate.server",
                 *self.args.argv,
                 "--worker-of",
                 spec,

@@ -33,24 +33,24 @@ import msgspec
 from grpclib.const import Handler, Status
 from grpclib.exceptions import GRPCError
 
-from codec import ipc
-from codec import messages as msg
-from codec.errors import ErrorKind, InferError
-from codec.framing import FrameReader
-from codec.tensor import InferRequest, InferResponse
-from server import assembly, kin
-from server.arena import Arena, LinkArenas
-from server.grpc.inference import RawMessage
-from server.http import buffers
-from server.http.grpc_call import GrpcCall
-from server.http.listener import Offline, raise_fd_limit
-from server.link import Inbox, Link
-from server.log_settings import LogControl
-from server.model import ModelState, ModelVersion
-from server.repository import Model, find_model
-from server.router import HttpRequest, HttpResponse, Route, Router
-from server.tracing import config as trace_config
-from server.tracing.tracer import Tracer
+from tensorgate.codec import ipc
+from tensorgate.codec import messages as msg
+from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.codec.framing import FrameReader
+from tensorgate.codec.tensor import InferRequest, InferResponse
+from tensorgate.server import assembly, kin
+from tensorgate.server.arena import Arena, LinkArenas
+from tensorgate.server.grpc.inference import RawMessage
+from tensorgate.server.http import buffers
+from tensorgate.server.http.grpc_call import GrpcCall
+from tensorgate.server.http.listener import Offline, raise_fd_limit
+from tensorgate.server.link import Inbox, Link
+from tensorgate.server.log_settings import LogControl
+from tensorgate.server.model import ModelState, ModelVersion
+from tensorgate.server.repository import Model, find_model
+from tensorgate.server.router import HttpRequest, HttpResponse, Route, Router
+from tensorgate.server.tracing import config as trace_config
+from tensorgate.server.tracing.tracer import Tracer
 
 log = logging.getLogger("tensorgate.worker")
 _FROM_ENGINE = msgspec.msgpack.Decoder(msg.TO_WORKER)

@@ -11,18 +11,18 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import TYPE_CHECKING
 
-from codec import grps as wire
-from codec import grps_answers as answers
-from codec import grps_mapping as mapping
-from codec.datatypes import BY_V2
-from codec.errors import HTTP_STATUS, ErrorKind, InferError, invalid
-from codec.grps_yaml import dump as yaml_dump
-from codec.tensor import InferRequest, InferResponse
-from server import __version__
+from tensorgate.codec import grps as wire
+from tensorgate.codec import grps_answers as answers
+from tensorgate.codec import grps_mapping as mapping
+from tensorgate.codec.datatypes import BY_V2
+from tensorgate.codec.errors import HTTP_STATUS, ErrorKind, InferError, invalid
+from tensorgate.codec.grps_yaml import dump as yaml_dump
+from tensorgate.codec.tensor import InferRequest, InferResponse
+from tensorgate.server import __version__
 
 if TYPE_CHECKING:
-    from server.model import ModelVersion
-    from server.repository import Repository
+    from tensorgate.server.model import ModelVersion
+    from tensorgate.server.repository import Repository
 
 log = logging.getLogger("tensorgate.grps")
 

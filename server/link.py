@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from codec.framing import LENGTH, NOTHING, FrameReader, Invalid, pack
+from tensorgate.codec.framing import LENGTH, NOTHING, FrameReader, Invalid, pack
 
 log = logging.getLogger("tensorgate.link")
 

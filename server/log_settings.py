@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from codec.errors import ErrorKind, InferError, invalid
+from tensorgate.codec.errors import ErrorKind, InferError, invalid
 
 FORMATS = ("default", "ISO8601")
 BOOLEANS = ("log_info", "log_warning", "log_error")

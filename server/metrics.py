@@ -29,14 +29,14 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from batcher.stats import ModelStats
-from codec.errors import ErrorKind, InferError, http_status
-from server.router import HttpRequest, HttpResponse, Router, body_response
-from server.statistics import ready_versions
+from tensorgate.batcher.stats import ModelStats
+from tensorgate.codec.errors import ErrorKind, InferError, http_status
+from tensorgate.server.router import HttpRequest, HttpResponse, Router, body_response
+from tensorgate.server.statistics import ready_versions
 
 if TYPE_CHECKING:
-    from server.monitor import Monitor
-    from server.repository import Repository
+    from tensorgate.server.monitor import Monitor
+    from tensorgate.server.repository import Repository
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 PLAIN = b"text/plain; charset=utf-8"  # the 404 and 405 answers
@@ -193,7 +193,7 @@ class ProcessMemory:
                 continue
             if b"--worker-of" in command:
                 found.append((int(entry.name), "worker"))
-            elif any(b"server.backends.stub" in part for part in command):
+            elif any(b"tensorgate.server.backends.stub" in part for part in command):
                 found.append((int(entry.name), "python_model"))
         return found
 

@@ -10,18 +10,25 @@ from pathlib import Path
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any, cast
 
-from batcher.direct import DirectScheduler
-from batcher.dynamic import DynamicBatcher
-from batcher.execution import Executor
-from batcher.inflight import InFlight
-from batcher.scheduler import Job
-from batcher.sequence import SequenceBatcher
-from batcher.staging import instance_count, make_staging
-from batcher.stats import ModelStats
-from codec.datatypes import BY_CONFIG, DataType
-from codec.errors import ErrorKind, InferError, invalid
-from codec.tensor import InferRequest, InferResponse, Tensor, as_dtype, check_reserved, custom_parameters
-from codec.trace import (
+from tensorgate.batcher.direct import DirectScheduler
+from tensorgate.batcher.dynamic import DynamicBatcher
+from tensorgate.batcher.execution import Executor
+from tensorgate.batcher.inflight import InFlight
+from tensorgate.batcher.scheduler import Job
+from tensorgate.batcher.sequence import SequenceBatcher
+from tensorgate.batcher.staging import instance_count, make_staging
+from tensorgate.batcher.stats import ModelStats
+from tensorgate.codec.datatypes import BY_CONFIG, DataType
+from tensorgate.codec.errors import ErrorKind, InferError, invalid
+from tensorgate.codec.tensor import (
+    InferRequest,
+    InferResponse,
+    Tensor,
+    as_dtype,
+    check_reserved,
+    custom_parameters,
+)
+from tensorgate.codec.trace import (
     BACKEND_OUTPUT,
     COMPUTE_END,
     COMPUTE_START,
@@ -31,17 +38,17 @@ from codec.trace import (
     REQUEST_START,
     Trace,
 )
-from server.backends import load_backend
-from server.backends.base import stream_only_error
-from server.classification import Labels, classify, ensemble_labels, read_labels
-from server.response_cache import ResponseCache, cache_for
-from server.sequence_config import initial_states
-from server.warmup import WarmupError, samples
-from server.warmup import run as run_warmup
+from tensorgate.server.backends import load_backend
+from tensorgate.server.backends.base import stream_only_error
+from tensorgate.server.classification import Labels, classify, ensemble_labels, read_labels
+from tensorgate.server.response_cache import ResponseCache, cache_for
+from tensorgate.server.sequence_config import initial_states
+from tensorgate.server.warmup import WarmupError, samples
+from tensorgate.server.warmup import run as run_warmup
 
 if TYPE_CHECKING:
-    from batcher.scheduler import Scheduler
-    from server.backends.base import Backend, Host
+    from tensorgate.batcher.scheduler import Scheduler
+    from tensorgate.server.backends.base import Backend, Host
 
 UNLOADED = "unloaded"  # the reason of a version unloaded on purpose (a clean end, not a failure)
 

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from codec.datatypes import BY_CONFIG, BY_V2
-from server import sequence_config
+from tensorgate.codec.datatypes import BY_CONFIG, BY_V2
+from tensorgate.server import sequence_config
 
 
 class ConfigError(ValueError):

@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.ma  # noqa: F401 (np.percentile imports it on first use: ~9 ms on the event loop, paid at start instead)
 
-from server.app_monitor import app_monitor
-from server.statistics import ready_versions
+from tensorgate.server.app_monitor import app_monitor
+from tensorgate.server.statistics import ready_versions
 
 if TYPE_CHECKING:
-    from server.app_monitor import AppMonitor
+    from tensorgate.server.app_monitor import AppMonitor
 
 log = logging.getLogger("tensorgate.monitor")
 

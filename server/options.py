@@ -6,11 +6,11 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from server import log_settings
-from server.backends.python import EXECUTION_MODES
-from server.endpoints.customized import CTRL_MODES
-from server.http.connection import HttpSettings
-from server.repository import CONTROL_MODES
+from tensorgate.server import log_settings
+from tensorgate.server.backends.python import EXECUTION_MODES
+from tensorgate.server.endpoints.customized import CTRL_MODES
+from tensorgate.server.http.connection import HttpSettings
+from tensorgate.server.repository import CONTROL_MODES
 
 GRPC_MAX_MESSAGE = (1 << 31) - 1  # protobuf cannot encode a larger message
 
@@ -20,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser(
         "perf", help="load-test a model on any KServe v2, TF Serving or grps server (tensorgate perf --help)"
-    )  # fmt: skip; its arguments: server/perf/cli.py
+    )  # fmt: skip; its arguments: perf/cli.py
     serve = commands.add_parser("serve", help="serve a model repository")
     serve.add_argument("--model-repository", type=Path, required=True, help="the model repository directory")
     serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")

@@ -17,12 +17,12 @@ from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from codec.errors import ErrorKind, InferError, invalid
-from server.app_monitor import app_monitor
-from server.backends import backend_from_files, complete_config
-from server.model import UNLOADED, ModelVersion
-from server.model_config import ConfigError, check_complete, load_model_config
-from server.repository_files import (
+from tensorgate.codec.errors import ErrorKind, InferError, invalid
+from tensorgate.server.app_monitor import app_monitor
+from tensorgate.server.backends import backend_from_files, complete_config
+from tensorgate.server.model import UNLOADED, ModelVersion
+from tensorgate.server.model_config import ConfigError, check_complete, load_model_config
+from tensorgate.server.repository_files import (
     Signature,
     check_model_name,
     composing_all,
@@ -35,9 +35,9 @@ from server.repository_files import (
 )
 
 if TYPE_CHECKING:
-    from server.app_monitor import AppMonitor
-    from server.backends.base import Host
-    from server.response_cache import ResponseCache
+    from tensorgate.server.app_monitor import AppMonitor
+    from tensorgate.server.backends.base import Host
+    from tensorgate.server.response_cache import ResponseCache
 
 log = logging.getLogger("tensorgate.repository")
 T = TypeVar("T")

@@ -11,8 +11,8 @@ import shutil
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from codec.errors import InferError, invalid
-from server.model_config import ConfigError, load_model_config, normalize_config
+from tensorgate.codec.errors import InferError, invalid
+from tensorgate.server.model_config import ConfigError, load_model_config, normalize_config
 
 Signature = frozenset[tuple[str, int, int]]
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from codec.bytes_tensor import encode_bytes
+from tensorgate.codec.bytes_tensor import encode_bytes
 
 ENTRY_OVERHEAD = 256  # bytes counted for an entry beside its arrays: its key, dict slots, array headers
 MIN_SIZE = 1024  # Triton's local cache fails to start below about this; so does ours, with a message

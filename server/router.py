@@ -16,7 +16,7 @@ import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
-from codec.errors import ErrorKind, InferError
+from tensorgate.codec.errors import ErrorKind, InferError
 
 log = logging.getLogger("tensorgate.http")
 

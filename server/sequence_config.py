@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from codec.bytes_tensor import decode_bytes
-from codec.datatypes import BY_CONFIG
+from tensorgate.codec.bytes_tensor import decode_bytes
+from tensorgate.codec.datatypes import BY_CONFIG
 
 IDLE_DEFAULT_US = 1_000_000  # Triton's SEQUENCE_IDLE_DEFAULT_MICROSECONDS
 KINDS = (

@@ -28,16 +28,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from codec.bytes_tensor import decode_bytes
-from codec.datatypes import BY_V2
-from codec.errors import ErrorKind, InferError, invalid
-from codec.tensor import SHM_BYTE_SIZE as BYTE_SIZE
-from codec.tensor import SHM_OFFSET as OFFSET
-from codec.tensor import SHM_REGION as REGION
-from codec.tensor import InferRequest, InferResponse, Tensor, in_shared_memory, tensor_bytes
+from tensorgate.codec.bytes_tensor import decode_bytes
+from tensorgate.codec.datatypes import BY_V2
+from tensorgate.codec.errors import ErrorKind, InferError, invalid
+from tensorgate.codec.tensor import SHM_BYTE_SIZE as BYTE_SIZE
+from tensorgate.codec.tensor import SHM_OFFSET as OFFSET
+from tensorgate.codec.tensor import SHM_REGION as REGION
+from tensorgate.codec.tensor import InferRequest, InferResponse, Tensor, in_shared_memory, tensor_bytes
 
 if TYPE_CHECKING:
-    from server.model import ModelVersion
+    from tensorgate.server.model import ModelVersion
 
 SYSTEM, CUDA = "system", "cuda"
 DISABLED = (

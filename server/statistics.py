@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from codec.errors import ErrorKind, InferError
+from tensorgate.codec.errors import ErrorKind, InferError
 
 if TYPE_CHECKING:
-    from server.model import ModelVersion
-    from server.repository import Repository
+    from tensorgate.server.model import ModelVersion
+    from tensorgate.server.repository import Repository
 
 
 def ready_versions(repository: Repository, name: str = "", version: str = "") -> list[ModelVersion]:

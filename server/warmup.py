@@ -35,15 +35,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from batcher.execution import Executor
-from batcher.scheduler import Job
-from codec.bytes_tensor import decode_bytes
-from codec.datatypes import BY_CONFIG, DataType
-from codec.errors import InferError
-from codec.tensor import InferRequest, Tensor
+from tensorgate.batcher.execution import Executor
+from tensorgate.batcher.scheduler import Job
+from tensorgate.codec.bytes_tensor import decode_bytes
+from tensorgate.codec.datatypes import BY_CONFIG, DataType
+from tensorgate.codec.errors import InferError
+from tensorgate.codec.tensor import InferRequest, Tensor
 
 if TYPE_CHECKING:
-    from server.model import TensorSpec
+    from tensorgate.server.model import TensorSpec
 
 WARMUP_FOLDER = "warmup"
 _SOURCES = ("zero_data", "random_data", "input_data_file")

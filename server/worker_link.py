@@ -16,19 +16,19 @@ import msgspec
 from grpclib.const import Handler, Status
 from grpclib.exceptions import GRPCError
 
-from codec import ipc
-from codec import messages as msg
-from codec.errors import ErrorKind, InferError
-from codec.framing import FrameReader
-from codec.tensor import InferRequest
-from server import assembly
-from server.arena import Arena, LinkArenas
-from server.http import eager
-from server.link import Credit, Inbox, Link
-from server.repository import Repository
-from server.router import HttpRequest, HttpResponse
-from server.shared_memory import SharedMemory
-from server.tracing.tracer import Tracer
+from tensorgate.codec import ipc
+from tensorgate.codec import messages as msg
+from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.codec.framing import FrameReader
+from tensorgate.codec.tensor import InferRequest
+from tensorgate.server import assembly
+from tensorgate.server.arena import Arena, LinkArenas
+from tensorgate.server.http import eager
+from tensorgate.server.link import Credit, Inbox, Link
+from tensorgate.server.repository import Repository
+from tensorgate.server.router import HttpRequest, HttpResponse
+from tensorgate.server.shared_memory import SharedMemory
+from tensorgate.server.tracing.tracer import Tracer
 
 _FROM_WORKER = msgspec.msgpack.Decoder(msg.TO_ENGINE)
 log = logging.getLogger("tensorgate.engine")

@@ -35,7 +35,8 @@ LOG_TAIL = 20_000
 
 
 class ServerProcess:
-    """One `python -m server serve` process, its stderr/stdout in a log file, its port from the log."""
+    """One `tensorgate serve` process (as `python -m tensorgate.server serve`), its stderr/stdout in a log
+    file, its port from the log."""
 
     def __init__(
         self,
@@ -63,7 +64,7 @@ class ServerProcess:
         return [
             sys.executable,
             "-m",
-            "server",
+            "tensorgate.server",
             "serve",
             "--model-repository",
             str(self.repository),

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from test_staging import cuda_available, needs
 
-from batcher.device import DeviceStaging
+from tensorgate.batcher.device import DeviceStaging
 
 SLEEP = 100_000_000  # GPU cycles: ~50 ms on an H100 (~2 GHz), far longer than the Python between steps
 

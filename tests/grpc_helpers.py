@@ -31,7 +31,7 @@ from h2_wire import (
 )
 from v2_client import WIRE_DTYPES
 
-import proto.inference as pb
+import tensorgate.proto.inference as pb
 
 SERVICE = "/inference.GRPCInferenceService/"
 Stub = pb.GrpcInferenceServiceStub

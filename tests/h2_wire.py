@@ -12,7 +12,7 @@ import hpack
 from hpack.huffman import HuffmanEncoder
 from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 
-from server.http.hpack_encode import integer
+from tensorgate.server.http.hpack_encode import integer
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 PATH = "/v2/health/live"  # a request that gets a response

@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import proto.inference as pb  # noqa: E402
+import tensorgate.proto.inference as pb  # noqa: E402
 
 METHOD = "/inference.GRPCInferenceService/ModelInfer"
 THREADS = 8

@@ -19,7 +19,7 @@ from e2e_helpers import (
 from grpc_helpers import SERVICE, call, grpc_error, rest
 from grpclib.const import Status
 
-import proto.inference as pb
+import tensorgate.proto.inference as pb
 
 ALLOW = ("--allow-client-shm", "true")
 A32, B32 = np.array(A, np.int32), np.array(B, np.int32)

@@ -10,8 +10,8 @@ import os
 import numpy as np
 import pytest
 
-from codec.errors import ErrorKind, InferError
-from server.arena import INLINE_MAX, MINE, YOURS, Arena, LinkArenas
+from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.server.arena import INLINE_MAX, MINE, YOURS, Arena, LinkArenas
 
 MIB = 1 << 20
 

@@ -14,13 +14,13 @@ import threading
 import numpy as np
 import pytest
 
-from batcher.clock import ManualClock
-from batcher.direct import DirectScheduler
-from batcher.dynamic import DynamicBatcher
-from batcher.execution import Executor
-from batcher.inflight import InFlight
-from batcher.scheduler import Job
-from codec.errors import ErrorKind, InferError
+from tensorgate.batcher.clock import ManualClock
+from tensorgate.batcher.direct import DirectScheduler
+from tensorgate.batcher.dynamic import DynamicBatcher
+from tensorgate.batcher.execution import Executor
+from tensorgate.batcher.inflight import InFlight
+from tensorgate.batcher.scheduler import Job
+from tensorgate.codec.errors import ErrorKind, InferError
 
 US = 1000  # ns
 

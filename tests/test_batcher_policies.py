@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from test_batcher import US, Model, answer_tag, async_test, error_of, make_batcher, settle, submit, tagged
 
-from batcher.queue import PriorityQueues, QueuePolicy
-from codec.errors import ErrorKind
+from tensorgate.batcher.queue import PriorityQueues, QueuePolicy
+from tensorgate.codec.errors import ErrorKind
 
 
 async def busy(model: Model, batcher) -> None:

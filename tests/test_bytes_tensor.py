@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from codec.bytes_tensor import decode_bytes, encode_bytes
-from codec.errors import ErrorKind, InferError
-from codec.tensor import InferRequest, InferResponse, Tensor
-from codec.v2_http import decode_request, encode_response
+from tensorgate.codec.bytes_tensor import decode_bytes, encode_bytes
+from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.codec.tensor import InferRequest, InferResponse, Tensor
+from tensorgate.codec.v2_http import decode_request, encode_response
 
 WHAT = "model 'bert-q', input 'tokens'"
 

@@ -8,14 +8,14 @@ import numpy as np
 import orjson
 import pytest
 
-import proto.grps.protos.v1 as pb
-from codec import grps as wire
-from codec import grps_answers as answers
-from codec import grps_mapping as mapping
-from codec.datatypes import BY_V2, DataType
-from codec.errors import ErrorKind, InferError
-from codec.grps_yaml import dump
-from codec.tensor import InferResponse, Tensor
+import tensorgate.proto.grps.protos.v1 as pb
+from tensorgate.codec import grps as wire
+from tensorgate.codec import grps_answers as answers
+from tensorgate.codec import grps_mapping as mapping
+from tensorgate.codec.datatypes import BY_V2, DataType
+from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.codec.grps_yaml import dump
+from tensorgate.codec.tensor import InferResponse, Tensor
 
 
 @dataclass

@@ -7,10 +7,10 @@ import msgspec
 import numpy as np
 import pytest
 
-from codec import ipc
-from codec import messages as msg
-from codec.framing import NOTHING, FrameReader, Invalid, frame, pack, unpack
-from codec.tensor import InferRequest, InferResponse, RequestedOutput, Tensor
+from tensorgate.codec import ipc
+from tensorgate.codec import messages as msg
+from tensorgate.codec.framing import NOTHING, FrameReader, Invalid, frame, pack, unpack
+from tensorgate.codec.tensor import InferRequest, InferResponse, RequestedOutput, Tensor
 
 TO_ENGINE = msgspec.msgpack.Decoder(msg.TO_ENGINE)
 TO_WORKER = msgspec.msgpack.Decoder(msg.TO_WORKER)

@@ -6,10 +6,10 @@ import numpy as np
 import orjson
 import pytest
 
-import proto.inference as pb
-from codec import v2_grpc_request, v2_http
-from codec.errors import ErrorKind, InferError
-from codec.sequence import END, START
+import tensorgate.proto.inference as pb
+from tensorgate.codec import v2_grpc_request, v2_http
+from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.codec.sequence import END, START
 
 INPUT = {"name": "INPUT", "datatype": "INT32", "shape": [1, 1], "data": [1]}
 

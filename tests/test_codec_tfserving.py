@@ -14,12 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from codec import tfserving
-from codec.datatypes import BY_V2
-from codec.errors import ErrorKind, InferError
-from codec.tensor import InferResponse, Tensor
-from codec.tfserving import TensorInfo
-from codec.tfserving_json import loads, to_array
+from tensorgate.codec import tfserving
+from tensorgate.codec.datatypes import BY_V2
+from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.codec.tensor import InferResponse, Tensor
+from tensorgate.codec.tfserving import TensorInfo
+from tensorgate.codec.tfserving_json import loads, to_array
 
 MODEL = "m"
 # half_plus_two: the config says dims [1] with reshape [], so TF clients see x as [-1].

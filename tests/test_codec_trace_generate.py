@@ -7,12 +7,12 @@ import numpy as np
 import orjson
 import pytest
 
-from codec.errors import InferError
-from codec.generate import decode_generate, generate_json
-from codec.tensor import InferResponse, Tensor
-from codec.trace import TENSORS, TIMESTAMPS, Trace, tensor_text, triton_json, valid_traceparent
-from server.tracing import config
-from server.tracing.settings import CLEAR, TraceSetting, derive
+from tensorgate.codec.errors import InferError
+from tensorgate.codec.generate import decode_generate, generate_json
+from tensorgate.codec.tensor import InferResponse, Tensor
+from tensorgate.codec.trace import TENSORS, TIMESTAMPS, Trace, tensor_text, triton_json, valid_traceparent
+from tensorgate.server.tracing import config
+from tensorgate.server.tracing.settings import CLEAR, TraceSetting, derive
 
 
 def test_triton_json_writes_parents_then_children() -> None:

@@ -24,11 +24,11 @@ from v2_client import (
     tensor_values,
 )
 
-import proto.inference as pb
-from batcher.stats import ModelStats
-from codec import v2_grpc, v2_grpc_request
-from codec.errors import ErrorKind, InferError
-from codec.tensor import InferResponse, Tensor
+import tensorgate.proto.inference as pb
+from tensorgate.batcher.stats import ModelStats
+from tensorgate.codec import v2_grpc, v2_grpc_request
+from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.codec.tensor import InferResponse, Tensor
 
 INPUT = "pixel_in"
 

@@ -26,9 +26,9 @@ from v2_client import (
     tensor_values,
 )
 
-from codec.errors import ErrorKind, InferError
-from codec.tensor import InferRequest, InferResponse, RequestedOutput, Tensor
-from codec.v2_http import decode_request, encode_response, parse_header_length
+from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.codec.tensor import InferRequest, InferResponse, RequestedOutput, Tensor
+from tensorgate.codec.v2_http import decode_request, encode_response, parse_header_length
 
 # --- 1. round trips ------------------------------------------------------------------------------
 

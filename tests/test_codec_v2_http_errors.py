@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from v2_client import ALL_DATATYPES, INPUT, MODEL, assert_invalid, client_response, objects, one_input
 
-from codec.errors import ErrorKind, InferError
-from codec.tensor import InferRequest, InferResponse, RequestedOutput, Tensor
-from codec.v2_http import decode_request, encode_response
+from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.codec.tensor import InferRequest, InferResponse, RequestedOutput, Tensor
+from tensorgate.codec.v2_http import decode_request, encode_response
 
 # --- 4. every decode error -----------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from codec.purepython import is_compiled
+from tensorgate.codec.purepython import is_compiled
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPILED = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["tensorgate"]["compiled"]
@@ -34,7 +34,7 @@ def test_the_list_names_modules_that_exist() -> None:
 def test_every_listed_module_runs_compiled_when_built() -> None:
     if os.environ.get("TENSORGATE_REQUIRE_COMPILED") != "1" and all(build_of(n) is None for n in COMPILED):
         pytest.skip("no compiled build here (make compile builds it; make test requires it)")
-    loaded = {name: importlib.import_module(name) for name in COMPILED}
+    loaded = {name: importlib.import_module(f"tensorgate.{name}") for name in COMPILED}
     not_compiled = [name for name, module in loaded.items() if not is_compiled(module)]
     assert not not_compiled, f"run from source though listed as compiled (run make compile): {not_compiled}"
     stale = [
@@ -48,7 +48,7 @@ def test_every_listed_module_runs_compiled_when_built() -> None:
 def test_pure_python_runs_every_module_from_its_source() -> None:
     program = (
         "import importlib, sys\n"
-        f"names = {COMPILED!r}\n"
+        f"names = {[f'tensorgate.{name}' for name in COMPILED]!r}\n"
         "print('\\n'.join(importlib.import_module(n).__file__ for n in names))\n"
     )
     env = {**os.environ, "TENSORGATE_PURE_PYTHON": "1"}

@@ -22,7 +22,7 @@ import yaml
 from e2e_helpers import EXAMPLES, ROOT, ServerProcess, make_client
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from server.options import build_parser
+from tensorgate.server.options import build_parser
 
 KSERVE = ROOT / "deploy" / "kserve"
 CRDS = KSERVE / "crds"
@@ -317,7 +317,7 @@ def test_runtime_is_admitted_beside_kserve_runtimes() -> None:
 def test_supported_formats_are_ones_the_server_runs() -> None:
     """Each format the runtime claims is one we serve: a Triton repository of our backends, or a backend
     of ours by name (no tensorrt or tensorflow: we cannot load those)."""
-    from server.backends import SUPPORTED
+    from tensorgate.server.backends import SUPPORTED
 
     backend_of = {"python": "python", "pytorch": "pytorch", "onnx": "onnxruntime"}
     for fmt in load(RUNTIME_FILE)["spec"]["supportedModelFormats"]:
@@ -393,7 +393,7 @@ class RuntimeServer(ServerProcess):
 
     @property
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "server", *self.args]
+        return [sys.executable, "-m", "tensorgate.server", *self.args]
 
 
 def local_args(args: list[str]) -> list[str]:

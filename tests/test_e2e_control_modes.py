@@ -142,7 +142,7 @@ def test_explicit_mode_with_nothing_loaded_is_ready(start_server, repo: Path) ->
     ],
 )
 def test_bad_control_flags_exit_2(repo: Path, args: tuple[str, ...], message: str) -> None:
-    command = [sys.executable, "-m", "server", "serve", "--model-repository", str(repo)]
+    command = [sys.executable, "-m", "tensorgate.server", "serve", "--model-repository", str(repo)]
     command += ["--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0"]
     done = subprocess.run([*command, *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert done.returncode == 2, done

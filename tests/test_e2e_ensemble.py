@@ -15,7 +15,7 @@ import pytest
 from e2e_helpers import EXAMPLES, ServerProcess, assert_error, write_model
 from grpc_helpers import call, tensor
 
-import proto.inference as pb
+import tensorgate.proto.inference as pb
 
 RAW = np.arange(128, dtype=np.uint8).reshape(2, 64) * 2  # two rows of the classifier's input
 

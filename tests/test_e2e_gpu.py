@@ -30,7 +30,7 @@ from e2e_helpers import (
 from gpu_helpers import gpu_test
 from test_staging import cupy_available, needs
 
-from codec.datatypes import BY_NUMPY, BY_V2
+from tensorgate.codec.datatypes import BY_NUMPY, BY_V2
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.:DeprecationWarning")  # torch 2.10+
 

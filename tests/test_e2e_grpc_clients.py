@@ -23,8 +23,8 @@ from grpclib import GRPCError
 from grpclib.client import Channel
 from grpclib.const import Cardinality
 
-import proto.grps.protos.v1 as grps
-import proto.inference as pb
+import tensorgate.proto.grps.protos.v1 as grps
+import tensorgate.proto.inference as pb
 
 pytestmark = pytest.mark.ours
 

@@ -20,7 +20,7 @@ from grpclib.client import Channel
 from grpclib.const import Status
 from h2_wire import H2Wire
 
-import proto.inference as pb
+import tensorgate.proto.inference as pb
 
 pytestmark = pytest.mark.ours
 

@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 from grpclib.client import Channel
 
-import proto.grpc.reflection.v1 as reflection_v1
+import tensorgate.proto.grpc.reflection.v1 as reflection_v1
 
 pytestmark = pytest.mark.ours
 

@@ -40,7 +40,7 @@ from h2_wire import (
 from test_e2e_grpc_deadlines import GATED_CONFIG, GATED_MODEL
 from test_e2e_grpc_deadlines import request as gated_request
 
-import proto.inference as pb
+import tensorgate.proto.inference as pb
 
 pytestmark = pytest.mark.ours  # gRPC is served by our transport only
 

@@ -145,7 +145,16 @@ def test_streaming_control_modes(start_server, tmp_path: Path, mode: str, how) -
 )
 def test_a_path_that_is_not_free_is_refused_at_start(tmp_path: Path, path: str, why: str) -> None:
     repo = repository(tmp_path / "models")
-    argv = [sys.executable, "-m", "server", "serve", "--model-repository", str(repo), "--host", "127.0.0.1"]
+    argv = [
+        sys.executable,
+        "-m",
+        "tensorgate.server",
+        "serve",
+        "--model-repository",
+        str(repo),
+        "--host",
+        "127.0.0.1",
+    ]
     argv += ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
     done = subprocess.run(
         [*argv, "--grps-customized-predict-http", path], capture_output=True, text=True, timeout=120

@@ -23,8 +23,8 @@ from grpclib.client import Channel
 from grpclib.const import Cardinality
 from grps_helpers import bytes_config, echo_version, ticker_end, write_grps_repository
 
-import proto.grps.protos.v1 as pb
-import proto.inference as inference
+import tensorgate.proto.grps.protos.v1 as pb
+import tensorgate.proto.inference as inference
 
 Stub = pb.GrpsServiceStub
 PREDICT_STREAMING = "/grps.protos.v1.GrpsService/PredictStreaming"

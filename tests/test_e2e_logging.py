@@ -13,7 +13,7 @@ from e2e_helpers import ServerProcess, assert_error, write_model
 from grpc_helpers import call, grpc_error
 from grpclib.const import Status
 
-import proto.inference as pb
+import tensorgate.proto.inference as pb
 
 CHATTY = """
 name: "chatty"

@@ -8,7 +8,7 @@ from e2e_helpers import EXAMPLES, RawConnection, http_request
 from grpc_helpers import SERVICE
 from h2_wire import GOAWAY, H2Wire
 
-import proto.inference as pb
+import tensorgate.proto.inference as pb
 
 pytestmark = pytest.mark.ours  # the reference transport (hypercorn) knows nothing of offline
 

@@ -18,7 +18,7 @@ from grpc_helpers import rest, stream
 from grpclib.const import Status
 from shm_helpers import grpcio_infer, rpc
 
-import proto.inference as pb
+import tensorgate.proto.inference as pb
 
 SCALED = """
 import json

@@ -17,7 +17,7 @@ from e2e_helpers import ServerProcess, stop_all, write_model
 from grpc_helpers import rest
 from shm_helpers import rpc
 
-import proto.inference as pb
+import tensorgate.proto.inference as pb
 
 # OUTPUT0 = INPUT0 * scale (a custom parameter); each execute appends its batch to executed.log.
 COUNTING = """

@@ -19,7 +19,7 @@ from grpc_helpers import answer as grpc_answer
 from grpc_helpers import message, open_call, simple_request, status_of, tensor
 from h2_wire import H2Wire
 
-import proto.inference as pb
+import tensorgate.proto.inference as pb
 from bench.procs import memory_kib, reset_peak_rss
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"

@@ -26,7 +26,7 @@ from grpclib import GRPCError
 from grpclib.client import Channel
 from grpclib.const import Status
 
-import proto.inference as pb
+import tensorgate.proto.inference as pb
 
 pytest.importorskip("onnxruntime")
 

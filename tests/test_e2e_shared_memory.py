@@ -52,7 +52,7 @@ from shm_helpers import (
 )
 from test_staging import needs
 
-import proto.inference as pb
+import tensorgate.proto.inference as pb
 
 # ------------------------------------------------------------------------------------------ fixtures
 

@@ -15,7 +15,7 @@ from grpc_helpers import call, grpc_error, stream, tensor
 from grpclib.const import Status
 from trace_helpers import COMPUTE, assert_in_order, infer, traces, write_trace_repository
 
-import proto.inference as pb
+import tensorgate.proto.inference as pb
 from bench import perf_analyzer
 
 OFF = {"trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1", "log_frequency": "0"}

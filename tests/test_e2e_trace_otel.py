@@ -16,7 +16,7 @@ import pytest
 from grpc_helpers import call, tensor
 from trace_helpers import write_trace_repository
 
-import proto.inference as pb
+import tensorgate.proto.inference as pb
 
 trace_service = pytest.importorskip(
     "opentelemetry.proto.collector.trace.v1.trace_service_pb2",

@@ -27,7 +27,7 @@ from shm_helpers import ALLOW, Segment, register, rest_doc, rpc, shm
 from shm_helpers import grpc_request as shm_grpc_request
 from triton_examples import CLASSES, DENSENET_LABELS, simple_onnx, write_examples
 
-import proto.inference as pb
+import tensorgate.proto.inference as pb
 
 pytest.importorskip("onnxruntime")
 

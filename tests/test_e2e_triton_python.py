@@ -18,8 +18,8 @@ from e2e_helpers import ServerProcess, assert_error, stop_all, write_model
 from grpc_helpers import call, tensor
 from grps_helpers import gtensor, streamed
 
-import proto.inference as pb
-from server.backends import pb_utils
+import tensorgate.proto.inference as pb
+from tensorgate.server.backends import pb_utils
 
 ADD_SUB = """
 name: "add_sub"

@@ -34,7 +34,7 @@ from e2e_helpers import (
     write_model,
 )
 
-import proto.inference as pb
+import tensorgate.proto.inference as pb
 
 # ------------------------------------------------------------------------------------------ errors
 

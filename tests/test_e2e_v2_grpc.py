@@ -36,7 +36,7 @@ from grpclib import GRPCError
 from grpclib.client import UnaryUnaryMethod
 from grpclib.const import Status
 
-import proto.inference as pb
+import tensorgate.proto.inference as pb
 
 # ----------------------------------------------------------------------------- health and metadata
 

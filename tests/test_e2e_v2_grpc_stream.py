@@ -28,7 +28,7 @@ from grpc_helpers import (
     text_request,
 )
 
-import proto.inference as pb
+import tensorgate.proto.inference as pb
 
 GOOD0 = tensor("INPUT0", "INT32", [1, 16], int_contents=A)
 

@@ -4,7 +4,7 @@ and the server serves on.
 
 The faults are injected by running the engine under `fault_injection` (written per test into a temporary
 folder): it wraps two of the engine's functions before the server starts. Its workers are started
-unchanged (`python -m server`), so every client below talks to an unmodified worker:
+unchanged (`python -m tensorgate.server`), so every client below talks to an unmodified worker:
 - an answer that cannot cross to the worker (`codec.ipc.response_out` raises NotImplementedError, as
   msgspec's encoder does for a value it cannot write) for model `unsendable`;
 - a call the engine never answers (`server.worker_link.WorkerLink._infer` drops it, as a lost message
@@ -29,8 +29,8 @@ from test_e2e_workers import connections_on_every_process, request
 pytestmark = pytest.mark.ours
 
 FAULTS = """
-import codec.ipc as ipc
-import server.worker_link as worker_link
+import tensorgate.codec.ipc as ipc
+import tensorgate.server.worker_link as worker_link
 
 _response_out = ipc.response_out
 _infer = worker_link.WorkerLink._infer
@@ -88,7 +88,7 @@ class InjectedEngine(ServerProcess):
 
     @property
     def command(self) -> list[str]:
-        run = "import fault_injection, runpy; runpy.run_module('server', run_name='__main__')"
+        run = "import fault_injection, runpy; runpy.run_module('tensorgate.server', run_name='__main__')"
         return [sys.executable, "-c", run, *super().command[3:]]
 
 

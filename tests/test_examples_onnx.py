@@ -9,7 +9,7 @@ import pytest
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, numpy_helper  # noqa: E402
 
-from server.model_config import normalize_config, parse_pbtxt  # noqa: E402
+from tensorgate.server.model_config import normalize_config, parse_pbtxt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "build_onnx_models.py"

@@ -12,13 +12,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from codec import ipc
-from codec import messages as msg
-from codec.errors import ErrorKind, InferError
-from codec.framing import LENGTH, pack, unpack
-from codec.tensor import InferRequest, InferResponse, Tensor
-from server.arena import YOURS, Arena
-from server.frontend import EngineClient
+from tensorgate.codec import ipc
+from tensorgate.codec import messages as msg
+from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.codec.framing import LENGTH, pack, unpack
+from tensorgate.codec.tensor import InferRequest, InferResponse, Tensor
+from tensorgate.server.arena import YOURS, Arena
+from tensorgate.server.frontend import EngineClient
 
 
 class Version:

@@ -19,17 +19,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import proto.grps.protos.v1 as pb
-from codec.errors import InferError
-from codec.grps import payload_from_message
+import tensorgate.proto.grps.protos.v1 as pb
 from fuzz import transport
 from fuzz.readback import Mismatch, http1_answers, http2_answers
 from fuzz.targets import REFUSED, TARGETS, run_one, seeds
-from server.endpoints.v2 import error_response
-from server.http.grpc_wire import MessageReader
-from server.http.hpack_decode import Decoder
-from server.model_config import ConfigError, normalize_config, parse_pbtxt
-from server.router import HttpRequest, HttpResponse, Router
+from tensorgate.codec.errors import InferError
+from tensorgate.codec.grps import payload_from_message
+from tensorgate.server.endpoints.v2 import error_response
+from tensorgate.server.http.grpc_wire import MessageReader
+from tensorgate.server.http.hpack_decode import Decoder
+from tensorgate.server.model_config import ConfigError, normalize_config, parse_pbtxt
+from tensorgate.server.router import HttpRequest, HttpResponse, Router
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNS = 3000  # inputs per target, from a fixed seed: the same run on every machine
@@ -362,7 +362,7 @@ def test_a_task_cancelled_before_its_first_step_cancels_the_eager_coroutine() ->
     cancellation, and its finally blocks run, even when its task never ran."""
     import asyncio
 
-    from server.http import eager
+    from tensorgate.server.http import eager
 
     async def main() -> list[str]:
         seen: list[str] = []

@@ -35,9 +35,9 @@ from gpu_helpers import (
 )
 from test_staging import config, needs, rows
 
-from batcher.device import MIN_BUFFER_BYTES, DeviceStaging, torch_for_cupy
-from batcher.staging import make_staging
-from codec.datatypes import BY_CONFIG, bf16_bits
+from tensorgate.batcher.device import MIN_BUFFER_BYTES, DeviceStaging, torch_for_cupy
+from tensorgate.batcher.staging import make_staging
+from tensorgate.codec.datatypes import BY_CONFIG, bf16_bits
 
 ROOT = Path(__file__).resolve().parents[1]
 SHORT = 2_000_000  # ~1 ms: per iteration of a loop

@@ -9,7 +9,7 @@ from grpclib.exceptions import GRPCError
 from hypothesis import given
 from hypothesis import strategies as st
 
-from server.http.grpc_wire import (
+from tensorgate.server.http.grpc_wire import (
     MessageReader,
     compress,
     content_subtype,

@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.http import hpack_encode
-from server.http.hpack_decode import Decoder, HeaderListTooLarge, HpackError
+from tensorgate.server.http import hpack_encode
+from tensorgate.server.http.hpack_decode import Decoder, HeaderListTooLarge, HpackError
 
 REQUEST = [
     (b":method", b"POST"),

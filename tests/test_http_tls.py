@@ -13,7 +13,7 @@ import httpx
 import pytest
 from e2e_helpers import EXAMPLES, ServerProcess, simple_inputs, stop_all
 
-import proto.inference as pb
+import tensorgate.proto.inference as pb
 
 pytestmark = [
     pytest.mark.ours,

@@ -11,8 +11,8 @@ import hpack
 import pytest
 from h2_wire import DATA, END_STREAM, HEADERS, H2Wire
 
-from server.http.listener import HttpSettings, Listener, bind
-from server.router import HttpRequest, HttpResponse, Router, body_response
+from tensorgate.server.http.listener import HttpSettings, Listener, bind
+from tensorgate.server.router import HttpRequest, HttpResponse, Router, body_response
 
 pytestmark = pytest.mark.ours
 

@@ -5,8 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from server.backends import backend_from_files
-from server.model_config import ConfigError, check_complete, load_model_config, normalize_config, parse_pbtxt
+from tensorgate.server.backends import backend_from_files
+from tensorgate.server.model_config import (
+    ConfigError,
+    check_complete,
+    load_model_config,
+    normalize_config,
+    parse_pbtxt,
+)
 
 # Triton's own docs/examples/model_repository/simple/config.pbtxt.
 SIMPLE_PBTXT = """

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from server.model_config import ConfigError, parse_pbtxt
+from tensorgate.server.model_config import ConfigError, parse_pbtxt
 
 
 @pytest.mark.parametrize(

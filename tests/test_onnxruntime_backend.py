@@ -13,7 +13,7 @@ import pytest
 from e2e_helpers import ServerProcess, write_model
 from grpc_helpers import call, tensor
 
-import proto.inference as pb
+import tensorgate.proto.inference as pb
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
@@ -226,8 +226,8 @@ output [ {{ name: "y" data_type: TYPE_{v2} dims: [ 2 ] }} ]
 
 
 def test_missing_onnxruntime_is_a_clear_load_failure(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from server.backends import load_backend
-    from server.model_config import normalize_config, parse_pbtxt
+    from tensorgate.server.backends import load_backend
+    from tensorgate.server.model_config import normalize_config, parse_pbtxt
 
     monkeypatch.setitem(__import__("sys").modules, "onnxruntime", None)
     config = normalize_config(parse_pbtxt(add_sub_config("m")), "m")
@@ -309,7 +309,7 @@ WITHOUT_CUDA = ["AzureExecutionProvider", CPU]  # what the CPU build offers
 
 
 def normalized(groups: str) -> dict:
-    from server.model_config import normalize_config, parse_pbtxt
+    from tensorgate.server.model_config import normalize_config, parse_pbtxt
 
     return normalize_config(parse_pbtxt(add_sub_config("m", extra=groups)), "m")
 
@@ -337,7 +337,7 @@ def test_the_cuda_provider_is_chosen_for_a_gpu_group_when_onnxruntime_offers_it(
 ) -> None:
     """README: CUDA when the instance group is KIND_GPU or KIND_AUTO and onnxruntime-gpu is installed (its
     device: the group's first `gpus`), else the CPU; KIND_GPU on the CPU then logs why."""
-    from server.backends.onnxruntime import _providers
+    from tensorgate.server.backends.onnxruntime import _providers
 
     config = normalized(groups)
     assert _providers(config, available) == chosen
@@ -359,7 +359,7 @@ def test_the_backend_makes_its_session_with_the_providers_chosen_from_those_offe
     (The session itself is the CPU build's, which runs on the CPU whatever it is asked for.)"""
     import onnxruntime
 
-    from server.backends import load_backend
+    from tensorgate.server.backends import load_backend
 
     made: list = []
     real = onnxruntime.InferenceSession

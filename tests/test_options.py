@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from server.options import available_cpus, build_parser
+from tensorgate.server.options import available_cpus, build_parser
 
 SERVE = ["serve", "--model-repository", "."]
 

@@ -1,5 +1,5 @@
-"""`tensorgate perf` (server/perf/), the load generator users point at any v2, TF Serving or grps server:
-run as a user runs it (`python -m server perf ...`, the `tensorgate perf` entry point) against a real
+"""`tensorgate perf` (perf/), the load generator users point at any v2, TF Serving or grps server:
+run as a user runs it (`python -m tensorgate.perf ...`, the `tensorgate perf` entry point) against a real
 server, in every protocol and both load modes, its numbers checked against the server's own statistics
 (every request it sent is one the server counted); its errors, its checks of answers, its reports. And its
 parts alone: the HDR histogram against exact percentiles, the plan's parsing.
@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 from e2e_helpers import EXAMPLES, ROOT, ServerProcess, stop_all, write_model
 
-from server.perf.cli import parse_levels
-from server.perf.hdr import Histogram
-from server.perf.model import ModelSpec, PerfError, Tensor, parse_shapes, request_shapes
+from tensorgate.perf.cli import parse_levels
+from tensorgate.perf.hdr import Histogram
+from tensorgate.perf.model import ModelSpec, PerfError, Tensor, parse_shapes, request_shapes
 
 SHORT = ("--warmup", "0.1", "--duration", "0.4", "--no-progress")
 
@@ -38,7 +38,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 def perf(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "server", "perf", *args],
+        [sys.executable, "-m", "tensorgate.server", "perf", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -223,8 +223,9 @@ def test_a_server_that_dies_under_load_is_errors_counted_not_a_hang(start_server
     the level ends on time and reports both; and a server that is not there at all is a one-line error."""
     victim = start_server(EXAMPLES)
     out = tmp_path / "levels.json"
-    command = [sys.executable, "-m", "server", "perf", victim.base_url, "-m", "simple", "--concurrency", "4",
-               "--warmup", "0.2", "--duration", "2.5", "--no-progress", "--json", str(out)]  # fmt: skip
+    command = [sys.executable, "-m", "tensorgate.server", "perf", victim.base_url, "-m", "simple",
+               "--concurrency", "4", "--warmup", "0.2", "--duration", "2.5", "--no-progress",
+               "--json", str(out)]  # fmt: skip
     run = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         time.sleep(1.5)

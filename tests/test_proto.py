@@ -23,13 +23,13 @@ import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.descriptor import FieldDescriptor
 
-import proto.grpc.health.v1  # noqa: F401 (registers its messages in the pool)
-import proto.grpc.reflection.v1  # noqa: F401
-import proto.grpc.reflection.v1alpha  # noqa: F401
-import proto.grps.protos.v1 as grps
-import proto.inference as inference
-from proto.generate import PROTO_DIR, REPO_ROOT, SOURCES, generate
-from proto.message_pool import default_message_pool
+import tensorgate.proto.grpc.health.v1  # noqa: F401 (registers its messages in the pool)
+import tensorgate.proto.grpc.reflection.v1  # noqa: F401
+import tensorgate.proto.grpc.reflection.v1alpha  # noqa: F401
+import tensorgate.proto.grps.protos.v1 as grps
+import tensorgate.proto.inference as inference
+from tensorgate.proto.generate import PROTO_DIR, REPO_ROOT, SOURCES, generate
+from tensorgate.proto.message_pool import default_message_pool
 
 Make = Callable[..., Any]
 

@@ -9,11 +9,11 @@ import msgspec
 import numpy as np
 import pytest
 
-from codec import messages as msg
-from codec.framing import NOTHING, FrameReader, frame
-from server.arena import ALIGN
-from server.backends import channel
-from server.backends.channel import BatchArena
+from tensorgate.codec import messages as msg
+from tensorgate.codec.framing import NOTHING, FrameReader, frame
+from tensorgate.server.arena import ALIGN
+from tensorgate.server.backends import channel
+from tensorgate.server.backends.channel import BatchArena
 
 
 def fed(reader: FrameReader, data: bytes) -> list:

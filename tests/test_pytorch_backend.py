@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from batcher.staging import make_staging
-from codec.errors import ErrorKind, InferError
-from server.backends import load_backend
-from server.model_config import load_model_config
+from tensorgate.batcher.staging import make_staging
+from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.server.backends import load_backend
+from tensorgate.server.model_config import load_model_config
 
 torch = pytest.importorskip("torch")
 from torch import Tensor, nn  # noqa: E402

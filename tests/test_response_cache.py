@@ -4,10 +4,10 @@ and server/classification.py's ordering and shapes."""
 import numpy as np
 import pytest
 
-from codec.errors import InferError
-from codec.tensor import Tensor
-from server.classification import classify
-from server.response_cache import (
+from tensorgate.codec.errors import InferError
+from tensorgate.codec.tensor import Tensor
+from tensorgate.server.classification import classify
+from tensorgate.server.response_cache import (
     ENTRY_OVERHEAD,
     CacheConfigError,
     ResponseCache,

@@ -2,8 +2,8 @@
 
 import pytest
 
-from codec.errors import InferError
-from server.router import MATCHES_KEPT, MethodNotAllowed, Router, body_response
+from tensorgate.codec.errors import InferError
+from tensorgate.server.router import MATCHES_KEPT, MethodNotAllowed, Router, body_response
 
 
 async def _answer(request):

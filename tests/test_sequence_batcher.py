@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 from test_batcher import async_test, settle
 
-from batcher.clock import ManualClock
-from batcher.execution import Executor
-from batcher.scheduler import Job
-from batcher.sequence import SequenceBatcher
-from batcher.stats import ModelStats
-from codec.errors import ErrorKind, InferError
-from codec.sequence import END, START
-from codec.tensor import InferRequest
-from server.model_config import normalize_config, parse_pbtxt
-from server.sequence_config import initial_states
+from tensorgate.batcher.clock import ManualClock
+from tensorgate.batcher.execution import Executor
+from tensorgate.batcher.scheduler import Job
+from tensorgate.batcher.sequence import SequenceBatcher
+from tensorgate.batcher.stats import ModelStats
+from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.codec.sequence import END, START
+from tensorgate.codec.tensor import InferRequest
+from tensorgate.server.model_config import normalize_config, parse_pbtxt
+from tensorgate.server.sequence_config import initial_states
 
 MS = 1_000_000  # ns
 
@@ -88,7 +88,7 @@ sequence_batching {{ {sequence} {CONTROLS % corrid} {STATE if state else ""} }}
     config = normalize_config(parse_pbtxt(text), "m")
     staging = None
     if torch_staging:
-        from batcher.staging import TorchHostStaging
+        from tensorgate.batcher.staging import TorchHostStaging
 
         staging = TorchHostStaging(config)
     executor = Executor(

@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from server.model_config import ConfigError, check_complete, normalize_config, parse_pbtxt
-from server.sequence_config import initial_states
+from tensorgate.server.model_config import ConfigError, check_complete, normalize_config, parse_pbtxt
+from tensorgate.server.sequence_config import initial_states
 
 BASE = """
 name: "m"

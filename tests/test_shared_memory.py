@@ -11,8 +11,8 @@ import numpy as np
 from e2e_helpers import A, B
 from shm_helpers import segments
 
-from codec.tensor import SHM_BYTE_SIZE, SHM_OFFSET, SHM_REGION, InferRequest, InferResponse, Tensor
-from server.shared_memory import SharedMemory
+from tensorgate.codec.tensor import SHM_BYTE_SIZE, SHM_OFFSET, SHM_REGION, InferRequest, InferResponse, Tensor
+from tensorgate.server.shared_memory import SharedMemory
 
 
 class Recorder:

@@ -9,11 +9,11 @@ import threading
 import numpy as np
 import pytest
 
-import batcher.staging
-from batcher.device import OutputPool, _Buffer, torch_for_cupy
-from batcher.execution import Executor
-from batcher.scheduler import Job
-from batcher.staging import (
+import tensorgate.batcher.staging
+from tensorgate.batcher.device import OutputPool, _Buffer, torch_for_cupy
+from tensorgate.batcher.execution import Executor
+from tensorgate.batcher.scheduler import Job
+from tensorgate.batcher.staging import (
     DeviceStaging,
     HostStaging,
     TorchHostStaging,
@@ -22,9 +22,9 @@ from batcher.staging import (
     make_staging,
     placement,
 )
-from codec.datatypes import bf16_bits
-from codec.errors import InferError
-from server.model_config import normalize_config, parse_pbtxt
+from tensorgate.codec.datatypes import bf16_bits
+from tensorgate.codec.errors import InferError
+from tensorgate.server.model_config import normalize_config, parse_pbtxt
 
 
 def config(
@@ -156,7 +156,7 @@ def test_instance_count_on_a_gpu_is_the_placing_groups_and_on_the_host_every_gro
 @pytest.fixture
 def two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     """The device count a CUDA machine with two GPUs reports: placement's choices without one."""
-    monkeypatch.setattr(batcher.staging, "cuda_devices", lambda module: (2, ""))
+    monkeypatch.setattr(tensorgate.batcher.staging, "cuda_devices", lambda module: (2, ""))
 
 
 def test_placement_honours_gpus_of_kind_auto_and_says_what_it_does_not_run(two_gpus) -> None:

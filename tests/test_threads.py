@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from batcher.threads import Threads
+from tensorgate.batcher.threads import Threads
 
 
 def test_calls_run_in_as_many_threads_as_instances_and_answer_on_the_loop() -> None:

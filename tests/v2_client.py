@@ -17,7 +17,7 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from codec.errors import ErrorKind
+from tensorgate.codec.errors import ErrorKind
 
 MODEL = "resnet-7"
 INPUT = "pixel_in"

@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from server.model_config import ConfigError
+from tensorgate.server.model_config import ConfigError
 
 if TYPE_CHECKING:
-    from server.backends.base import Backend, Host
+    from tensorgate.server.backends.base import Backend, Host
 
 SUPPORTED = ("python", "pytorch", "onnxruntime", "ensemble")
 
@@ -51,21 +51,21 @@ def complete_config(version_dir: Path, config: dict, host: Host | None = None) -
     and outputs where the config leaves them out, a Triton python model's `auto_complete_config`."""
     backend = config.get("backend")
     if backend == "onnxruntime" and not (config["input"] and config["output"]):
-        from server.backends.onnxruntime import complete
+        from tensorgate.server.backends.onnxruntime import complete
 
         return complete(version_dir, config)
     if backend == "python":
         model = version_dir / "model.py"
         if model.is_file() and b"auto_complete_config" in model.read_bytes():
-            from server.backends.python import execution_mode
+            from tensorgate.server.backends.python import execution_mode
 
             if (
                 execution_mode(config, version_dir, host) == "process"
             ):  # the model's code runs in its processes only
-                from server.backends.instance import complete_in_process
+                from tensorgate.server.backends.instance import complete_in_process
 
                 return complete_in_process(version_dir, config)
-            from server.backends.triton_python import complete
+            from tensorgate.server.backends.triton_python import complete
 
             return complete(version_dir, config, host)
     return config
@@ -76,19 +76,21 @@ def load_backend(version_dir: Path, config: dict, version: int, host: Host | Non
     `host`: the server loading it (None: a backend loaded alone, which then serves no ensemble nor BLS)."""
     name = config.get("backend") or config.get("platform")
     if name == "python":
-        from server.backends.python import load_python
+        from tensorgate.server.backends.python import load_python
 
         return load_python(version_dir, config, version, host)
     if name in ("pytorch", "pytorch_libtorch"):
-        from server.backends.pytorch import PyTorchBackend  # imports torch itself, only now
+        from tensorgate.server.backends.pytorch import PyTorchBackend  # imports torch itself, only now
 
         return PyTorchBackend(version_dir, config, version)
     if name in ("onnxruntime", "onnxruntime_onnx"):
-        from server.backends.onnxruntime import OnnxRuntimeBackend  # imports onnxruntime itself, only now
+        from tensorgate.server.backends.onnxruntime import (
+            OnnxRuntimeBackend,  # imports onnxruntime itself, only now
+        )
 
         return OnnxRuntimeBackend(version_dir, config, version)
     if name == "ensemble":
-        from server.backends.ensemble import EnsembleBackend
+        from tensorgate.server.backends.ensemble import EnsembleBackend
 
         return EnsembleBackend(config, host)
     raise ValueError(f"backend {name!r} is not supported (supported: {', '.join(SUPPORTED)})")

@@ -11,12 +11,12 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from codec.errors import ErrorKind, InferError
+from tensorgate.codec.errors import ErrorKind, InferError
 
 if TYPE_CHECKING:
-    from batcher.staging import Staging
-    from server.app_monitor import AppMonitor
-    from server.model import ModelVersion
+    from tensorgate.batcher.staging import Staging
+    from tensorgate.server.app_monitor import AppMonitor
+    from tensorgate.server.model import ModelVersion
 
 
 class Backend(Protocol):

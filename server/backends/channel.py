@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from codec import messages as msg
-from codec.bytes_tensor import decode_bytes, encode_bytes
-from codec.datatypes import BY_NUMPY, BY_V2
-from server.arena import Region, aligned
+from tensorgate.codec import messages as msg
+from tensorgate.codec.bytes_tensor import decode_bytes, encode_bytes
+from tensorgate.codec.datatypes import BY_NUMPY, BY_V2
+from tensorgate.server.arena import Region, aligned
 
 BYTES = "BYTES"
 

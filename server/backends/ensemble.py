@@ -24,16 +24,16 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from batcher.execution import parameters_of
-from codec.datatypes import BY_CONFIG
-from codec.errors import ErrorKind, InferError
-from codec.tensor import InferRequest, RequestedOutput, Tensor
-from server.backends.base import Backend
+from tensorgate.batcher.execution import parameters_of
+from tensorgate.codec.datatypes import BY_CONFIG
+from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.codec.tensor import InferRequest, RequestedOutput, Tensor
+from tensorgate.server.backends.base import Backend
 
 if TYPE_CHECKING:
-    from batcher.scheduler import Job
-    from codec.trace import Trace
-    from server.backends.base import Host
+    from tensorgate.batcher.scheduler import Job
+    from tensorgate.codec.trace import Trace
+    from tensorgate.server.backends.base import Host
 
 CONCURRENCY = 1 << 20  # an ensemble waits on its steps, never on itself: no limit of its own
 

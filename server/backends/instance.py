@@ -26,13 +26,13 @@ from typing import Any, Protocol
 
 import msgspec
 
-import server.backends.pb_utils as pb_utils
-from codec import messages as msg
-from codec.errors import ErrorKind, InferError
-from codec.framing import FrameReader, frame, receive
-from server.backends.channel import BatchArena
-from server.link import Link
-from server.model_config import parameter
+import tensorgate.server.backends.pb_utils as pb_utils
+from tensorgate.codec import messages as msg
+from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.codec.framing import FrameReader, frame, receive
+from tensorgate.server.backends.channel import BatchArena
+from tensorgate.server.link import Link
+from tensorgate.server.model_config import parameter
 
 log = logging.getLogger("tensorgate.python")
 FROM_MODEL = msgspec.msgpack.Decoder(msg.FROM_MODEL)
@@ -41,13 +41,16 @@ model_log = logging.getLogger("tensorgate.model")
 ARENA_SIZE = 1 << 20  # to start with: it grows to the largest batch
 START_TIMEOUT = 120.0  # s for a process to load its model (initialize included)
 STOP_TIMEOUT = 10.0  # s for finalize at unload, before the process is killed
-# Where the server's own packages are (this file is server/backends/instance.py), for processes that run
-# another environment's interpreter; what that environment lacks is found in the server's own sys.path.
+# The folder that holds the server's own packages (server/, codec/, ...: the repository, or
+# site-packages/tensorgate in an install), for processes that run another environment's interpreter; they
+# import it as the package `tensorgate`, and what that environment lacks is found in the server's sys.path.
 ROOT = str(Path(__file__).resolve().parents[2])
 BOOTSTRAP = (
-    "import os, sys, runpy; sys.path.insert(1, os.environ['TENSORGATE_ROOT']); "
+    "import os, sys, types, runpy; "
     "sys.path.extend(os.environ['TENSORGATE_FALLBACK_PATH'].split(os.pathsep)); "
-    "runpy.run_module('server.backends.stub', run_name='__main__', alter_sys=True)"
+    "package = sys.modules['tensorgate'] = types.ModuleType('tensorgate'); "
+    "package.__path__ = [os.environ['TENSORGATE_ROOT']]; "
+    "runpy.run_module('tensorgate.server.backends.stub', run_name='__main__', alter_sys=True)"
 )
 
 

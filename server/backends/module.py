@@ -13,11 +13,11 @@ import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import server.backends.pb_utils as pb_utils
-from server.app_monitor import AppMonitor, app_monitor
+import tensorgate.server.backends.pb_utils as pb_utils
+from tensorgate.server.app_monitor import AppMonitor, app_monitor
 
 if TYPE_CHECKING:
-    from server.backends.base import Host
+    from tensorgate.server.backends.base import Host
 
 CLASS_NAMES = ("TritonPythonModel", "Model")
 TRITON_UTILS = "triton_python_backend_utils"

@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from batcher.sequence_inputs import added_inputs, state_outputs
-from batcher.staging import HostStaging, gpu_group
-from codec.datatypes import BY_CONFIG, BY_ONNX
-from codec.errors import ErrorKind, InferError
-from server.backends.base import Backend
+from tensorgate.batcher.sequence_inputs import added_inputs, state_outputs
+from tensorgate.batcher.staging import HostStaging, gpu_group
+from tensorgate.codec.datatypes import BY_CONFIG, BY_ONNX
+from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.server.backends.base import Backend
 
 log = logging.getLogger("tensorgate.onnxruntime")
 

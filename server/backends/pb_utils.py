@@ -23,15 +23,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from codec.datatypes import BY_CONFIG, BY_NUMPY, BY_V2
-from codec.errors import ErrorKind, InferError
-from codec.tensor import InferRequest as _Request
-from codec.tensor import RequestedOutput as _RequestedOutput
-from codec.tensor import Tensor as _WireTensor
-from codec.tensor import custom_parameters
+from tensorgate.codec.datatypes import BY_CONFIG, BY_NUMPY, BY_V2
+from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.codec.tensor import InferRequest as _Request
+from tensorgate.codec.tensor import RequestedOutput as _RequestedOutput
+from tensorgate.codec.tensor import Tensor as _WireTensor
+from tensorgate.codec.tensor import custom_parameters
 
 if TYPE_CHECKING:
-    from server.backends.base import Host
+    from tensorgate.server.backends.base import Host
 
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_RELEASE_ALL = 1

@@ -35,19 +35,19 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import server.backends.channel as channel
-import server.backends.pb_utils as pb_utils
-from batcher.staging import HostStaging, instance_count
-from codec import messages as msg
-from codec.errors import ErrorKind, InferError
-from codec.tensor import custom_parameters
-from server.backends.base import Backend, stream_only_error
-from server.backends.instance import Instance, NotStarted, interpreter, on_loop
-from server.model_config import parameter
+import tensorgate.server.backends.channel as channel
+import tensorgate.server.backends.pb_utils as pb_utils
+from tensorgate.batcher.staging import HostStaging, instance_count
+from tensorgate.codec import messages as msg
+from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.codec.tensor import custom_parameters
+from tensorgate.server.backends.base import Backend, stream_only_error
+from tensorgate.server.backends.instance import Instance, NotStarted, interpreter, on_loop
+from tensorgate.server.model_config import parameter
 
 if TYPE_CHECKING:
-    from batcher.scheduler import Job
-    from server.backends.base import Host
+    from tensorgate.batcher.scheduler import Job
+    from tensorgate.server.backends.base import Host
 
 log = logging.getLogger("tensorgate.python")
 BACKOFF_FIRST, BACKOFF_MAX = 0.1, 10.0

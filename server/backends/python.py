@@ -37,12 +37,12 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from server.backends.base import Backend, stream_only_error
-from server.backends.module import TRITON_UTILS, ModelModule
-from server.model_config import parameter
+from tensorgate.server.backends.base import Backend, stream_only_error
+from tensorgate.server.backends.module import TRITON_UTILS, ModelModule
+from tensorgate.server.model_config import parameter
 
 if TYPE_CHECKING:
-    from server.backends.base import Host
+    from tensorgate.server.backends.base import Host
 
 # EXECUTION_MODE when the config names none, as --python-execution-mode sets it. `auto`: Triton's API gets
 # Triton's isolation (a process per instance, as Triton's stubs), ours keeps threads (README "The python
@@ -55,13 +55,13 @@ def load_python(version_dir: Path, config: dict, version: int, host: Host | None
     (server/backends/triton_python.py), else ours. The module shared by both: server/backends/module.py."""
     mode = execution_mode(config, version_dir, host)
     if mode == "process":
-        from server.backends.process import ProcessBackend
+        from tensorgate.server.backends.process import ProcessBackend
 
         return ProcessBackend(version_dir, config, version, host)
     module = ModelModule(version_dir, config, version, host)
     try:
         if module.uses_triton_api:
-            from server.backends.triton_python import TritonPythonBackend
+            from tensorgate.server.backends.triton_python import TritonPythonBackend
 
             return TritonPythonBackend(module, config, version)
         return PythonBackend(module, config)

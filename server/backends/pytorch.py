@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from batcher.staging import import_torch, make_staging
-from codec.errors import ErrorKind, InferError
-from server.backends.base import Backend
+from tensorgate.batcher.staging import import_torch, make_staging
+from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.server.backends.base import Backend
 
 MODEL_FILES = ("model.pt", "model.pt2")
 _INDEXED = re.compile(r".*__(\d+)")

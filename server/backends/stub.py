@@ -1,4 +1,4 @@
-"""A python model instance in its own process: `python -m server.backends.stub SOCKET_FD ARENA_FD`.
+"""A python model instance in its own process: `python -m tensorgate.server.backends.stub SOCKET_FD ARENA_FD`.
 
 Started by server/backends/process.py, one per instance. It loads the model.py (either python API), runs
 initialize, then answers the server's messages (codec/messages.py) one at a time on its main
@@ -25,16 +25,16 @@ from typing import Any
 
 import msgspec
 
-import server.backends.channel as channel
-import server.backends.pb_utils as pb_utils
-from codec import messages as msg
-from codec.datatypes import BY_CONFIG
-from codec.errors import ErrorKind, InferError
-from codec.framing import FrameReader, frame, receive
-from server import kin
-from server.app_monitor import AppMonitor
-from server.backends.channel import BatchArena
-from server.backends.module import ModelModule, use_app_monitor
+import tensorgate.server.backends.channel as channel
+import tensorgate.server.backends.pb_utils as pb_utils
+from tensorgate.codec import messages as msg
+from tensorgate.codec.datatypes import BY_CONFIG
+from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.codec.framing import FrameReader, frame, receive
+from tensorgate.server import kin
+from tensorgate.server.app_monitor import AppMonitor
+from tensorgate.server.backends.channel import BatchArena
+from tensorgate.server.backends.module import ModelModule, use_app_monitor
 
 _FROM_SERVER = msgspec.msgpack.Decoder(msg.TO_MODEL)
 
@@ -274,8 +274,8 @@ class Stub:
         return self._load_ours(config)
 
     def _load_triton(self, config: dict, version: int, instance: int) -> dict:
-        from batcher.sequence_inputs import added_inputs
-        from server.backends.triton_python import initialize_args
+        from tensorgate.batcher.sequence_inputs import added_inputs
+        from tensorgate.server.backends.triton_python import initialize_args
 
         if getattr(self.model, "execute", None) is None:
             raise TypeError(f"{self.module.path}: TritonPythonModel must define execute(self, requests)")
@@ -286,7 +286,7 @@ class Stub:
         return {"triton": True}
 
     def _load_ours(self, config: dict) -> dict:
-        from server.backends.python import _takes_parameters
+        from tensorgate.server.backends.python import _takes_parameters
 
         if hasattr(self.model, "initialize"):
             self._call(self.model.initialize, config)
@@ -540,7 +540,7 @@ def main(argv: list[str]) -> int:
 
 def _complete(link: Link, config: dict, version_dir: str) -> int:
     """auto_complete_config, run here so that the model's code never runs in the server's process."""
-    from server.backends.triton_python import complete
+    from tensorgate.server.backends.triton_python import complete
 
     try:
         completed = complete(Path(version_dir), config)

@@ -35,16 +35,16 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import server.backends.pb_utils as pb_utils
-from batcher.sequence_inputs import added_inputs
-from codec.datatypes import BY_CONFIG
-from codec.errors import ErrorKind, InferError
-from server.backends.base import Backend, stream_only_error
-from server.backends.module import ModelModule
+import tensorgate.server.backends.pb_utils as pb_utils
+from tensorgate.batcher.sequence_inputs import added_inputs
+from tensorgate.codec.datatypes import BY_CONFIG
+from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.server.backends.base import Backend, stream_only_error
+from tensorgate.server.backends.module import ModelModule
 
 if TYPE_CHECKING:
-    from batcher.scheduler import Job
-    from server.backends.base import Host
+    from tensorgate.batcher.scheduler import Job
+    from tensorgate.server.backends.base import Host
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 

@@ -32,11 +32,11 @@ from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
-from codec.errors import InferError, invalid
-from server.router import HttpRequest, HttpResponse, Router
+from tensorgate.codec.errors import InferError, invalid
+from tensorgate.server.router import HttpRequest, HttpResponse, Router
 
 if TYPE_CHECKING:
-    from server.grps import Grps
+    from tensorgate.server.grps import Grps
 
 log = logging.getLogger("tensorgate.grps")
 

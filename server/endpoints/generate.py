@@ -18,17 +18,24 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import TYPE_CHECKING
 
-from codec.errors import ErrorKind, InferError
-from codec.generate import JSON_CONTENT_TYPE, SSE_CONTENT_TYPE, decode_generate, generate_json, sse, sse_error
-from server.endpoints.v2 import error_response, sample
-from server.router import HttpRequest, HttpResponse, Router, body_response
+from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.codec.generate import (
+    JSON_CONTENT_TYPE,
+    SSE_CONTENT_TYPE,
+    decode_generate,
+    generate_json,
+    sse,
+    sse_error,
+)
+from tensorgate.server.endpoints.v2 import error_response, sample
+from tensorgate.server.router import HttpRequest, HttpResponse, Router, body_response
 
 if TYPE_CHECKING:
-    from codec.tensor import InferRequest, InferResponse
-    from codec.trace import Trace
-    from server.model import ModelVersion
-    from server.repository import Repository
-    from server.tracing.tracer import Tracer
+    from tensorgate.codec.tensor import InferRequest, InferResponse
+    from tensorgate.codec.trace import Trace
+    from tensorgate.server.model import ModelVersion
+    from tensorgate.server.repository import Repository
+    from tensorgate.server.tracing.tracer import Tracer
 
 log = logging.getLogger("tensorgate.generate")
 

@@ -12,15 +12,15 @@ from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
-from codec import grps as wire
-from codec import grps_answers as answers
-from codec.errors import ErrorKind, InferError, invalid
-from server.endpoints.customized import CustomizedHttp, StreamingControl
-from server.grps import Grps
-from server.router import HttpRequest, HttpResponse, Router, body_response, front_end
+from tensorgate.codec import grps as wire
+from tensorgate.codec import grps_answers as answers
+from tensorgate.codec.errors import ErrorKind, InferError, invalid
+from tensorgate.server.endpoints.customized import CustomizedHttp, StreamingControl
+from tensorgate.server.grps import Grps
+from tensorgate.server.router import HttpRequest, HttpResponse, Router, body_response, front_end
 
 if TYPE_CHECKING:
-    from server.repository import Repository
+    from tensorgate.server.repository import Repository
 
 log = logging.getLogger("tensorgate.grps")
 

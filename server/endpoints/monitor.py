@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from server.endpoints.grps import ROOT, error_response
-from server.router import HttpRequest, HttpResponse, Router, body_response
+from tensorgate.server.endpoints.grps import ROOT, error_response
+from tensorgate.server.router import HttpRequest, HttpResponse, Router, body_response
 
 if TYPE_CHECKING:
-    from server.monitor import Monitor
+    from tensorgate.server.monitor import Monitor
 
 HTML = b"text/html; charset=utf-8"
-PAGE = resources.files("server.endpoints").joinpath("monitor_page.html").read_bytes()
+PAGE = resources.files("tensorgate.server.endpoints").joinpath("monitor_page.html").read_bytes()
 
 
 class MonitorEndpoints:

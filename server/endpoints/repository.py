@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from codec.errors import invalid
-from server.endpoints.v2 import error_response, json_response
-from server.router import HttpRequest, HttpResponse, Router
+from tensorgate.codec.errors import invalid
+from tensorgate.server.endpoints.v2 import error_response, json_response
+from tensorgate.server.router import HttpRequest, HttpResponse, Router
 
 if TYPE_CHECKING:
-    from server.repository import Repository
+    from tensorgate.server.repository import Repository
 
 FILE_PREFIX = "file:"
 

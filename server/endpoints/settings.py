@@ -6,17 +6,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from codec.errors import invalid
-from codec.v2_http import loads
-from server.endpoints.v2 import error_response, json_response
-from server.router import HttpRequest, HttpResponse, Router
-from server.tracing.settings import changes_from_json
-from server.tracing.tracer import check_model
+from tensorgate.codec.errors import invalid
+from tensorgate.codec.v2_http import loads
+from tensorgate.server.endpoints.v2 import error_response, json_response
+from tensorgate.server.router import HttpRequest, HttpResponse, Router
+from tensorgate.server.tracing.settings import changes_from_json
+from tensorgate.server.tracing.tracer import check_model
 
 if TYPE_CHECKING:
-    from server.log_settings import LogControl
-    from server.repository import Repository
-    from server.tracing.tracer import Tracer
+    from tensorgate.server.log_settings import LogControl
+    from tensorgate.server.repository import Repository
+    from tensorgate.server.tracing.tracer import Tracer
 
 
 class SettingsEndpoints:

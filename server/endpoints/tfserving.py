@@ -13,16 +13,16 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from codec import tfserving
-from codec.errors import ErrorKind, InferError, invalid
-from codec.tensor import InferResponse
-from codec.tfserving import TensorInfo
-from server.model import UNLOADED, ModelState
-from server.router import HttpRequest, HttpResponse, Router, body_response, front_end
+from tensorgate.codec import tfserving
+from tensorgate.codec.errors import ErrorKind, InferError, invalid
+from tensorgate.codec.tensor import InferResponse
+from tensorgate.codec.tfserving import TensorInfo
+from tensorgate.server.model import UNLOADED, ModelState
+from tensorgate.server.router import HttpRequest, HttpResponse, Router, body_response, front_end
 
 if TYPE_CHECKING:
-    from server.model import ModelVersion, TensorSpec
-    from server.repository import Repository
+    from tensorgate.server.model import ModelVersion, TensorSpec
+    from tensorgate.server.repository import Repository
 
 VERBS = ("predict", "classify", "regress")
 # Every method gets the catch-all, so nothing under /v1/ is answered 405 or with another protocol's body.

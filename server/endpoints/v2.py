@@ -8,20 +8,20 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from codec import v2_http
-from codec.errors import InferError, http_status, invalid
-from server import __version__
-from server.router import HttpRequest, HttpResponse, Router, body_response, front_end
-from server.shared_memory import CUDA, SYSTEM, decode_handle
-from server.statistics import model_statistics
+from tensorgate.codec import v2_http
+from tensorgate.codec.errors import InferError, http_status, invalid
+from tensorgate.server import __version__
+from tensorgate.server.router import HttpRequest, HttpResponse, Router, body_response, front_end
+from tensorgate.server.shared_memory import CUDA, SYSTEM, decode_handle
+from tensorgate.server.statistics import model_statistics
 
 if TYPE_CHECKING:
-    from codec.tensor import InferRequest
-    from codec.trace import Trace
-    from server.model import ModelVersion
-    from server.repository import Repository
-    from server.shared_memory import SharedMemory
-    from server.tracing.tracer import Tracer
+    from tensorgate.codec.tensor import InferRequest
+    from tensorgate.codec.trace import Trace
+    from tensorgate.server.model import ModelVersion
+    from tensorgate.server.repository import Repository
+    from tensorgate.server.shared_memory import SharedMemory
+    from tensorgate.server.tracing.tracer import Tracer
 
 # Server metadata's extensions: exactly those implemented, in Triton's words and order (core server.cc).
 EXTENSIONS = [

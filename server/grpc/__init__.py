@@ -3,15 +3,21 @@
 `services()` lists every servicer the server offers; each protocol module adds its own here.
 """
 
-from server.grpc.grps import GrpsService
-from server.grpc.health import HealthService
-from server.grpc.inference import InferenceService
-from server.grpc.reflection import DESCRIPTORS, Descriptors, Reflection, ReflectionV1, ReflectionV1Alpha
-from server.http.grpc_call import GrpcServices
-from server.log_settings import LogControl
-from server.repository import Repository
-from server.shared_memory import SharedMemory
-from server.tracing.tracer import Tracer
+from tensorgate.server.grpc.grps import GrpsService
+from tensorgate.server.grpc.health import HealthService
+from tensorgate.server.grpc.inference import InferenceService
+from tensorgate.server.grpc.reflection import (
+    DESCRIPTORS,
+    Descriptors,
+    Reflection,
+    ReflectionV1,
+    ReflectionV1Alpha,
+)
+from tensorgate.server.http.grpc_call import GrpcServices
+from tensorgate.server.log_settings import LogControl
+from tensorgate.server.repository import Repository
+from tensorgate.server.shared_memory import SharedMemory
+from tensorgate.server.tracing.tracer import Tracer
 
 
 def services(

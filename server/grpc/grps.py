@@ -9,12 +9,12 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
-import proto.grps.protos.v1 as pb
-from codec import grps as wire
-from codec import grps_answers as answers
-from codec.errors import ErrorKind, InferError
-from server.grps import Grps
-from server.repository import Repository
+import tensorgate.proto.grps.protos.v1 as pb
+from tensorgate.codec import grps as wire
+from tensorgate.codec import grps_answers as answers
+from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.server.grps import Grps
+from tensorgate.server.repository import Repository
 
 log = logging.getLogger("tensorgate.grps")
 

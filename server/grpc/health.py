@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
-import proto.grpc.health.v1 as pb
-from server.repository import Repository
+import tensorgate.proto.grpc.health.v1 as pb
+from tensorgate.server.repository import Repository
 
 WATCH_SECONDS = 0.1
 SERVING = pb.HealthCheckResponseServingStatus.SERVING

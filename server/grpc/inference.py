@@ -15,19 +15,19 @@ from typing import Any, TypeVar, cast
 from grpclib import GRPCError
 from grpclib.const import Cardinality, Handler, Status
 
-import proto.inference as pb
-from codec import v2_grpc, v2_grpc_request
-from codec.errors import ErrorKind, InferError
-from server import __version__
-from server.endpoints.v2 import EXTENSIONS
-from server.grpc.stream_infer import SHUTTING_DOWN, StreamInfer
-from server.http.grpc_call import GrpcCall
-from server.log_settings import LogControl
-from server.repository import Repository
-from server.shared_memory import CUDA, SYSTEM, SharedMemory
-from server.statistics import model_statistics
-from server.tracing.settings import changes_from_grpc
-from server.tracing.tracer import Tracer, check_model, sample_grpc
+import tensorgate.proto.inference as pb
+from tensorgate.codec import v2_grpc, v2_grpc_request
+from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.server import __version__
+from tensorgate.server.endpoints.v2 import EXTENSIONS
+from tensorgate.server.grpc.stream_infer import SHUTTING_DOWN, StreamInfer
+from tensorgate.server.http.grpc_call import GrpcCall
+from tensorgate.server.log_settings import LogControl
+from tensorgate.server.repository import Repository
+from tensorgate.server.shared_memory import CUDA, SYSTEM, SharedMemory
+from tensorgate.server.statistics import model_statistics
+from tensorgate.server.tracing.settings import changes_from_grpc
+from tensorgate.server.tracing.tracer import Tracer, check_model, sample_grpc
 
 log = logging.getLogger("tensorgate.grpc")
 

@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import proto
-import proto.grpc.reflection.v1 as v1
-import proto.grpc.reflection.v1alpha as v1alpha
-from codec.protowire import LEN, fields, text
+import tensorgate.proto.grpc.reflection.v1 as v1
+import tensorgate.proto.grpc.reflection.v1alpha as v1alpha
+from tensorgate import proto
+from tensorgate.codec.protowire import LEN, fields, text
 
 DESCRIPTORS = Path(proto.__file__).parent / "descriptors.binpb"
 NOT_FOUND = 5  # grpc-status code, in ErrorResponse

@@ -26,15 +26,15 @@ from typing import Any
 from grpclib import GRPCError
 from grpclib.const import Status
 
-from codec import v2_grpc, v2_grpc_request
-from codec.errors import InferError
-from codec.tensor import InferResponse
-from codec.trace import Trace
-from server.http import eager
-from server.http.grpc_call import GrpcCall
-from server.repository import Repository
-from server.shared_memory import SharedMemory
-from server.tracing.tracer import Tracer, sample_grpc
+from tensorgate.codec import v2_grpc, v2_grpc_request
+from tensorgate.codec.errors import InferError
+from tensorgate.codec.tensor import InferResponse
+from tensorgate.codec.trace import Trace
+from tensorgate.server.http import eager
+from tensorgate.server.http.grpc_call import GrpcCall
+from tensorgate.server.repository import Repository
+from tensorgate.server.shared_memory import SharedMemory
+from tensorgate.server.tracing.tracer import Tracer, sample_grpc
 
 log = logging.getLogger("tensorgate.grpc")
 

@@ -20,8 +20,8 @@ from hypercorn.events import Closed
 from hypercorn.protocol.h2 import H2Protocol
 from hypercorn.utils import wrap_app
 
-from codec.errors import ErrorKind, InferError
-from server.router import BodyTooLarge, HttpRequest, HttpResponse, Router, framing_error
+from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.server.router import BodyTooLarge, HttpRequest, HttpResponse, Router, framing_error
 
 log = logging.getLogger("tensorgate.http")
 

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, cast
 from urllib.parse import unquote
 
-from server.router import Router
+from tensorgate.server.router import Router
 
 if TYPE_CHECKING:
-    from server.http.h2 import H2Connection
-    from server.http.h2_frames import Stream, StreamHandler
+    from tensorgate.server.http.h2 import H2Connection
+    from tensorgate.server.http.h2_frames import Stream, StreamHandler
 
 
 @dataclass

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any, cast
 from grpclib.const import Handler, Status
 from grpclib.exceptions import GRPCError
 
-from server.http import hpack_encode
-from server.http.grpc_wire import (
+from tensorgate.server.http import hpack_encode
+from tensorgate.server.http.grpc_wire import (
     ACCEPT_ENCODING,
     CONTENT_TYPE,
     ENCODINGS,
@@ -43,11 +43,11 @@ from server.http.grpc_wire import (
     status_fields,
     too_large,
 )
-from server.http.h2_frames import NO_ERROR, StreamReset
+from tensorgate.server.http.h2_frames import NO_ERROR, StreamReset
 
 if TYPE_CHECKING:
-    from server.http.h2 import H2Connection
-    from server.http.h2_frames import Stream
+    from tensorgate.server.http.h2 import H2Connection
+    from tensorgate.server.http.h2_frames import Stream
 
 log = logging.getLogger("tensorgate.grpc")
 

@@ -14,7 +14,7 @@ from urllib.parse import quote, unquote_to_bytes
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
-from server.http.buffers import body_buffer
+from tensorgate.server.http.buffers import body_buffer
 
 CONTENT_TYPE = b"application/grpc"
 # Message encodings we read and write (grpc-encoding): zlib window bits of each.

@@ -24,14 +24,21 @@ from typing import TYPE_CHECKING, Any, cast
 
 import httptools
 
-from server.http import eager
-from server.http.buffers import body_buffer
-from server.http.connection import BaseConnection, fold_header, split_target
-from server.http.h2 import H2Connection
-from server.router import BodyTooLarge, HttpRequest, HttpResponse, Route, framing_error, stalled_body
+from tensorgate.server.http import eager
+from tensorgate.server.http.buffers import body_buffer
+from tensorgate.server.http.connection import BaseConnection, fold_header, split_target
+from tensorgate.server.http.h2 import H2Connection
+from tensorgate.server.router import (
+    BodyTooLarge,
+    HttpRequest,
+    HttpResponse,
+    Route,
+    framing_error,
+    stalled_body,
+)
 
 if TYPE_CHECKING:
-    from server.http.connection import ConnectionHost
+    from tensorgate.server.http.connection import ConnectionHost
 
 log = logging.getLogger("tensorgate.http")
 

@@ -24,8 +24,8 @@ import collections
 import logging
 from typing import TYPE_CHECKING
 
-from server.http.connection import BaseConnection
-from server.http.h2_frames import (
+from tensorgate.server.http.connection import BaseConnection
+from tensorgate.server.http.h2_frames import (
     BULK_READ,
     CLOSED_KEPT,
     CONTINUATION,
@@ -64,11 +64,11 @@ from server.http.h2_frames import (
     frame_head,
     settings_payload,
 )
-from server.http.h2_receive import FrameReceiver
-from server.http.h2_window import FlowControl
+from tensorgate.server.http.h2_receive import FrameReceiver
+from tensorgate.server.http.h2_window import FlowControl
 
 if TYPE_CHECKING:
-    from server.http.connection import ConnectionHost
+    from tensorgate.server.http.connection import ConnectionHost
 
 log = logging.getLogger("tensorgate.http")
 

@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import Iterable
 from typing import Protocol
 
-from server.http.connection import fold_header, split_target
+from tensorgate.server.http.connection import fold_header, split_target
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 

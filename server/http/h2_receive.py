@@ -17,7 +17,7 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING
 
-from server.http.h2_frames import (
+from tensorgate.server.http.h2_frames import (
     ACK,
     COMPRESSION_ERROR,
     CONTINUATION,
@@ -50,14 +50,14 @@ from server.http.h2_frames import (
     settings_entries,
     unpad,
 )
-from server.http.h2_request import BufferedRequest
-from server.http.hpack_decode import Decoder, HeaderListTooLarge, HpackError
+from tensorgate.server.http.h2_request import BufferedRequest
+from tensorgate.server.http.hpack_decode import Decoder, HeaderListTooLarge, HpackError
 
 if TYPE_CHECKING:
     import asyncio
 
-    from server.http.connection import CallOpener, HttpSettings
-    from server.http.h2_window import FlowControl
+    from tensorgate.server.http.connection import CallOpener, HttpSettings
+    from tensorgate.server.http.h2_window import FlowControl
 
 CONTROL_FRAMES_PER_ANSWER_WRITE = 10
 

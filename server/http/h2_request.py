@@ -16,14 +16,20 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, cast
 
-from server.http import hpack_encode
-from server.http.buffers import body_buffer
-from server.http.h2_frames import CONNECTION_SPECIFIC, INTERNAL_ERROR, NO_ERROR, PROTOCOL_ERROR, StreamReset
-from server.router import BodyTooLarge, HttpRequest, HttpResponse, Route, stalled_body
+from tensorgate.server.http import hpack_encode
+from tensorgate.server.http.buffers import body_buffer
+from tensorgate.server.http.h2_frames import (
+    CONNECTION_SPECIFIC,
+    INTERNAL_ERROR,
+    NO_ERROR,
+    PROTOCOL_ERROR,
+    StreamReset,
+)
+from tensorgate.server.router import BodyTooLarge, HttpRequest, HttpResponse, Route, stalled_body
 
 if TYPE_CHECKING:
-    from server.http.h2 import H2Connection
-    from server.http.h2_frames import Stream
+    from tensorgate.server.http.h2 import H2Connection
+    from tensorgate.server.http.h2_frames import Stream
 
 log = logging.getLogger("tensorgate.http")
 

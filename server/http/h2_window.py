@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from server.http.h2_frames import (
+from tensorgate.server.http.h2_frames import (
     DEFAULT_WINDOW,
     FLOW_CONTROL_ERROR,
     MAX_WINDOW,
@@ -30,7 +30,7 @@ from server.http.h2_frames import (
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from server.http.h2_frames import Stream
+    from tensorgate.server.http.h2_frames import Stream
 
 _HALF_CONNECTION = OUR_CONNECTION_WINDOW // 2
 _HALF_STREAM = OUR_STREAM_WINDOW // 2

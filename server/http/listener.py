@@ -13,9 +13,9 @@ import resource
 import socket
 import ssl
 
-from server.http.connection import CallOpener, ConnectionHost, HttpSettings, Offline
-from server.http.h1 import H1Connection
-from server.router import Router
+from tensorgate.server.http.connection import CallOpener, ConnectionHost, HttpSettings, Offline
+from tensorgate.server.http.h1 import H1Connection
+from tensorgate.server.router import Router
 
 log = logging.getLogger("tensorgate.http")
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from codec.trace import LEVELS
-from server.tracing.settings import INT32_MAX, OPENTELEMETRY, TRITON, UINT32_MAX, TraceSetting
+from tensorgate.codec.trace import LEVELS
+from tensorgate.server.tracing.settings import INT32_MAX, OPENTELEMETRY, TRITON, UINT32_MAX, TraceSetting
 
 OTLP_URL = "http://localhost:4318/v1/traces"  # OTLP/HTTP's default, as Triton's
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from codec.trace import (
+from tensorgate.codec.trace import (
     COMPUTE_END,
     COMPUTE_INPUT_END,
     COMPUTE_OUTPUT_START,
@@ -26,7 +26,7 @@ from codec.trace import (
     REQUEST_START,
     Trace,
 )
-from server.tracing.config import OtelConfig
+from tensorgate.server.tracing.config import OtelConfig
 
 COMPUTE_EVENTS = (COMPUTE_START, COMPUTE_INPUT_END, COMPUTE_OUTPUT_START, COMPUTE_END)
 MISSING = (

@@ -19,8 +19,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from codec.errors import ErrorKind, InferError, invalid
-from codec.trace import LEVELS
+from tensorgate.codec.errors import ErrorKind, InferError, invalid
+from tensorgate.codec.trace import LEVELS
 
 TRITON, OPENTELEMETRY = "triton", "opentelemetry"
 FIELDS = ("level", "rate", "count", "log_frequency", "file")

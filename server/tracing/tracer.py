@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from codec.errors import InferError, invalid
-from codec.trace import Trace, triton_json, valid_traceparent
-from server.tracing.config import OtelConfig
-from server.tracing.settings import OPENTELEMETRY, TraceSetting, derive, with_count
+from tensorgate.codec.errors import InferError, invalid
+from tensorgate.codec.trace import Trace, triton_json, valid_traceparent
+from tensorgate.server.tracing.config import OtelConfig
+from tensorgate.server.tracing.settings import OPENTELEMETRY, TraceSetting, derive, with_count
 
 if TYPE_CHECKING:
-    from server.repository import Repository
+    from tensorgate.server.repository import Repository
 
 NEVER = 1 << 62  # a countdown that does not run out
 log = logging.getLogger("tensorgate.trace")

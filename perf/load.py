@@ -22,10 +22,10 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass
 
-from server.perf.clients import H1, H2, Connection, Grpc
-from server.perf.hdr import Histogram
-from server.perf.pacer import Pacer
-from server.perf.protocols import GRPC, HTTP1, STREAM_PATH, Answer, Checker, Wire
+from tensorgate.perf.clients import H1, H2, Connection, Grpc
+from tensorgate.perf.hdr import Histogram
+from tensorgate.perf.pacer import Pacer
+from tensorgate.perf.protocols import GRPC, HTTP1, STREAM_PATH, Answer, Checker, Wire
 
 CONNECT_RETRIES = 3
 

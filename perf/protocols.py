@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from codec.bytes_tensor import encode_bytes
-from codec.datatypes import BY_GRPS, BY_V2
-from server.perf.model import Arrays, ModelSpec, PerfError, bytes_elements
+from tensorgate.codec.bytes_tensor import encode_bytes
+from tensorgate.codec.datatypes import BY_GRPS, BY_V2
+from tensorgate.perf.model import Arrays, ModelSpec, PerfError, bytes_elements
 
 PROTOCOLS = ("rest", "rest-binary", "h2", "grpc", "grpc-stream", "tfserving", "grps")
 HTTP1 = ("rest", "rest-binary", "tfserving", "grps")
@@ -94,7 +94,7 @@ def encode(protocol: str, spec: ModelSpec, inputs: Arrays) -> Wire:
         }
         return Wire(f"/v2/models/{spec.name}{version}/infer", headers, header + b"".join(raws))
     if protocol in GRPC:
-        import proto.inference as pb
+        import tensorgate.proto.inference as pb
 
         tensors = [
             pb.ModelInferRequestInferInputTensor(name, types[name], list(array.shape))
@@ -174,7 +174,7 @@ def outputs_of(protocol: str, answer: Answer) -> dict[str, np.ndarray]:
             raise ValueError(f"binary answer: {len(answer.body) - offset} bytes past its outputs")
         return arrays
     if protocol in GRPC:
-        import proto.inference as pb
+        import tensorgate.proto.inference as pb
 
         if protocol == "grpc-stream":
             message = pb.ModelStreamInferResponse.parse(answer.body)

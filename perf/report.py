@@ -1,6 +1,6 @@
 """What `tensorgate perf` shows: a progress bar while it runs (tqdm, on stderr), then a markdown table on
 stdout; CSV and a throughput/latency plot (matplotlib, an optional extra) on request. The JSON is
-Result.to_json (server/perf/run.py), one object per level and server."""
+Result.to_json (perf/run.py), one object per level and server."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from server.perf.run import Result
+from tensorgate.perf.run import Result
 
 
 def progress(total: int, enabled: bool) -> Any:  # noqa: ANN401

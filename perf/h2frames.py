@@ -1,5 +1,5 @@
 """HTTP/2 frames as bytes, for the clients that write their own (bench/grpc_pingpong.py, bench/sequence.py,
-server/perf/clients.py): the connection preface, the frame types and flags they use, and a frame's bytes.
+perf/clients.py): the connection preface, the frame types and flags they use, and a frame's bytes.
 Nothing here imports the server."""
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"

@@ -1,5 +1,5 @@
-"""`tensorgate perf URL --model NAME` (also `python -m server.perf`): a load generator for any KServe v2,
-Triton, TF Serving or grps server. See server/perf/__init__.py and the README's "Load testing"."""
+"""`tensorgate perf URL --model NAME` (also `python -m tensorgate.perf`): a load generator for any KServe v2,
+Triton, TF Serving or grps server. See perf/__init__.py and the README's "Load testing"."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from server.perf import report
-from server.perf.h1wire import dechunk
-from server.perf.hdr import Histogram
-from server.perf.load import Load, Target
-from server.perf.model import (
+from tensorgate.perf import report
+from tensorgate.perf.h1wire import dechunk
+from tensorgate.perf.hdr import Histogram
+from tensorgate.perf.load import Load, Target
+from tensorgate.perf.model import (
     ModelSpec,
     PerfError,
     from_file,
@@ -27,8 +27,8 @@ from server.perf.model import (
     spec_from_v2_grpc,
     spec_from_v2_rest,
 )
-from server.perf.protocols import GRPC, PROTOCOLS, Answer, Checker, encode, outputs_of
-from server.perf.run import Level, Result, Windows, cores, run_level, start_runners
+from tensorgate.perf.protocols import GRPC, PROTOCOLS, Answer, Checker, encode, outputs_of
+from tensorgate.perf.run import Level, Result, Windows, cores, run_level, start_runners
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -148,7 +148,7 @@ def stats_reader(host: str, port: int, base: str, protocol: str, spec: ModelSpec
     if protocol in GRPC:
         from grpclib.client import Channel
 
-        import proto.inference as pb
+        import tensorgate.proto.inference as pb
 
         async def read_grpc() -> dict | None:
             channel = Channel(host, port)

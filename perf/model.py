@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from codec.datatypes import BY_V2, TABLE
+from tensorgate.codec.datatypes import BY_V2, TABLE
 
 BY_TF = {t.tf: t for t in TABLE}
 Arrays = dict[str, np.ndarray]
@@ -91,7 +91,7 @@ def spec_from_v2_rest(base: str, model: str, version: str) -> ModelSpec:
 async def spec_from_v2_grpc(host: str, port: int, model: str, version: str) -> ModelSpec:
     from grpclib.client import Channel
 
-    import proto.inference as pb
+    import tensorgate.proto.inference as pb
 
     channel = Channel(host, port)
     try:

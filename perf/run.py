@@ -26,8 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.perf.hdr import Histogram
-from server.perf.load import Load, Target, Window
+from tensorgate.perf.hdr import Histogram
+from tensorgate.perf.load import Load, Target, Window
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The connections `tensorgate perf` sends on, as raw asyncio protocols with callbacks (no task, no future
 a request): HTTP/1.1 keep-alive (one request in flight, bench/h1client.py's head parsing), HTTP/2 with the
-`h2` state machine (bench/h2client.py's settings), and gRPC on raw HTTP/2 frames (server/perf/h2frames.py): a
+`h2` state machine (bench/h2client.py's settings), and gRPC on raw HTTP/2 frames (perf/h2frames.py): a
 request's header block is encoded once, never indexed, so the same bytes go out each time; answers'
 header blocks go through an HPACK decoder, as a strict client's must.
 
@@ -25,8 +25,8 @@ from h2.events import (
 )
 from h2.settings import SettingCodes
 
-from server.perf.h1wire import build_request, dechunk, whole_answer
-from server.perf.h2frames import (
+from tensorgate.perf.h1wire import build_request, dechunk, whole_answer
+from tensorgate.perf.h2frames import (
     ACK,
     CONTINUATION,
     DATA,
@@ -44,14 +44,14 @@ from server.perf.h2frames import (
     WINDOW_UPDATE,
     frame,
 )
-from server.perf.h2wire import CONFIG as H2_CONFIG
-from server.perf.h2wire import WINDOW as H2_WINDOW
-from server.perf.h2wire import build_headers, pump
-from server.perf.protocols import Answer, Wire
+from tensorgate.perf.h2wire import CONFIG as H2_CONFIG
+from tensorgate.perf.h2wire import WINDOW as H2_WINDOW
+from tensorgate.perf.h2wire import build_headers, pump
+from tensorgate.perf.protocols import Answer, Wire
 
 
 class Connection(Protocol):
-    """What the load (server/perf/load.py) uses of a connection, whichever its protocol."""
+    """What the load (perf/load.py) uses of a connection, whichever its protocol."""
 
     multiplexed: bool  # carries any number of requests at once (HTTP/2 streams), else one
     transport: asyncio.Transport | None
