@@ -6,13 +6,13 @@ STAMP := $(VENV)/.installed
 REPO ?= examples/model_repository
 ARGS ?=
 
-.PHONY: serve test compile browser peers lint format bench fuzz proto clean
+.PHONY: serve test compile docs browser peers lint format bench fuzz proto clean
 
 # The editable install leaves the compiling to `compile` (in place, beside the sources).
 $(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	TENSORGATE_COMPILE=0 $(BIN)/python -m pip install -q -e '.[build,test,torch,onnx,otel,plot]'
+	TENSORGATE_COMPILE=0 $(BIN)/python -m pip install -q -e '.[build,test,torch,onnx,otel,plot,docs]'
 	touch $(STAMP)
 
 # The request path compiled with Cython (setup.py; the modules: pyproject.toml [tool.tensorgate]), each
@@ -103,10 +103,17 @@ FUZZ_SECONDS ?= 60
 fuzz: $(STAMP)
 	$(BIN)/python -m fuzz --seconds $(FUZZ_SECONDS) $(ARGS)
 
+# The documentation site (mkdocs.yml, docs/) into site/: the CLI reference regenerated from the argument
+# parsers first (docs/hooks/cli_reference.py; commit the page). `make test` builds it with --strict
+# (tests/test_docs.py): a broken link, a missing page or a dead anchor fails the suite.
+docs: $(STAMP)
+	$(BIN)/python docs/hooks/cli_reference.py
+	$(BIN)/mkdocs build --strict
+
 # Regenerates the betterproto2 modules in proto/ from proto/*.proto (commit the result; a test checks it).
 proto: $(STAMP)
 	$(BIN)/python -m tensorgate.proto.generate
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info site
 	find server codec batcher -name '*.so' -delete

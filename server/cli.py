@@ -1,9 +1,15 @@
-"""`tensorgate serve`: load the model repository, then serve every port until SIGINT/SIGTERM: the engine
-(server/engine.py), which with `--workers N` starts N - 1 front-end workers beside it (server/frontend.py)."""
+"""The `tensorgate` command and its subcommands, dispatched from one table (COMMANDS).
 
+`tensorgate serve`: load the model repository, then serve every port until SIGINT/SIGTERM: the engine
+(server/engine.py), which with `--workers N` starts N - 1 front-end workers beside it (server/frontend.py).
+`tensorgate perf`: the load generator (perf/)."""
+
+import argparse
 import asyncio
 import logging
 import sys
+from collections.abc import Callable
+from typing import NamedTuple
 
 from tensorgate.server import log_settings
 from tensorgate.server.endpoints.customized import PATH_FORMAT
@@ -30,15 +36,10 @@ def make_tracer(entries: list[str]) -> Tracer:
     return Tracer(setting, otel, exporter)
 
 
-def main(argv: list[str] | None = None) -> int:
-    arguments = sys.argv[1:] if argv is None else argv
-    if arguments[:1] == ["perf"]:  # the load generator: perf/, its own command line
-        from tensorgate.perf.cli import main as perf
-
-        return perf(arguments[1:])
+def serve(arguments: list[str]) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)  # what the engine starts its workers with
+    args = parser.parse_args(arguments)
+    args.argv = ["serve", *arguments]  # what the engine starts its workers with
     if "*" in args.load_model and len(args.load_model) > 1:
         parser.error("Wildcard model name '*' must be the ONLY --load-model if specified at all")
     if args.model_control_mode == "poll" and args.repository_poll_secs <= 0:
@@ -83,3 +84,32 @@ def main(argv: list[str] | None = None) -> int:
         else:
             runner.run(Engine(args, log_control, tracer).serve())
     return 0
+
+
+def perf(arguments: list[str]) -> int:
+    from tensorgate.perf.cli import main as run_perf  # the load generator's clients load only for it
+
+    return run_perf(arguments)
+
+
+class Command(NamedTuple):
+    help: str
+    run: Callable[[list[str]], int]  # with the arguments after the subcommand's name
+
+
+COMMANDS = {
+    "serve": Command("serve a model repository (tensorgate serve --help)", serve),
+    "perf": Command(
+        "load-test a model on any KServe v2, TF Serving or grps server (tensorgate perf --help)", perf
+    ),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    arguments = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="tensorgate", description="A multi-protocol model server.")
+    names = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
+    for name, command in COMMANDS.items():
+        names.add_parser(name, help=command.help, add_help=False)
+    chosen = parser.parse_args(arguments[:1]).command  # --help, or an unknown name, ends here
+    return COMMANDS[chosen].run(arguments[1:])

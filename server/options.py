@@ -16,12 +16,8 @@ GRPC_MAX_MESSAGE = (1 << 31) - 1  # protobuf cannot encode a larger message
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tensorgate", description="A multi-protocol model server.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser(
-        "perf", help="load-test a model on any KServe v2, TF Serving or grps server (tensorgate perf --help)"
-    )  # fmt: skip; its arguments: perf/cli.py
-    serve = commands.add_parser("serve", help="serve a model repository")
+    """`tensorgate serve`'s arguments (server/cli.py dispatches the subcommands)."""
+    serve = argparse.ArgumentParser(prog="tensorgate serve", description="Serve a model repository.")
     serve.add_argument("--model-repository", type=Path, required=True, help="the model repository directory")
     serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     serve.add_argument(
@@ -294,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
         "ones wait (default 4096; 0: no limit)",
     )
     serve.add_argument("--worker-of", help=argparse.SUPPRESS)  # set by the engine for each worker it starts
-    return parser
+    return serve
 
 
 def _arena_bytes(text: str) -> int:

@@ -177,7 +177,8 @@ class TorchlessServer(ServerProcess):
     @property
     def command(self) -> list[str]:
         code = (
-            "import sys; sys.modules['torch'] = None; from server.cli import main; raise SystemExit(main())"
+            "import sys; sys.modules['torch'] = None; from tensorgate.server.cli import main; "
+            "raise SystemExit(main())"
         )
         return [sys.executable, "-c", code, *super().command[3:]]
 

@@ -10,7 +10,7 @@ import pytest
 
 from tensorgate.server.options import available_cpus, build_parser
 
-SERVE = ["serve", "--model-repository", "."]
+SERVE = ["--model-repository", "."]
 
 
 @pytest.mark.parametrize(
