@@ -327,7 +327,7 @@ def test_dockerignore_keeps_what_the_images_copy() -> None:
 
 def test_yamllint_passes_on_every_manifest() -> None:
     config = YamlLintConfig(file=str(DEPLOY / ".yamllint.yaml"))
-    files = [p for p in DEPLOY.rglob("*.yaml") if "crds" not in p.parts]
+    files = list(DEPLOY.rglob("*.yaml"))
     assert len(files) >= 10
     problems = [
         f"{path.relative_to(ROOT)}:{p.line}: {p.message}"
