@@ -35,9 +35,10 @@ serve: compile
 # Neither pass repeats what runs behind the transport alone (the backends, model processes, warmup).
 BACKEND_ONLY = python_process triton_python triton_examples pytorch gpu warmup
 HTTP_E2E = $(filter-out %grpc.py %grpc_stream.py $(BACKEND_ONLY:%=tests/test_e2e_%.py),$(wildcard tests/test_e2e_*.py))
-# With --workers 2: every protocol and API through a worker; not the transport's own parsing either (the
-# same code in every process).
-ENGINE_ONLY = malformed security scale_out $(BACKEND_ONLY)
+# With --workers 2 --engine-front-end false: every protocol and API through a worker, python models in
+# processes of their own included; not the transport's own parsing (the same code in every process), nor
+# what runs behind the engine alone.
+ENGINE_ONLY = malformed security scale_out $(filter-out python_process triton_python,$(BACKEND_ONLY))
 WORKERS_E2E = $(filter-out $(ENGINE_ONLY:%=tests/test_e2e_%.py),$(wildcard tests/test_e2e_*.py))
 
 # Then the unit tests and the v2 end-to-end tests once more on the pure-Python sources

@@ -86,11 +86,12 @@ def build(
 
 def bind_ports(args: argparse.Namespace) -> dict[str, list[socket.socket]]:
     """The listening sockets of each port (the metrics port only with --allow-metrics); with --workers,
-    bound so that the workers may listen on the same ports (SO_REUSEPORT)."""
+    bound so that the workers may listen on the same ports (SO_REUSEPORT). With --engine-front-end false
+    they are bound but do not listen: the port is held, and only the workers' sockets take connections."""
     ports = {"gRPC": args.grpc_port, "Metrics": args.metrics_port, "HTTP": args.http_port}
     shared = args.workers > 1
     return {
-        name: bind(args.host, ports[name], shared)
+        name: bind(args.host, ports[name], shared, listen=args.engine_front_end)
         for name in PORTS
         if name != "Metrics" or args.allow_metrics
     }

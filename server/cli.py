@@ -44,6 +44,8 @@ def serve(arguments: list[str]) -> int:
         parser.error("Wildcard model name '*' must be the ONLY --load-model if specified at all")
     if args.model_control_mode == "poll" and args.repository_poll_secs <= 0:
         parser.error("--model-control-mode poll needs --repository-poll-secs > 0")
+    if not args.engine_front_end and args.workers < 2:
+        parser.error("--engine-front-end false needs --workers 2 or more: someone must accept connections")
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
         parser.error("--ssl-certfile and --ssl-keyfile go together")
     try:

@@ -120,20 +120,25 @@ class Engine:
                 await poller  # returns once a poll under way is done
             self.parts.grpc_services.begin_shutdown()  # open streams end; every port then drains
 
-        # This process serves the ports too (front end 0); each worker is one more front end.
+        # This process serves the ports too (front end 0) unless --engine-front-end false; each worker is
+        # one more front end.
         self.serving = [loop.create_future() for _ in range(self.args.workers)]
         workers = [loop.create_task(self._keep_worker(i, sockets)) for i in range(1, self.args.workers)]
         up = loop.create_task(self._log_when_serving(sockets))
-        served = loop.create_task(
-            assembly.serve_ports(
-                self.args,
-                self.parts,
-                sockets,
-                shutdown_trigger,
-                offline,
-                lambda: self.serving[0].set_result(None),
+        if self.args.engine_front_end:
+            served = loop.create_task(
+                assembly.serve_ports(
+                    self.args,
+                    self.parts,
+                    sockets,
+                    shutdown_trigger,
+                    offline,
+                    lambda: self.serving[0].set_result(None),
+                )
             )
-        )
+        else:
+            self.serving[0].set_result(None)
+            served = loop.create_task(shutdown_trigger())
         await stop.wait()
         up.cancel()
         self.stopping = True

@@ -263,6 +263,15 @@ def build_parser() -> argparse.ArgumentParser:
         "use (its cgroup's CPU limit, rounded up, and its affinity) (default 1: one process)",
     )
     serve.add_argument(
+        "--engine-front-end",
+        type=_boolean,
+        default=True,
+        metavar="true|false",
+        help="with --workers N: whether the engine accepts connections beside its N - 1 workers (default "
+        "true); false: only the workers accept them, every request crosses to the engine, and the engine's "
+        "core is left to the models",
+    )
+    serve.add_argument(
         "--worker-arena-bytes",
         type=_arena_bytes,
         default=2 << 30,

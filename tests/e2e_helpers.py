@@ -26,9 +26,12 @@ METRICS_LISTEN_RE = re.compile(rb"Metrics listening on 127\.0\.0\.1:(\d+)")
 HTTP_SERVER = os.environ.get("TENSORGATE_TEST_HTTP_SERVER", "")
 HTTP_SERVER_ARGS = ("--http-server", HTTP_SERVER) if HTTP_SERVER else ()
 # ... and its end-to-end tests again with front-end workers beside an engine: TENSORGATE_TEST_WORKERS=2 adds
-# `--workers 2` to every server started here.
+# `--workers 2 --engine-front-end false` to every server started here, so that every connection reaches a
+# worker and every request crosses to the engine (with the engine accepting too, the kernel would give it
+# about half of them, and a worker-only bug would fail one run in two). A test that sets --workers itself
+# keeps its own.
 WORKERS = int(os.environ.get("TENSORGATE_TEST_WORKERS", "1"))
-HTTP_SERVER_ARGS += ("--workers", str(WORKERS)) if WORKERS > 1 else ()
+WORKERS_ARGS = ("--workers", str(WORKERS), "--engine-front-end", "false") if WORKERS > 1 else ()
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 15.0
 LOG_TAIL = 20_000
@@ -79,6 +82,7 @@ class ServerProcess:
             "--log-level",
             self.log_level,
             *HTTP_SERVER_ARGS,
+            *(WORKERS_ARGS if "--workers" not in self.extra_args else ()),
             *self.extra_args,
         ]
 

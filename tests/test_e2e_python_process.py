@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -182,8 +183,9 @@ class TritonPythonModel:
 
 
 # Two instances without the dynamic batcher: a small batch may wait in a busy instance's socket behind the
-# one it executes (server/backends/process.py). MODE 0 answers X + 1 at once, 1 aborts after 0.4 s, 5
-# answers after 0.4 s.
+# one it executes (server/backends/process.py). MODE 0 answers X + 1 at once; 1 and 5 each leave a marker
+# file `entered_<mode>` beside model.py, wait there until a file `release` appears, then 1 aborts and 5
+# answers.
 QUEUE = (
     """
 name: "queue"
@@ -213,7 +215,11 @@ class TritonPythonModel:
             x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
             mode = int(pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy()[0])
             if mode in (1, 5):
-                time.sleep(0.4)
+                here = os.path.dirname(__file__)
+                open(os.path.join(here, f"entered_{mode}"), "w").close()
+                deadline = time.monotonic() + 30
+                while not os.path.exists(os.path.join(here, "release")) and time.monotonic() < deadline:
+                    time.sleep(0.01)
             if mode == 1:
                 os.abort()
             pid = np.array([os.getpid()], dtype=np.int64)
@@ -290,7 +296,9 @@ def server(start_server, repo: Path) -> Iterator[ServerProcess]:
     write_model(repo, "counter", COUNTER, {1: COUNTER_PY})
     write_model(repo, "fanout", FANOUT, {1: FANOUT_PY})
     write_model(repo, "queue", QUEUE, {1: QUEUE_PY})
-    yield start_server(repo, extra_args=("--model-control-mode", "explicit", "--load-model", "*"))
+    # --log-verbose 1: process.py logs each batch that waits behind another in an instance's socket
+    explicit = ("--model-control-mode", "explicit", "--load-model", "*", "--log-verbose", "1")
+    yield start_server(repo, extra_args=explicit)
 
 
 def test_each_instance_is_a_process_of_the_server(server: ServerProcess) -> None:
@@ -373,7 +381,7 @@ def test_bls_from_threads_of_a_model_in_a_process_to_a_model_in_others(server: S
     response = httpx.post(f"{server.base_url}/v2/models/fanout/infer", json=body, timeout=30)
     assert response.status_code == 200, response.text
     pids = response.json()["outputs"][0]["data"]
-    assert set(pids) <= {pid for _, pid, _ in started_pids(server)}
+    assert len(pids) == 2 and set(pids) <= {pid for _, pid, _ in started_pids(server)}
 
 
 def test_app_monitor_from_a_process_records_in_the_server(server: ServerProcess) -> None:
@@ -420,14 +428,16 @@ def test_a_dead_instance_fails_its_request_alone_and_is_restarted(
 
     with ThreadPoolExecutor(3) as pool:
         others = [pool.submit(load, "echo"), pool.submit(load, "echo_thread")]
-        failed = fragile(server, mode)
-        assert failed.status_code == 500, failed.text
-        error = failed.json()["error"]
-        assert error.startswith("model 'fragile' instance ") and error.endswith(cause), error
-        assert httpx.get(f"{server.base_url}/v2/models/fragile/ready", timeout=10).status_code == 200
-        assert fragile(server, 0).status_code == 200  # the other instance
-        wait_until(lambda: restarts(server, "fragile") == 1, "the instance restarted")
-        stop = True
+        try:
+            failed = fragile(server, mode)
+            assert failed.status_code == 500, failed.text
+            error = failed.json()["error"]
+            assert error.startswith("model 'fragile' instance ") and error.endswith(cause), error
+            assert httpx.get(f"{server.base_url}/v2/models/fragile/ready", timeout=10).status_code == 200
+            assert fragile(server, 0).status_code == 200  # the other instance
+            wait_until(lambda: restarts(server, "fragile") == 1, "the instance restarted")
+        finally:
+            stop = True  # the load threads end, so that a failed assert above fails at once
         assert all(other.result() > 0 for other in others)  # none failed (an assert would raise here)
     assert fragile(server, 0).status_code == 200
     assert len(started_pids(server)) == 3  # two at load, one restart
@@ -463,12 +473,16 @@ def test_a_batch_queued_behind_one_that_kills_its_instance_is_answered_by_anothe
     """Both instances busy (one about to abort, one slow), two small batches queue, one behind each;
     the one behind the abort never began, so it is sent again and answered: only the aborting request
     fails."""
+    here = server.repository / "queue" / "1"
+    behind = "model 'queue' version 1: a batch waits behind instance"
     with ThreadPoolExecutor(4) as pool:
         dying = pool.submit(queue, server, [1], 1)
-        time.sleep(0.1)
+        wait_until(lambda: (here / "entered_1").exists(), "the aborting batch began")
         slow = pool.submit(queue, server, [2], 5)
-        time.sleep(0.1)
+        wait_until(lambda: (here / "entered_5").exists(), "the slow batch began on the other instance")
         waiting = [pool.submit(queue, server, [10 + n]) for n in range(2)]
+        wait_until(lambda: server.log_text().count(behind) == 2, "a batch queued behind each instance")
+        (here / "release").touch()
         failed = dying.result()
         assert failed.status_code == 500, failed.text
         assert failed.json()["error"].endswith("exited (signal 6: SIGABRT)"), failed.text
@@ -477,6 +491,10 @@ def test_a_batch_queued_behind_one_that_kills_its_instance_is_answered_by_anothe
             assert response.status_code == 200, response.text
             assert response.json()["outputs"][0]["data"] == [[3, 11, 12][number]]
     wait_until(lambda: restarts(server, "queue") == 1, "the instance restarted")
+    resent = re.findall(
+        r"model 'queue' version 1: instance \d died before it began a batch: sent again", server.log_text()
+    )
+    assert len(resent) == 1, "the batch behind the abort was sent again, once"
 
 
 def test_an_idle_instance_killed_from_outside_is_restarted_without_a_request(server: ServerProcess) -> None:
@@ -493,6 +511,7 @@ def test_an_idle_instance_killed_from_outside_is_restarted_without_a_request(ser
 
 def test_unload_finalizes_and_ends_the_processes_and_reload_starts_new_ones(server: ServerProcess) -> None:
     first = {pid for _, pid, _ in started_pids(server)}
+    assert len(first) == 2
     assert httpx.post(f"{server.base_url}/v2/repository/models/fragile/unload", timeout=30).status_code == 200
     wait_until(lambda: all(gone(pid) for pid in first), "the unloaded model's processes ended")
     assert all(f"finalized pid={pid}" in server.log_text() for pid in first)
@@ -504,6 +523,7 @@ def test_unload_finalizes_and_ends_the_processes_and_reload_starts_new_ones(serv
 
 def test_the_processes_die_with_the_server(server: ServerProcess) -> None:
     pids = [pid for _, pid, _ in started_pids(server)]
+    assert len(pids) == 2
     server.kill()  # SIGKILL: nothing of the server's runs to stop them
     wait_until(lambda: all(gone(pid) for pid in pids), "the instances died with the server")
 

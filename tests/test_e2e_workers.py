@@ -10,6 +10,8 @@ import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -139,6 +141,28 @@ def workers_of(server: ServerProcess) -> set[int]:
         except OSError:
             continue  # gone meanwhile
     return workers
+
+
+def test_with_engine_front_end_false_every_connection_reaches_a_worker(start_server) -> None:
+    """What makes `make test`'s --workers pass reach a worker every time (e2e_helpers.py); the test above
+    is its control: by default the engine accepts connections too."""
+    server = start_server(EXAMPLES, extra_args=("--workers", "2", "--engine-front-end", "false"))
+    (worker,) = workers_of(server)
+    owners = set()
+    for _ in range(24):
+        with socket.create_connection(server.address, timeout=10) as sock:
+            assert request(sock, server, "/v2/health/live")[0] == 200
+            owners.add(owner(server, sock))
+    assert owners == {worker}
+
+
+def test_engine_front_end_false_needs_workers(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "tensorgate.server", "serve", "--model-repository", str(EXAMPLES)]
+    refused = subprocess.run(
+        [*command, "--engine-front-end", "false"], capture_output=True, text=True, timeout=60
+    )
+    assert refused.returncode == 2
+    assert "--engine-front-end false needs --workers 2 or more" in refused.stderr
 
 
 def test_a_worker_that_dies_is_replaced_while_the_others_serve(start_server) -> None:

@@ -20,7 +20,7 @@ SERVE_TOPICS: list[tuple[str, tuple[str, ...]]] = [
     ("Models and the repository", ("--model-", "--load-model", "--repository-", "--python-", "--strict-")),
     ("Ports and protocols", ("--host", "--http-port", "--grpc-port", "--grpc-max-message", "--metrics-port")),
     ("The transport and its limits", ("--max-", "--http", "--ssl-", "--grpc-http2-", "--graceful-")),
-    ("Workers", ("--workers", "--worker-")),
+    ("Workers", ("--workers", "--worker-", "--engine-front-end")),
     ("grps", ("--grps-", "--monitor-")),
     ("Shared memory, metrics and the response cache", ("--allow-", "--cache-", "--response-cache-")),
     ("Logging and tracing", ("--log-", "--trace-")),

@@ -166,6 +166,8 @@ class ProcessBackend(Backend):
             if instance.alive and instance.link is None:
                 await instance.attach()
             if instance.alive and instance.link is not None:
+                if instance.held > 1:
+                    log.debug("%s: a batch waits behind instance %d's", self.label, instance.index)
                 return instance
             self._give(instance)
 
@@ -244,6 +246,9 @@ class ProcessBackend(Backend):
             try:
                 answer = await asyncio.shield(future)
             except NotStarted:
+                log.info(
+                    "%s: instance %d died before it began a batch: sent again", self.label, instance.index
+                )
                 continue
             instance.failures = 0  # it serves: a later death starts the backoff again
             return answer

@@ -23,10 +23,10 @@ SWEEP_SECONDS = 1.0
 BACKLOG = 4096
 
 
-def bind(host: str, port: int, reuse_port: bool = False) -> list[socket.socket]:
+def bind(host: str, port: int, reuse_port: bool = False, listen: bool = True) -> list[socket.socket]:
     """Listening sockets for `host` (a name, an IPv4 or IPv6 address) and `port` (0: a free one). With
     `reuse_port`, other processes may listen on the same port (`rebind`), the kernel sharing the new
-    connections among them."""
+    connections among them; without `listen`, only bound (they take no connection)."""
     sockets: list[socket.socket] = []
     for family, kind, proto, _, address in socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -34,7 +34,7 @@ def bind(host: str, port: int, reuse_port: bool = False) -> list[socket.socket]:
         if sockets:  # every address of the name on the same port, the first one's if it was free
             address = (address[0], sockets[0].getsockname()[1], *address[2:])
         try:
-            sockets.append(_listening(family, address, reuse_port, kind, proto))
+            sockets.append(_listening(family, address, reuse_port, kind, proto, listen))
         except OSError:
             for bound in sockets:
                 bound.close()
@@ -48,7 +48,12 @@ def rebind(sockets: list[socket.socket]) -> list[socket.socket]:
 
 
 def _listening(
-    family: int, address: tuple, reuse_port: bool, kind: int = socket.SOCK_STREAM, proto: int = 0
+    family: int,
+    address: tuple,
+    reuse_port: bool,
+    kind: int = socket.SOCK_STREAM,
+    proto: int = 0,
+    listen: bool = True,
 ) -> socket.socket:
     sock = socket.socket(family, kind, proto)
     try:
@@ -58,7 +63,8 @@ def _listening(
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind(address)
-        sock.listen(BACKLOG)  # now: a client may connect as soon as the port is logged
+        if listen:
+            sock.listen(BACKLOG)  # now: a client may connect as soon as the port is logged
         sock.setblocking(False)
     except OSError:
         sock.close()
