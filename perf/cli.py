@@ -1,5 +1,5 @@
 """`tensorgate perf URL --model NAME` (also `python -m tensorgate.perf`): a load generator for any KServe v2,
-Triton, TF Serving or grps server. See perf/__init__.py and the README's "Load testing"."""
+Triton, TF Serving or grps server. See perf/__init__.py and docs/tools/perf.md."""
 
 from __future__ import annotations
 

@@ -198,7 +198,7 @@ class Monitor:
         return out
 
     def snapshot(self) -> dict:
-        """What `GET /grps/v1/monitor/metrics` answers (see the README)."""
+        """What `GET /grps/v1/monitor/metrics` answers (see docs/operations/monitor.md)."""
         metrics: dict[str, dict] = {
             name: {"label": "trend", "data": [[t, v] for t, v in points]}
             for name, points in self.series.items()

@@ -2,8 +2,8 @@
 gRPC port, and the HTTP port, where HTTP/2 requests with content-type application/grpc are gRPC calls):
 each answers what is expected, worked out here apart from the server: inference answers computed with
 numpy from the example models' definitions (examples/model_repository/<model>/1/model.py), metadata
-from their config.pbtxt, the repository from its folders, and statuses as the README documents them.
-The other gRPC tests check these answers in more detail."""
+from their config.pbtxt, the repository from its folders, and statuses as docs/protocols/v2-grpc.md
+documents them. The other gRPC tests check these answers in more detail."""
 
 from __future__ import annotations
 
@@ -158,7 +158,7 @@ TOKEN_ANSWERS = [
     for word in WORDS
 ]
 EXAMPLE_MODELS = sorted(path.parent.name for path in EXAMPLES.glob("*/config.*"))
-# GET /v2's extensions (README), with the shared-memory ones.
+# GET /v2's extensions (docs/protocols/v2-rest.md), with the shared-memory ones.
 EXTENSIONS = [
     "classification",
     "sequence",

@@ -212,9 +212,10 @@ def mappings_of(pid: int, segment: Segment) -> list[tuple[int, int, int]]:
 
 
 def test_the_model_reads_an_input_in_place_in_the_mapped_region(start_server, repo: Path) -> None:
-    """README: an input naming a region is read as a numpy view of the mapped region (no copy). The array
-    the model gets starts inside the server's mapping of the client's segment (the kernel's map of the
-    server's memory), exactly at region offset + input offset: not a copy made elsewhere."""
+    """docs/protocols/shared-memory.md: an input naming a region is read as a numpy view of the mapped
+    region (no copy). The array the model gets starts inside the server's mapping of the client's segment
+    (the kernel's map of the server's memory), exactly at region offset + input offset: not a copy made
+    elsewhere."""
     write_model(repo, "address", ADDRESS_CONFIG, {1: ADDRESS_MODEL})
     server = start_server(repo, extra_args=ALLOW)
     with segments(4096) as (segment,):

@@ -92,7 +92,7 @@ def test_spans_follow_tritons_layout_under_the_clients_trace(
     start_server, repo: Path, receiver: Receiver
 ) -> None:
     # rate 0: only requests with a traceparent. One process: with --workers, the engine samples what the
-    # workers send it and the clients' W3C context does not cross (README, "Every core").
+    # workers send it and the clients' W3C context does not cross (docs/operations/workers.md).
     server = start(start_server, repo, receiver, rate=0, workers=1)
     with httpx.Client(base_url=server.base_url) as client:
         setting = client.get("/v2/trace/setting").json()

@@ -333,7 +333,7 @@ def test_densenet_classification_over_grpc_and_into_shared_memory(server: Server
     assert [e.decode() for e in outputs(response)["fc6_1"]] == expected_classes(scores, 5)
 
     segment = Segment(4096)
-    try:  # written into a region in Triton's BYTES form (Triton itself refuses this; see the README)
+    try:  # written into a region in Triton's BYTES form (Triton refuses this; docs/protocols/v2-rest.md)
         assert register(server, segment, "classes").status_code == 200
         doc, headers = image_doc(
             "densenet_onnx", [{"name": "fc6_1", "parameters": {"classification": 2, **shm("classes", 4096)}}]

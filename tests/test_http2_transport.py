@@ -399,9 +399,9 @@ def closed_after(sock: socket.socket) -> bytes:
 
 
 def test_a_connection_without_the_whole_preface_is_closed_after_the_head_timeout(start_server) -> None:
-    """README: HTTP/2 with no preface within --http-head-timeout is closed. Half a preface on either
-    port, and nothing at all, are closed after the timeout, not before it; a connection that sent the
-    whole preface at the same moment is served on (keep-alive is 75 s)."""
+    """docs/operations/transport.md: HTTP/2 with no preface within --http-head-timeout is closed. Half a
+    preface on either port, and nothing at all, are closed after the timeout, not before it; a connection
+    that sent the whole preface at the same moment is served on (keep-alive is 75 s)."""
     server = start_server(EXAMPLES, extra_args=("--http-head-timeout", str(TIMEOUT)))
     started = time.monotonic()
     ports = {"http half": server.port, "grpc half": server.grpc_port, "grpc nothing": server.grpc_port}
@@ -426,9 +426,9 @@ def test_a_connection_without_the_whole_preface_is_closed_after_the_head_timeout
 
 
 def test_an_idle_connection_gets_goaway_then_close_after_the_keep_alive_timeout(start_server) -> None:
-    """README: an HTTP/2 connection (gRPC's too) with no stream open for --http-keep-alive-timeout gets
-    GOAWAY NO_ERROR, naming the last stream it took, and is closed; one with a gRPC call open (idle,
-    its messages still to come) is not."""
+    """docs/protocols/v2-grpc.md: an HTTP/2 connection (gRPC's too) with no stream open for
+    --http-keep-alive-timeout gets GOAWAY NO_ERROR, naming the last stream it took, and is closed; one with
+    a gRPC call open (idle, its messages still to come) is not."""
     server = start_server(EXAMPLES, extra_args=("--http-keep-alive-timeout", str(TIMEOUT)))
     with (
         H2Wire(server.address, timeout=GENEROUS) as http,

@@ -335,8 +335,8 @@ PROVIDERS = [
 def test_the_cuda_provider_is_chosen_for_a_gpu_group_when_onnxruntime_offers_it(
     groups: str, available: list[str], chosen: list, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """README: CUDA when the instance group is KIND_GPU or KIND_AUTO and onnxruntime-gpu is installed (its
-    device: the group's first `gpus`), else the CPU; KIND_GPU on the CPU then logs why."""
+    """docs/models/onnxruntime.md: CUDA when the instance group is KIND_GPU or KIND_AUTO and onnxruntime-gpu
+    is installed (its device: the group's first `gpus`), else the CPU; KIND_GPU on the CPU then logs why."""
     from tensorgate.server.backends.onnxruntime import _providers
 
     config = normalized(groups)

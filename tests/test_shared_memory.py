@@ -1,7 +1,8 @@
 """server/shared_memory.py's read path in-process: an input that names a system shared-memory region is
-given to the model as a numpy view of the server's mapping of the client's segment, not a copy (README:
-"An input is read as a numpy view of the mapped region (no copy)"). End to end, the address a model sees
-is checked against the kernel's map of the server's memory in tests/test_e2e_shared_memory.py."""
+given to the model as a numpy view of the server's mapping of the client's segment, not a copy
+(docs/protocols/shared-memory.md: "An input is read as a numpy view of the mapped region: no copy"). End
+to end, the address a model sees is checked against the kernel's map of the server's memory in
+tests/test_e2e_shared_memory.py."""
 
 from __future__ import annotations
 

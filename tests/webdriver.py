@@ -1,6 +1,6 @@
 """A headless Chromium driven through chromedriver's W3C WebDriver API (plain HTTP and JSON, spoken
 here with httpx: no selenium needed). Debian's `chromium` and `chromium-driver` packages provide both
-programs; `make test` installs them where it can (README, "Development")."""
+programs; `make test` installs them where it can (docs/internals/development.md)."""
 
 from __future__ import annotations
 

@@ -32,11 +32,12 @@ def _cell(text: str) -> str:
 
 
 def _usage(action: argparse.Action) -> str:
+    """The flag's cell, code text: a pipe there would show its escape, so `true|false` reads true/false."""
     names = ", ".join(action.option_strings) or action.dest
     if action.option_strings and action.nargs != 0:
         names += " " + (action.metavar or (action.choices and "{" + ",".join(map(str, action.choices)) + "}")
                         or action.dest.upper())  # fmt: skip
-    return names
+    return names.replace("|", "/")
 
 
 def _rows(parser: argparse.ArgumentParser, actions: list[argparse.Action]) -> list[str]:

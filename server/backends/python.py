@@ -45,8 +45,7 @@ if TYPE_CHECKING:
     from tensorgate.server.backends.base import Host
 
 # EXECUTION_MODE when the config names none, as --python-execution-mode sets it. `auto`: Triton's API gets
-# Triton's isolation (a process per instance, as Triton's stubs), ours keeps threads (README "The python
-# backend").
+# Triton's isolation (a process per instance, as Triton's stubs), ours keeps threads (docs/models/python.md).
 EXECUTION_MODES = ("auto", "process", "thread")
 
 
