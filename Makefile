@@ -46,32 +46,37 @@ WORKERS_E2E = $(filter-out $(ENGINE_ONLY:%=tests/test_e2e_%.py),$(wildcard tests
 UNIT = $(filter-out tests/test_e2e_%,$(wildcard tests/test_*.py))
 PURE_E2E = tests/test_e2e_v2_http.py tests/test_e2e_v2_grpc.py tests/test_e2e_v2_errors.py tests/test_e2e_malformed.py
 
+# Every pass requires the outside peers and optional packages its tests need (TENSORGATE_REQUIRE_PEERS=1:
+# missing, they fail instead of skipping; only the GPU tests skip without a GPU), and -rs prints the
+# reason of every skip.
+test: export TENSORGATE_REQUIRE_PEERS = 1
 test: lint browser peers compile
 	TENSORGATE_REQUIRE_FUZZ=1 TENSORGATE_REQUIRE_COMPILED=$(if $(filter 0,$(TENSORGATE_COMPILE)),0,1) \
-	  $(BIN)/python -m pytest -q $(ARGS)
-	TENSORGATE_TEST_HTTP_SERVER=hypercorn $(BIN)/python -m pytest -q -m "not ours" $(HTTP_E2E) $(ARGS)
-	TENSORGATE_TEST_WORKERS=2 $(BIN)/python -m pytest -q -m "not ours" $(WORKERS_E2E) $(ARGS)
-	TENSORGATE_PURE_PYTHON=1 $(BIN)/python -m pytest -q $(UNIT) $(PURE_E2E) $(ARGS)
+	  $(BIN)/python -m pytest -q -rs $(ARGS)
+	TENSORGATE_TEST_HTTP_SERVER=hypercorn $(BIN)/python -m pytest -q -rs -m "not ours" $(HTTP_E2E) $(ARGS)
+	TENSORGATE_TEST_WORKERS=2 $(BIN)/python -m pytest -q -rs -m "not ours" $(WORKERS_E2E) $(ARGS)
+	TENSORGATE_PURE_PYTHON=1 $(BIN)/python -m pytest -q -rs $(UNIT) $(PURE_E2E) $(ARGS)
 
 # The monitor page's browser test drives Debian's chromium through chromium-driver. Installed here where
-# apt-get can (root, a Debian machine); otherwise that one test is skipped, and this says why.
+# apt-get can (root, a Debian machine); otherwise that one test fails under make test, and says why.
 browser:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 	  { echo "installing chromium and chromium-driver (apt-get) for the monitor page's browser test"; \
 	    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
 	      chromium chromium-driver >/dev/null; } || \
-	    echo "could not install chromium: tests/test_e2e_monitor.py's browser test will be skipped"; }
+	    echo "could not install chromium: tests/test_e2e_monitor.py's browser test will fail"; }
 
 # The outside peers the real-client tests and the bench drive the server with: h2load and wrk (Debian's
 # nghttp2-client and wrk) and Triton's perf_analyzer (the tritonclient 2.51.0 wheel in .peers/, with
-# Debian's libb64-0d; bench/perf_analyzer.py). Installed where apt-get and pip can; otherwise the tests
-# that need them are skipped, and say why.
+# Debian's libb64-0d; bench/perf_analyzer.py), and curl and openssl. Installed where apt-get and pip can;
+# otherwise the tests that need them fail under make test (skip elsewhere), and say why.
 peers: $(STAMP)
-	@command -v h2load >/dev/null && command -v wrk >/dev/null && test -e /usr/lib/x86_64-linux-gnu/libb64.so.0d || \
-	  { echo "installing nghttp2-client, wrk and libb64-0d (apt-get) for the real-client tests"; \
+	@command -v h2load >/dev/null && command -v wrk >/dev/null && command -v curl >/dev/null && \
+	  command -v openssl >/dev/null && test -e /usr/lib/x86_64-linux-gnu/libb64.so.0d || \
+	  { echo "installing nghttp2-client, wrk, curl, openssl and libb64-0d (apt-get) for the real-client tests"; \
 	    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
-	      nghttp2-client wrk libb64-0d >/dev/null; } || echo "could not install them: those tests will be skipped"; }
-	@$(BIN)/python -m bench.perf_analyzer --install || echo "perf_analyzer's tests will be skipped"
+	      nghttp2-client wrk curl openssl libb64-0d >/dev/null; } || echo "could not install them: those tests will fail"; }
+	@$(BIN)/python -m bench.perf_analyzer --install || echo "could not install perf_analyzer: its tests will fail"
 
 # mypy checks the compiled modules' types (the list: pyproject.toml [tool.tensorgate] compiled).
 COMPILED_SOURCES = $(BIN)/python -c 'import tomllib; print(*(n.replace(".", "/") + ".py" for n in \

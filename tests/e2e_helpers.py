@@ -30,7 +30,7 @@ def missing(reason: str) -> NoReturn:
     """What a test needs is not here: skip with `reason`, or fail with it under TENSORGATE_REQUIRE_PEERS."""
     if REQUIRE_PEERS:
         pytest.fail(f"{reason}; TENSORGATE_REQUIRE_PEERS is set (make test): a failure, not a skip")
-    pytest.skip(reason)
+    pytest.skip(reason, allow_module_level=True)  # within a test, it skips that test only
 
 
 def need_module(name: str, why: str = "") -> Any:

@@ -24,7 +24,7 @@ import httpx
 import kubernetes_validate
 import pytest
 import yaml
-from e2e_helpers import ServerProcess
+from e2e_helpers import ServerProcess, need_program
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from yamllint import linter
 from yamllint.config import YamlLintConfig
@@ -337,9 +337,10 @@ def test_yamllint_passes_on_every_manifest() -> None:
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="compares the fallback with kubectl kustomize")
 @pytest.mark.parametrize("kustomization", ["base", "overlays/gpu", "overlays/grpc-probes"])
 def test_the_fallback_renderer_renders_what_kubectl_does(kustomization: str) -> None:
+    need_program("kubectl", "the fallback renderer is compared with kubectl kustomize")
+
     def by_name(objects: list[dict]) -> dict:
         return {(o["kind"], o["metadata"]["name"]): o for o in objects}
 

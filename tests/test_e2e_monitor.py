@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 import webdriver
-from e2e_helpers import ServerProcess, int32_config, stop_all, write_model
+from e2e_helpers import ServerProcess, int32_config, missing, stop_all, write_model
 
 WEIRD = "<img src=x onerror=document.title='pwned'>"  # a legal folder name, shown as text
 IDENT = """
@@ -184,8 +184,9 @@ def test_the_page_is_self_contained(server: ServerProcess) -> None:
     assert WEIRD not in page.text  # names only ever arrive as data
 
 
-@pytest.mark.skipif(bool(webdriver.missing()), reason=webdriver.missing())
 def test_the_page_in_a_browser_under_load(server: ServerProcess, tmp_path: Path) -> None:
+    if webdriver.missing():
+        missing(webdriver.missing())
     stop = threading.Event()
 
     def load() -> None:

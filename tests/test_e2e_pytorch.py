@@ -19,11 +19,12 @@ from e2e_helpers import (
     binary_body,
     int32_config,
     make_client,
+    need_module,
     split_binary_response,
     write_model,
 )
 
-torch = pytest.importorskip("torch")
+torch = need_module("torch", "the torch extra: pip install -e '.[torch]' (make test installs it)")
 # `gpu` too: on a machine with CUDA the example models (KIND_AUTO) are served there, and `pytest -m gpu`
 # runs these with the other GPU tests.
 pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore:`torch.jit.:DeprecationWarning")]

@@ -13,14 +13,15 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from e2e_helpers import need_module
 from grpc_helpers import call, tensor
 from trace_helpers import write_trace_repository
 
 import tensorgate.proto.inference as pb
 
-trace_service = pytest.importorskip(
+trace_service = need_module(
     "opentelemetry.proto.collector.trace.v1.trace_service_pb2",
-    reason="needs the otel extra: pip install -e '.[otel]' (make test installs it)",
+    "the otel extra: pip install -e '.[otel]' (make test installs it)",
 )
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -18,6 +18,7 @@ from e2e_helpers import (
     binary_body,
     decode_bytes_elements,
     encode_bytes_elements,
+    need_module,
     split_binary_response,
     stop_all,
 )
@@ -29,7 +30,7 @@ from triton_examples import CLASSES, DENSENET_LABELS, simple_onnx, write_example
 
 import tensorgate.proto.inference as pb
 
-pytest.importorskip("onnxruntime")
+need_module("onnxruntime", "the onnx extra: pip install -e '.[onnx]' (make test installs it)")
 
 A, B = list(range(16)), [3 * i - 20 for i in range(16)]
 ENSEMBLE = """

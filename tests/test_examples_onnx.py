@@ -5,8 +5,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from e2e_helpers import need_module
 
-onnx = pytest.importorskip("onnx")
+onnx = need_module("onnx", "the test extra (make test installs it)")
 from onnx import TensorProto, numpy_helper  # noqa: E402
 
 from tensorgate.server.model_config import normalize_config, parse_pbtxt  # noqa: E402
@@ -42,7 +43,7 @@ def test_committed_model_loads_in_onnxruntime_1_17_and_later() -> None:
 
 def test_committed_model_is_the_mlp() -> None:
     """onnxruntime's answer on a seeded batch is numpy's: Gemm (x @ W.T + b) with Relu between, 3 layers."""
-    ort = pytest.importorskip("onnxruntime")
+    ort = need_module("onnxruntime", "the onnx extra: pip install -e '.[onnx]' (make test installs it)")
     graph = onnx.load(str(MODEL)).graph
     assert [n.op_type for n in graph.node] == ["Gemm", "Relu", "Gemm", "Relu", "Gemm"]
     weights = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
@@ -89,7 +90,7 @@ def test_graph_signature_matches_the_config() -> None:
 @pytest.mark.filterwarnings("ignore:`torch.jit.:DeprecationWarning")  # torch 2.10+
 def test_weights_are_the_torchscript_mlps() -> None:
     """The build script draws mlp's weights (examples/build_torch_models.py), so both serve one function."""
-    torch = pytest.importorskip("torch")
+    torch = need_module("torch", "the torch extra: pip install -e '.[torch]' (make test installs it)")
     state = torch.jit.load(str(MODEL_DIR.parent / "mlp" / "1" / "model.pt")).state_dict()
     weights = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(MODEL)).graph.initializer}
     assert len(weights) == len(state) == 6

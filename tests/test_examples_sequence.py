@@ -6,10 +6,10 @@ import importlib.util
 from pathlib import Path
 
 import numpy as np
-import pytest
+from e2e_helpers import need_module
 
-pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+need_module("onnx", "the test extra (make test installs it)")
+ort = need_module("onnxruntime", "the onnx extra: pip install -e '.[onnx]' (make test installs it)")
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "build_sequence_models.py"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import time
@@ -20,6 +19,7 @@ from e2e_helpers import (
     chunked,
     http_request,
     identity_binary_request,
+    need_program,
     simple_inputs,
     split_binary_response,
 )
@@ -222,8 +222,8 @@ def test_large_binary_tensor_round_trips_exactly(v2_server: ServerProcess) -> No
     assert np.array_equal(np.frombuffer(raw["OUTPUT0"], dtype="<f4"), values)
 
 
-@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 def test_curl_gets_an_answer(v2_server: ServerProcess) -> None:
+    need_program("curl", "apt-get install curl")
     out = subprocess.run(
         [
             "curl",

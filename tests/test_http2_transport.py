@@ -5,7 +5,6 @@ frame floods, window overflows, cancellation and graceful shutdown."""
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import socket
 import subprocess
@@ -19,6 +18,8 @@ from e2e_helpers import (
     EXAMPLES,
     ServerProcess,
     identity_binary_request,
+    missing,
+    need_program,
     simple_inputs,
     split_binary_response,
     wait_for_file,
@@ -112,11 +113,12 @@ def test_the_h2_library_as_a_strict_client(v2_server: ServerProcess) -> None:
     assert json.loads(body)["outputs"][0]["data"] == [x + 1 for x in range(16)]
 
 
-@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 def test_curl_with_prior_knowledge(v2_server: ServerProcess) -> None:
-    probe = subprocess.run(["curl", "--version"], capture_output=True, text=True)
+    probe = subprocess.run(
+        [need_program("curl", "apt-get install curl"), "--version"], capture_output=True, text=True
+    )
     if "HTTP2" not in probe.stdout:
-        pytest.skip("this curl has no HTTP/2")
+        missing("this curl has no HTTP/2")
     argv = ["curl", "-s", "--http2-prior-knowledge", "-w", "\n%{http_version}", "--data-binary", "@-"]
     argv += ["-H", "Content-Type: application/json", f"{v2_server.base_url}/v2/models/simple/infer"]
     out = subprocess.run(argv, input=INFER, capture_output=True, timeout=10, check=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import ssl
 import subprocess
 from collections.abc import Iterator
@@ -11,24 +10,20 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
-from e2e_helpers import EXAMPLES, ServerProcess, simple_inputs, stop_all
+from e2e_helpers import EXAMPLES, ServerProcess, need_program, simple_inputs, stop_all
 
 import tensorgate.proto.inference as pb
 
-pytestmark = [
-    pytest.mark.ours,
-    pytest.mark.skipif(
-        shutil.which("openssl") is None, reason="needs the openssl command to make a certificate"
-    ),
-]
+pytestmark = pytest.mark.ours
 
 
 @pytest.fixture(scope="module")
 def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, Path]]:
     base = tmp_path_factory.mktemp("tls")
     cert, key = base / "cert.pem", base / "key.pem"
+    openssl = need_program("openssl", "apt-get install openssl: it makes the test's certificate")
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
          "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
         check=True, capture_output=True, timeout=60,
     )  # fmt: skip

@@ -10,13 +10,13 @@ import httpx
 import numpy as np
 import orjson
 import pytest
-from e2e_helpers import ServerProcess, write_model
+from e2e_helpers import ServerProcess, need_module, write_model
 from grpc_helpers import call, tensor
 
 import tensorgate.proto.inference as pb
 
-onnx = pytest.importorskip("onnx")
-pytest.importorskip("onnxruntime")
+onnx = need_module("onnx", "the test extra (make test installs it)")
+need_module("onnxruntime", "the onnx extra: pip install -e '.[onnx]' (make test installs it)")
 from onnx import TensorProto, helper  # noqa: E402
 
 INT32 = TensorProto.INT32
