@@ -10,6 +10,7 @@ or built.
 
 from __future__ import annotations
 
+import ast
 import copy
 import json
 import re
@@ -308,6 +309,20 @@ def test_the_images_command_and_healthcheck_run_against_the_example_repository(d
     finally:
         if server.running:
             server.kill()
+
+
+def test_the_images_copy_every_package_the_wheel_ships() -> None:
+    """The images build the wheel from the folders they copy: each of setup.py's PACKAGES must be there."""
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    (packages,) = [
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "PACKAGES"
+    ]
+    assert "server" in packages and "perf" in packages
+    for dockerfile in ("Dockerfile", "Dockerfile.cuda"):
+        copied = {c.split()[0] for c in dockerfile_instructions(DEPLOY / dockerfile)["COPY"] if c[:2] != "--"}
+        assert set(packages) <= copied, (dockerfile, set(packages) - copied)
 
 
 def test_dockerignore_keeps_what_the_images_copy() -> None:
