@@ -25,27 +25,30 @@ class DataType:
     size: int  # bytes per element; 0 for variable-size BYTES
     grps: str  # the grps (NetEase-Media/grps) DataType that carries it
     onnx: str  # ONNX Runtime's type string of a tensor of it (NodeArg.type)
+    tf_number: int  # the TensorFlow DataType's number (tensorflow/core/framework/types.proto)
 
 
-def _t(v2: str, config: str, numpy: str, torch: str, tf: str, size: int, grps: str, onnx: str) -> DataType:
-    return DataType(v2, config, np.dtype(numpy), torch, tf, size, grps, f"tensor({onnx})")
+def _t(
+    v2: str, config: str, numpy: str, torch: str, tf: str, size: int, grps: str, onnx: str, tf_number: int
+) -> DataType:
+    return DataType(v2, config, np.dtype(numpy), torch, tf, size, grps, f"tensor({onnx})", tf_number)
 
 
 TABLE: tuple[DataType, ...] = (
-    _t("BOOL", "TYPE_BOOL", "bool", "bool", "DT_BOOL", 1, "DT_UINT8", "bool"),
-    _t("UINT8", "TYPE_UINT8", "<u1", "uint8", "DT_UINT8", 1, "DT_UINT8", "uint8"),
-    _t("UINT16", "TYPE_UINT16", "<u2", "uint16", "DT_UINT16", 2, "DT_INT32", "uint16"),
-    _t("UINT32", "TYPE_UINT32", "<u4", "uint32", "DT_UINT32", 4, "DT_INT64", "uint32"),
-    _t("UINT64", "TYPE_UINT64", "<u8", "uint64", "DT_UINT64", 8, "DT_INT64", "uint64"),
-    _t("INT8", "TYPE_INT8", "<i1", "int8", "DT_INT8", 1, "DT_INT8", "int8"),
-    _t("INT16", "TYPE_INT16", "<i2", "int16", "DT_INT16", 2, "DT_INT16", "int16"),
-    _t("INT32", "TYPE_INT32", "<i4", "int32", "DT_INT32", 4, "DT_INT32", "int32"),
-    _t("INT64", "TYPE_INT64", "<i8", "int64", "DT_INT64", 8, "DT_INT64", "int64"),
-    _t("FP16", "TYPE_FP16", "<f2", "float16", "DT_HALF", 2, "DT_FLOAT16", "float16"),
-    _t("FP32", "TYPE_FP32", "<f4", "float32", "DT_FLOAT", 4, "DT_FLOAT32", "float"),
-    _t("FP64", "TYPE_FP64", "<f8", "float64", "DT_DOUBLE", 8, "DT_FLOAT64", "double"),
-    _t("BF16", "TYPE_BF16", "<u2", "bfloat16", "DT_BFLOAT16", 2, "DT_FLOAT32", "bfloat16"),
-    _t("BYTES", "TYPE_STRING", "O", "uint8", "DT_STRING", 0, "DT_STRING", "string"),
+    _t("BOOL", "TYPE_BOOL", "bool", "bool", "DT_BOOL", 1, "DT_UINT8", "bool", 10),
+    _t("UINT8", "TYPE_UINT8", "<u1", "uint8", "DT_UINT8", 1, "DT_UINT8", "uint8", 4),
+    _t("UINT16", "TYPE_UINT16", "<u2", "uint16", "DT_UINT16", 2, "DT_INT32", "uint16", 17),
+    _t("UINT32", "TYPE_UINT32", "<u4", "uint32", "DT_UINT32", 4, "DT_INT64", "uint32", 22),
+    _t("UINT64", "TYPE_UINT64", "<u8", "uint64", "DT_UINT64", 8, "DT_INT64", "uint64", 23),
+    _t("INT8", "TYPE_INT8", "<i1", "int8", "DT_INT8", 1, "DT_INT8", "int8", 6),
+    _t("INT16", "TYPE_INT16", "<i2", "int16", "DT_INT16", 2, "DT_INT16", "int16", 5),
+    _t("INT32", "TYPE_INT32", "<i4", "int32", "DT_INT32", 4, "DT_INT32", "int32", 3),
+    _t("INT64", "TYPE_INT64", "<i8", "int64", "DT_INT64", 8, "DT_INT64", "int64", 9),
+    _t("FP16", "TYPE_FP16", "<f2", "float16", "DT_HALF", 2, "DT_FLOAT16", "float16", 19),
+    _t("FP32", "TYPE_FP32", "<f4", "float32", "DT_FLOAT", 4, "DT_FLOAT32", "float", 1),
+    _t("FP64", "TYPE_FP64", "<f8", "float64", "DT_DOUBLE", 8, "DT_FLOAT64", "double", 2),
+    _t("BF16", "TYPE_BF16", "<u2", "bfloat16", "DT_BFLOAT16", 2, "DT_FLOAT32", "bfloat16", 14),
+    _t("BYTES", "TYPE_STRING", "O", "uint8", "DT_STRING", 0, "DT_STRING", "string", 7),
 )
 
 BY_V2: dict[str, DataType] = {t.v2: t for t in TABLE}
@@ -57,6 +60,7 @@ BY_GRPS: dict[str, DataType] = {
 # numpy -> v2 for arrays a model returns; BF16 is never inferred from uint16.
 BY_NUMPY: dict[np.dtype, DataType] = {t.numpy: t for t in TABLE if t.v2 != "BF16"}
 BY_ONNX: dict[str, DataType] = {t.onnx: t for t in TABLE}
+BY_TF_NUMBER: dict[int, DataType] = {t.tf_number: t for t in TABLE}
 BY_NUMPY[np.dtype("S")] = BY_V2["BYTES"]
 BY_NUMPY[np.dtype("U")] = BY_V2["BYTES"]
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from tensorgate.codec import errors
-from tensorgate.codec.datatypes import BY_V2, bf16_to_float32
+from tensorgate.codec.datatypes import BY_V2, DataType, bf16_to_float32
 from tensorgate.codec.errors import ErrorKind, InferError, http_status, invalid
 from tensorgate.codec.tensor import InferRequest, InferResponse, RequestedOutput, Tensor
 from tensorgate.codec.tfserving_json import dumps, is_b64, json_rows, json_value, loads, to_array
@@ -124,6 +124,30 @@ def _from_inputs(value: Any, inputs: list[TensorInfo], what: str) -> list[Tensor
     return tensors
 
 
+def decode_tensors(
+    given: dict[str, tuple[DataType, np.ndarray]],
+    inputs: list[TensorInfo],
+    model: str,
+    version: str,
+    outputs: list[str] | None = None,
+) -> InferRequest:
+    """A gRPC PredictRequest's tensors (alias -> (the dtype it says, its array)) -> the request, checked
+    as the REST API checks its inputs, and each dtype against the model's."""
+    what = f"model '{model}'"
+    tensors = []
+    for index, info in enumerate(_named(given.keys(), inputs, what, "the request's inputs")):
+        dtype, array = given[info.name]
+        if dtype.v2 != info.datatype:
+            expected = BY_V2[info.datatype].tf
+            raise invalid(
+                f"{what}, input '{info.name}': Expects arg[{index}] to be {expected} "
+                f"but {dtype.tf} is provided"
+            )
+        tensors.append(_input_tensor(info, array, f"{what}, input '{info.name}'"))
+    wanted = None if outputs is None else [RequestedOutput(name) for name in outputs]
+    return InferRequest(model, version, inputs=tensors, outputs=wanted)
+
+
 def _only_input(inputs: list[TensorInfo], what: str, given: str, instead: str) -> TensorInfo:
     if len(inputs) != 1:
         names = ", ".join(i.name for i in inputs)
@@ -172,12 +196,13 @@ def _input_tensor(info: TensorInfo, array: np.ndarray, what: str) -> Tensor:
     return Tensor(info.name, info.datatype, array.shape, array)
 
 
-def output_array(tensor: Tensor, info: TensorInfo | None) -> np.ndarray:
-    """An output as TF Serving shows it: in the model's own shape, BF16 as float32."""
+def output_array(tensor: Tensor, info: TensorInfo | None, bf16_as_float32: bool = True) -> np.ndarray:
+    """An output as TF Serving shows it: in the model's own shape, BF16 as float32 for JSON (gRPC keeps
+    its bits: DT_BFLOAT16)."""
     array = tensor.data if isinstance(tensor.data, np.ndarray) else np.asarray(tensor.data)
     if info is not None and info.shape != info.v2_shape and _matches(array.shape, info.v2_shape):
         array = _reshaped(array, info.v2_shape, info.shape)
-    if tensor.datatype == "BF16":
+    if tensor.datatype == "BF16" and bf16_as_float32:
         array = bf16_to_float32(array)
     return array
 
@@ -316,6 +341,15 @@ def encode_classify(
 ) -> bytes:
     """`{"result": ..., "results": ...}` (the same list: TF Serving's doc says one, its code the other):
     per example a list of [label, score] pairs; labels from `classes`, "" without one."""
+    results = [[list(pair) for pair in row] for row in classifications(response, names, outputs)]
+    return dumps({"result": results, "results": results})
+
+
+def classifications(
+    response: InferResponse | None, names: list[str], outputs: dict[str, TensorInfo]
+) -> list[list[tuple[str, Any]]]:
+    """Per example, its (label, score) pairs: scores from `names[0]`, labels from `names[1]` (the
+    `classes` output) or "" without one."""
     results: list = []
     if response is not None:
         scores = _examples_array(response, names[0], outputs)
@@ -335,10 +369,10 @@ def encode_classify(
         else:
             labels = [[""] * width] * scores.shape[0]
         results = [
-            [[label, score] for label, score in zip(label_row, score_row, strict=True)]
+            list(zip(label_row, score_row, strict=True))
             for label_row, score_row in zip(labels, score_rows, strict=True)
         ]
-    return dumps({"result": results, "results": results})
+    return results
 
 
 def _label(element: Any) -> str:
@@ -347,16 +381,24 @@ def _label(element: Any) -> str:
 
 def encode_regress(response: InferResponse | None, names: list[str], outputs: dict[str, TensorInfo]) -> bytes:
     """`{"result": [...], "results": [...]}`: one number per example."""
-    values: Any = []
-    if response is not None:
-        array = _examples_array(response, names[0], outputs)
-        if array.shape[1] != 1 or array.dtype.kind not in "biuf":
-            raise invalid(
-                f"output '{names[0]}' of model '{response.model_name}' has shape {list(array.shape)} of "
-                f"{array.dtype}: regress needs one number per example"
-            )
-        values = json_value(array.reshape(-1))
-    return dumps({"result": values, "results": values})
+    values = regressions(response, names, outputs)
+    answer = json_value(values) if values.size else []
+    return dumps({"result": answer, "results": answer})
+
+
+def regressions(
+    response: InferResponse | None, names: list[str], outputs: dict[str, TensorInfo]
+) -> np.ndarray:
+    """One number per example, from the output `names[0]`."""
+    if response is None:
+        return np.zeros(0, dtype=np.float32)
+    array = _examples_array(response, names[0], outputs)
+    if array.shape[1] != 1 or array.dtype.kind not in "biuf":
+        raise invalid(
+            f"output '{names[0]}' of model '{response.model_name}' has shape {list(array.shape)} of "
+            f"{array.dtype}: regress needs one number per example"
+        )
+    return array.reshape(-1)
 
 
 # ------------------------------------------------------------------------------------------ status, metadata

@@ -135,7 +135,9 @@ def _bytes_array(value: Any, what: str) -> np.ndarray:
         level = [element for item in level for element in item]
     out = np.empty(len(level), dtype=object)
     for i, leaf in enumerate(level):
-        if type(leaf) is str:
+        if type(leaf) is bytes:  # a tf.Example's bytes_list (gRPC)
+            out[i] = leaf
+        elif type(leaf) is str:
             try:
                 out[i] = leaf.encode()
             except UnicodeEncodeError:

@@ -25,7 +25,7 @@ from hpack import Decoder as ReferenceDecoder
 from fuzz import transport
 from fuzz.readback import Mismatch
 from tensorgate.codec import grps as grps_wire
-from tensorgate.codec import tfserving, v2_grpc_request, v2_http
+from tensorgate.codec import tfserving, tfserving_grpc, v2_grpc_request, v2_http
 from tensorgate.codec.errors import InferError, invalid
 from tensorgate.codec.tensor import Tensor
 from tensorgate.server.endpoints import repository as repository_api
@@ -166,6 +166,13 @@ def tfserving_predict(data: bytes) -> object:
     return tfserving.decode_predict(doc, TF_INPUTS, "m", "1")
 
 
+def tfserving_grpc_predict(data: bytes) -> object:
+    """TF Serving's gRPC PredictRequest bytes through the hand-written reader, then its tensors checked
+    against a model's inputs as the service checks them."""
+    request = tfserving_grpc.decode_predict(data)
+    return tfserving.decode_tensors(request.inputs, TF_INPUTS, "m", "1", request.output_filter or None)
+
+
 def grps_json(data: bytes) -> object:
     return grps_wire.payload_from_json(data)
 
@@ -260,6 +267,7 @@ TARGETS: dict[str, Callable[[bytes], object]] = {
     "grpc_framing": grpc_framing,
     "hpack": hpack,
     "tfserving_predict": tfserving_predict,
+    "tfserving_grpc_predict": tfserving_grpc_predict,
     "grps_json": grps_json,
     "grps_protobuf": grps_protobuf,
     "config_pbtxt": config_pbtxt,

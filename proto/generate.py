@@ -16,12 +16,41 @@ from pathlib import Path
 PROTO_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PROTO_DIR.parent
 SOURCES = (
+    "google/protobuf/any.proto",  # ours, wire-identical: the generated module holds only what we wrote
+    "google/protobuf/wrappers.proto",
     "grpc_service.proto",
     "model_config.proto",
     "grps.proto",
     "grpc_health.proto",
     "grpc_reflection_v1.proto",
     "grpc_reflection_v1alpha.proto",
+    # TensorFlow Serving's gRPC API, at the published import paths (protoc -I proto): TensorFlow's messages
+    # it uses, then its configuration and its APIs.
+    "tensorflow/core/framework/types.proto",
+    "tensorflow/core/framework/tensor_shape.proto",
+    "tensorflow/core/framework/resource_handle.proto",
+    "tensorflow/core/framework/tensor.proto",
+    "tensorflow/core/example/feature.proto",
+    "tensorflow/core/example/example.proto",
+    "tensorflow/core/protobuf/struct.proto",
+    "tensorflow/core/protobuf/meta_graph.proto",
+    "tensorflow/core/protobuf/error_codes.proto",
+    "tensorflow_serving/config/file_system_storage_path_source.proto",
+    "tensorflow_serving/config/log_collector_config.proto",
+    "tensorflow_serving/config/logging_config.proto",
+    "tensorflow_serving/config/model_server_config.proto",
+    "tensorflow_serving/apis/model.proto",
+    "tensorflow_serving/apis/status.proto",
+    "tensorflow_serving/apis/input.proto",
+    "tensorflow_serving/apis/classification.proto",
+    "tensorflow_serving/apis/regression.proto",
+    "tensorflow_serving/apis/inference.proto",
+    "tensorflow_serving/apis/predict.proto",
+    "tensorflow_serving/apis/get_model_metadata.proto",
+    "tensorflow_serving/apis/get_model_status.proto",
+    "tensorflow_serving/apis/model_management.proto",
+    "tensorflow_serving/apis/prediction_service.proto",
+    "tensorflow_serving/apis/model_service.proto",
 )
 # Every source's FileDescriptorProto, for server reflection (server/grpc/reflection.py) to serve.
 DESCRIPTORS = "descriptors.binpb"

@@ -62,6 +62,7 @@ FRONT_END_METHODS = frozenset(
         "/inference.GRPCInferenceService/ModelStreamInfer",
         "/grps.protos.v1.GrpsService/Predict",
         "/grps.protos.v1.GrpsService/PredictStreaming",
+        "/tensorflow.serving.PredictionService/Predict",
     )
 )
 ENGINE_GONE = signal.SIGUSR2  # what the kernel sends a worker when its engine dies
@@ -226,11 +227,13 @@ class EngineClient:
         inbox = Inbox()
         call_id = self._call(inbox)
         self.link.send(msg.Grpc(call_id, path, list(call.metadata.items())))
-        pump = self.loop.create_task(self._pump(call_id, call))
+        pump = self.loop.create_task(self._pump(call_id, call, inbox))
         finished = False
         try:
             while True:
                 match await inbox.get():
+                    case GRPCError() as refused:  # the client's message, refused here (its size)
+                        raise refused
                     case msg.Message(payload=bytes() as payload):
                         await call.send_message(RawMessage(payload))
                         self._more(call_id)
@@ -249,11 +252,16 @@ class EngineClient:
                 self._cancel(call_id)
             self._forget(call_id)
 
-    async def _pump(self, call_id: int, call: GrpcCall) -> None:
-        """The client's messages to the engine, as they come; then the end of them."""
-        async for message in call:
-            self.heard[call_id] = self.loop.time()
-            self.link.send(msg.Message(call_id, bytes(message.data)))
+    async def _pump(self, call_id: int, call: GrpcCall, inbox: Inbox) -> None:
+        """The client's messages to the engine, as they come; then the end of them. A message the
+        transport refuses (over --grpc-max-message-bytes) ends the call with that status."""
+        try:
+            async for message in call:
+                self.heard[call_id] = self.loop.time()
+                self.link.send(msg.Message(call_id, bytes(message.data)))
+        except GRPCError as refused:
+            inbox.put(refused)
+            return
         self.link.send(msg.End(call_id))
 
     def _more(self, call_id: int) -> None:

@@ -28,6 +28,8 @@ SERVICES = [
     "grpc.reflection.v1alpha.ServerReflection",
     "grps.protos.v1.GrpsService",
     "inference.GRPCInferenceService",
+    "tensorflow.serving.ModelService",
+    "tensorflow.serving.PredictionService",
 ]
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -127,6 +129,15 @@ def test_reflection_lists_and_describes_every_service(channel: grpc.Channel) -> 
     assert "PredictStreaming" in {m.name for m in grps.methods}
     health = pool.FindServiceByName("grpc.health.v1.Health")
     assert health.FindMethodByName("Watch").output_type.full_name == "grpc.health.v1.HealthCheckResponse"
+    # TF Serving's: its messages, the TensorFlow ones they use, and protobuf's Any and Int64Value resolve
+    predict = pool.FindServiceByName("tensorflow.serving.PredictionService").FindMethodByName("Predict")
+    inputs = predict.input_type.fields_by_name["inputs"].message_type.fields_by_name["value"]
+    assert inputs.message_type.full_name == "tensorflow.TensorProto"
+    spec = pool.FindMessageTypeByName("tensorflow.serving.ModelSpec")
+    assert spec.fields_by_name["version"].message_type.full_name == "google.protobuf.Int64Value"
+    metadata = pool.FindMessageTypeByName("tensorflow.serving.GetModelMetadataResponse")
+    value = metadata.fields_by_name["metadata"].message_type.fields_by_name["value"]
+    assert value.message_type.full_name == "google.protobuf.Any"
 
 
 def test_reflection_v1_with_grpclib(v2_server: ServerProcess) -> None:

@@ -40,6 +40,7 @@ REFUSED_SEEDS = {
     ("repository_load", "refused_traversal"): (InferError, "the path must stay within the model directory"),
     ("shared_memory", "refused_past"): (InferError, "Invalid offset \\+ byte size"),
     ("tfserving_predict", "refused_plain_list"): (InferError, "'instances' is a plain list"),
+    ("tfserving_grpc_predict", "refused_wrong_dtype"): (InferError, r"Expects arg\[0\] to be DT_FLOAT"),
 }
 
 

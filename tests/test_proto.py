@@ -28,6 +28,7 @@ import tensorgate.proto.grpc.reflection.v1  # noqa: F401
 import tensorgate.proto.grpc.reflection.v1alpha  # noqa: F401
 import tensorgate.proto.grps.protos.v1 as grps
 import tensorgate.proto.inference as inference
+import tensorgate.proto.tensorflow.serving  # noqa: F401 (and tensorflow, tensorflow.error, google.protobuf)
 from tensorgate.proto.generate import PROTO_DIR, REPO_ROOT, SOURCES, generate
 from tensorgate.proto.message_pool import default_message_pool
 

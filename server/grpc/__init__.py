@@ -13,6 +13,7 @@ from tensorgate.server.grpc.reflection import (
     ReflectionV1,
     ReflectionV1Alpha,
 )
+from tensorgate.server.grpc.tfserving import PredictionService
 from tensorgate.server.http.grpc_call import GrpcServices
 from tensorgate.server.log_settings import LogControl
 from tensorgate.server.repository import Repository
@@ -35,6 +36,7 @@ def services(
         [
             InferenceService(repository, shared_memory, logs, tracer),
             GrpsService(repository, grps_default_model),
+            PredictionService(repository),
             health,
             ReflectionV1(reflection),
             ReflectionV1Alpha(reflection),

@@ -56,7 +56,7 @@ class RawMessage:
         return self.data if self.parts is None else b"".join(self.parts)
 
 
-def _grpc_error(error: Exception, rpc_name: str) -> GRPCError:
+def grpc_error(error: Exception, rpc_name: str) -> GRPCError:
     """InferError -> its gRPC status and message; anything unexpected -> INTERNAL, logged (call it from
     an except clause)."""
     if isinstance(error, InferError):
@@ -66,7 +66,7 @@ def _grpc_error(error: Exception, rpc_name: str) -> GRPCError:
 
 
 def rpc(method: _Method) -> _Method:
-    """Errors of a generated RPC method -> gRPC statuses (see _grpc_error)."""
+    """Errors of a generated RPC method -> gRPC statuses (see grpc_error)."""
 
     @functools.wraps(method)
     async def wrapper(self: Any, *args: Any) -> Any:
@@ -75,7 +75,7 @@ def rpc(method: _Method) -> _Method:
         except GRPCError:
             raise
         except Exception as e:
-            raise _grpc_error(e, method.__name__) from None
+            raise grpc_error(e, method.__name__) from None
 
     return cast(_Method, wrapper)  # the same signature (functools.wraps)
 
@@ -285,7 +285,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
                     self.tracer.finish(request.trace)
             parts = v2_grpc.encode_response_parts(response)
         except Exception as e:  # only the work: the transport answers errors of the stream itself
-            raise _grpc_error(e, "ModelInfer") from None
+            raise grpc_error(e, "ModelInfer") from None
         await call.send_message(RawMessage(parts=parts))
 
     # ----------------------------------------------------------------------------- ModelStreamInfer
