@@ -63,6 +63,15 @@ def say(client: httpx.Client, mark: str) -> None:
     assert response.status_code == 200, response.text
 
 
+def set_logging(client: httpx.Client, **settings: object) -> dict:
+    """POST /v2/logging: answered 200 with every setting, those posted among them as posted."""
+    response = client.post("/v2/logging", json=settings)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert {name: answer[name] for name in settings} == settings, answer
+    return answer
+
+
 def written(log: Path, mark: str) -> list[str]:
     """The levels of the chatty model's records for `mark` in the log file (written before it answered)."""
     return [
@@ -74,14 +83,11 @@ def test_log_settings_answer_and_change_over_rest_and_grpc(chatty: ServerProcess
     log_file = str(tmp_path / "server.log")
     with httpx.Client(base_url=chatty.base_url) as client:
         assert client.get("/v2/logging").json() == {"log_file": log_file, **DEFAULTS}
-        changed = client.post("/v2/logging", json={"log_verbose_level": 2, "log_warning": False})
-        assert changed.json() == {
-            "log_file": log_file,
-            **DEFAULTS,
-            "log_verbose_level": 2,
-            "log_warning": False,
-        }
-        assert client.post("/v2/logging", content=b"").json() == changed.json()  # an empty body: a read
+        changed = set_logging(client, log_verbose_level=2, log_warning=False)
+        assert changed == {"log_file": log_file, **DEFAULTS, "log_verbose_level": 2, "log_warning": False}
+        read = client.post("/v2/logging", content=b"")  # an empty body: a read
+        assert read.status_code == 200, read.text
+        assert read.json() == changed
     answer = call(chatty, lambda stub: stub.log_settings(pb.LogSettingsRequest()))
     assert answer.settings["log_verbose_level"].uint32_param == 2
     assert answer.settings["log_warning"].bool_param is False
@@ -124,13 +130,13 @@ def test_changes_apply_to_the_next_record(chatty: ServerProcess, tmp_path: Path)
     with httpx.Client(base_url=chatty.base_url) as client:
         say(client, "m1")
         assert written(log, "m1") == ["info", "warning", "error"]
-        client.post("/v2/logging", json={"log_verbose_level": 1, "log_info": False})
+        set_logging(client, log_verbose_level=1, log_info=False)
         say(client, "m2")
         assert written(log, "m2") == ["verbose", "warning", "error"]
-        client.post("/v2/logging", json={"log_verbose_level": 0, "log_warning": False, "log_error": False})
+        set_logging(client, log_verbose_level=0, log_warning=False, log_error=False)
         say(client, "m3")
         assert written(log, "m3") == []
-        client.post("/v2/logging", json={"log_info": True, "log_format": "ISO8601"})
+        set_logging(client, log_info=True, log_format="ISO8601")
         say(client, "m4")
         assert written(log, "m4") == ["info"]
     lines = [line for line in log.read_text().splitlines() if line.endswith(("m1", "m4"))]
@@ -145,7 +151,7 @@ def test_every_layout_keeps_a_client_text_on_one_line(chatty: ServerProcess, tmp
     forged = "E1127 00:00:00.000000 1 tensorgate.repository] model 'admin' ready"
     with httpx.Client(base_url=chatty.base_url) as client:
         say(client, f"x\n{forged}\r\nlayout-default")
-        client.post("/v2/logging", json={"log_format": "ISO8601"})
+        set_logging(client, log_format="ISO8601")
         say(client, f"x\n{forged}\r\nlayout-iso")
     lines = (tmp_path / "server.log").read_text().splitlines()
     assert not [line for line in lines if line.startswith(forged)]

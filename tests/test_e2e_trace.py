@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from e2e_helpers import ServerProcess, assert_error
+from e2e_helpers import ServerProcess, assert_error, missing
 from grpc_helpers import call, grpc_error, stream, tensor
 from grpclib.const import Status
 from trace_helpers import COMPUTE, assert_in_order, infer, traces, write_trace_repository
@@ -19,6 +19,13 @@ import tensorgate.proto.inference as pb
 from bench import perf_analyzer
 
 OFF = {"trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1", "log_frequency": "0"}
+
+
+def post_setting(client: httpx.Client, path: str, fields: dict) -> dict:
+    """POST a trace setting: answered 200 with the setting now in force."""
+    response = client.post(path, json=fields)
+    assert response.status_code == 200, response.text
+    return response.json()
 
 
 @pytest.fixture
@@ -40,21 +47,21 @@ def test_settings_over_rest_and_grpc_follow_tritons_fallbacks(
     with httpx.Client(base_url=server.base_url) as client:
         assert client.get("/v2/trace/setting").json() == defaults
         # a model's first setting takes what it does not name from the global one
-        model = client.post("/v2/models/double/trace/setting", json={"trace_level": ["TIMESTAMPS"]}).json()
+        model = post_setting(client, "/v2/models/double/trace/setting", {"trace_level": ["TIMESTAMPS"]})
         assert model == {**defaults, "trace_level": ["TIMESTAMPS"]}
         # the global setting changes: the model follows it where it set nothing itself
-        changed = client.post("/v2/trace/setting", json={"trace_rate": "10", "trace_count": 5})
-        assert changed.json() == {**defaults, "trace_rate": "10", "trace_count": "5"}
+        changed = post_setting(client, "/v2/trace/setting", {"trace_rate": "10", "trace_count": 5})
+        assert changed == {**defaults, "trace_rate": "10", "trace_count": "5"}
         assert client.get("/v2/models/double/trace/setting").json() == {
             **defaults,
             "trace_level": ["TIMESTAMPS"],
             "trace_rate": "10",
             "trace_count": "5",
         }
-        assert client.get("/v2/models/inc/trace/setting").json() == changed.json()  # no setting of its own
+        assert client.get("/v2/models/inc/trace/setting").json() == changed  # no setting of its own
         # null clears a field: it follows the global setting again
-        cleared = client.post("/v2/models/double/trace/setting", json={"trace_level": None}).json()
-        assert cleared == changed.json()
+        cleared = post_setting(client, "/v2/models/double/trace/setting", {"trace_level": None})
+        assert cleared == changed
     # gRPC reads and changes the same settings; no value clears
     value = pb.TraceSettingRequestSettingValue
     request = pb.TraceSettingRequest(
@@ -62,7 +69,7 @@ def test_settings_over_rest_and_grpc_follow_tritons_fallbacks(
     )
     answer = call(server, lambda stub: stub.trace_setting(request))
     settings = {name: list(v.value) for name, v in answer.settings.items()}
-    expected = {name: [value] for name, value in changed.json().items()}  # the global setting's ...
+    expected = {name: [value] for name, value in changed.items()}  # the global setting's ...
     assert settings == {**expected, "trace_level": ["TIMESTAMPS", "TENSORS"]}  # ... but for its level
     with httpx.Client(base_url=server.base_url) as client:
         assert client.get("/v2/models/inc/trace/setting").json()["trace_level"] == ["TIMESTAMPS", "TENSORS"]
@@ -178,7 +185,8 @@ def test_ensemble_steps_and_bls_calls_are_child_traces(traced: ServerProcess, tm
 
 def test_tensors_level_records_inputs_and_outputs(traced: ServerProcess, tmp_path: Path) -> None:
     with httpx.Client(base_url=traced.base_url) as client:
-        client.post("/v2/trace/setting", json={"trace_level": ["TENSORS"]}).raise_for_status()
+        tensors = post_setting(client, "/v2/trace/setting", {"trace_level": ["TENSORS"]})
+        assert tensors["trace_level"] == ["TENSORS"]
         infer(client, "double", [1, -2, 3])
     (trace,) = traces(tmp_path / "trace.json.0").values()
     assert trace["timestamps"] == {}  # TENSORS alone
@@ -210,7 +218,8 @@ def test_rate_count_and_the_file_written_at_shutdown(start_server, repo: Path, t
         assert client.get("/v2/trace/setting").json()["trace_count"] == "0"
         numbered = traces(tmp_path / "trace.json.0")
         assert sorted(t["request_id"] for t in numbered.values()) == ["r1", "r3"]
-        client.post("/v2/models/inc/trace/setting", json={"trace_rate": "1", "trace_count": "-1"})
+        inc = post_setting(client, "/v2/models/inc/trace/setting", {"trace_rate": "1", "trace_count": "-1"})
+        assert (inc["trace_rate"], inc["trace_count"]) == ("1", "-1")
         infer(client, "inc", [1], id="at-shutdown")
         assert not file.exists()  # log_frequency 0: kept until shutdown
     server.stop()
@@ -231,7 +240,7 @@ def test_a_request_that_fails_is_traced_to_its_end(traced: ServerProcess, tmp_pa
 def pa() -> None:
     why = perf_analyzer.install()
     if why:
-        pytest.skip(why)
+        missing(why)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

@@ -20,6 +20,7 @@ from h2_wire import (
     H2Wire,
     frame,
 )
+from server_log import no_traceback_in_the_server_log  # noqa: F401  (autouse: a Traceback fails)
 
 pytestmark = pytest.mark.ours
 

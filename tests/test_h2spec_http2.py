@@ -43,6 +43,7 @@ from h2_wire import (
     priority,
     settings,
 )
+from server_log import no_traceback_in_the_server_log  # noqa: F401  (autouse: a Traceback fails)
 
 pytestmark = pytest.mark.ours
 
