@@ -23,6 +23,7 @@ import numpy as np
 from tensorgate.codec.datatypes import BY_TF_NUMBER, BY_V2, DataType
 from tensorgate.codec.errors import invalid
 from tensorgate.codec.protowire import (
+    CACHE_MAX,
     I32,
     I64,
     LEN,
@@ -31,6 +32,7 @@ from tensorgate.codec.protowire import (
     fields,
     len_field,
     packed_varints,
+    remember,
     signed64,
     str_field,
     tag,
@@ -96,12 +98,33 @@ def _parsing_error(name: str, why: str) -> Exception:
 # ------------------------------------------------------------------------------------------ reading
 
 
+# A request whose every input is in tensor_content is, but for those bytes, the same from one call to the
+# next: its skeleton (the bytes around the contents, the spec, each input's dtype and shape) is kept, and a
+# request of the same length whose bytes around the same places match it is read from it.
+Skeleton = tuple[tuple[tuple[int, int], ...], bytes, ModelSpec, tuple[tuple[str, DataType, tuple], ...], list]
+_SKELETONS: dict[int, list[Skeleton]] = {}
+_SKELETONS_PER_LENGTH = 4
+
+
 def decode_predict(data: bytes | memoryview) -> Predict:
     """PredictRequest bytes -> its model spec, inputs and output filter (fields 1, 2, 3; the streaming
-    and client options are not used here)."""
+    and client options are not used here). Numeric inputs are views of `data`."""
     buf = bytes(data) if not isinstance(data, bytes) else data
+    for skeleton in _SKELETONS.get(len(buf), ()):
+        spans, around, spec, entries, output_filter = skeleton
+        pieces, pos = [], 0
+        for start, stop in spans:
+            pieces.append(buf[pos:start])
+            pos = stop
+        pieces.append(buf[pos:])
+        if b"".join(pieces) == around:
+            inputs = {
+                alias: (dtype, np.ndarray(shape, dtype.numpy, buf, start))
+                for (alias, dtype, shape), (start, _) in zip(entries, spans, strict=True)
+            }
+            return Predict(spec, inputs, list(output_filter))
     try:
-        spec, inputs, output_filter = ModelSpec(), {}, []
+        spec, inputs, output_filter, spans = ModelSpec(), {}, [], []
         for number, wire, value, stop in fields(buf, 0, len(buf)):
             if wire != LEN:
                 continue
@@ -111,12 +134,33 @@ def decode_predict(data: bytes | memoryview) -> Predict:
                 alias, start, end = _map_entry(buf, value, stop)
                 if alias in inputs:
                     raise invalid(f"input tensor alias '{alias}' is given twice")
-                inputs[alias] = decode_tensor(buf, start, end, alias)
+                inputs[alias] = decode_tensor(buf, start, end, alias, spans)
             elif number == 3:
                 output_filter.append(text(buf, value, stop))
     except Malformed as e:
         raise invalid(f"the PredictRequest is not a valid protobuf message: {e}") from None
+    if len(spans) == len(inputs):  # every input in tensor_content
+        _keep_skeleton(buf, spans, spec, inputs, output_filter)
     return Predict(spec, inputs, output_filter)
+
+
+def _keep_skeleton(buf: bytes, spans: list, spec: ModelSpec, inputs: dict, output_filter: list) -> None:
+    kept = _SKELETONS.setdefault(len(buf), [])
+    if len(kept) >= _SKELETONS_PER_LENGTH or len(_SKELETONS) >= CACHE_MAX:
+        return
+    spans = sorted(spans)
+    pieces, pos = [], 0
+    for start, stop in spans:
+        pieces.append(buf[pos:start])
+        pos = stop
+    pieces.append(buf[pos:])
+    by_start = {start: alias for alias, start in zip(inputs, (s for s, _ in spans), strict=True)}
+    entries = tuple((by_start[start], *_entry(inputs[by_start[start]])) for start, _ in spans)
+    kept.append((tuple(spans), b"".join(pieces), spec, entries, list(output_filter)))
+
+
+def _entry(given: tuple[DataType, np.ndarray]) -> tuple[DataType, tuple]:
+    return given[0], given[1].shape
 
 
 def decode_model_spec(buf: bytes, pos: int, end: int) -> ModelSpec:
@@ -147,8 +191,11 @@ def _map_entry(buf: bytes, pos: int, end: int) -> tuple[str, int, int]:
     return key, start, stop
 
 
-def decode_tensor(buf: bytes, pos: int, end: int, name: str) -> tuple[DataType, np.ndarray]:
-    """A TensorProto -> (its dtype, its array); `name` says which tensor in errors."""
+def decode_tensor(
+    buf: bytes, pos: int, end: int, name: str, spans: list | None = None
+) -> tuple[DataType, np.ndarray]:
+    """A TensorProto -> (its dtype, its array); `name` says which tensor in errors. Where its elements
+    are read from tensor_content, the content's (start, stop) in `buf` goes to `spans`."""
     number, shape, content, typed = 0, (), None, []
     for field, wire, value, stop in fields(buf, pos, end):
         if field == DTYPE and wire == VARINT:
@@ -170,7 +217,9 @@ def decode_tensor(buf: bytes, pos: int, end: int, name: str) -> tuple[DataType, 
                 name,
                 f"tensor_content holds {size} bytes, {dtype.tf} {list(shape)} needs {count * dtype.size}",
             )
-        return dtype, np.frombuffer(memoryview(buf)[content[0] : content[1]], dtype.numpy).reshape(shape)
+        if spans is not None:
+            spans.append(content)
+        return dtype, np.ndarray(shape, dtype.numpy, buf, content[0])
     return dtype, _from_typed(buf, dtype, typed, shape, count, name)
 
 
@@ -258,11 +307,17 @@ def _as_dtype(values: np.ndarray, dtype: DataType) -> np.ndarray:
 # ------------------------------------------------------------------------------------------ writing
 
 
+_HEADS: dict[tuple[str, tuple[int, ...]], bytes] = {}
+
+
 def encode_tensor(array: np.ndarray, datatype: str) -> bytes:
     """A TensorProto of `array` (whose elements are `datatype`'s, v2's name)."""
     dtype = BY_V2[datatype]
-    shape = b"".join(len_field(_DIM_TAG, _SIZE_TAG + uvarint(size) if size else b"") for size in array.shape)
-    head = _DTYPE_TAG + uvarint(dtype.tf_number) + len_field(_SHAPE_TAG, shape)
+    head = _HEADS.get((datatype, array.shape))
+    if head is None:
+        dims = (len_field(_DIM_TAG, _SIZE_TAG + uvarint(size) if size else b"") for size in array.shape)
+        head = _DTYPE_TAG + uvarint(dtype.tf_number) + len_field(_SHAPE_TAG, b"".join(dims))
+        remember(_HEADS, (datatype, array.shape), head)
     if datatype == "BYTES":
         elements = (e if isinstance(e, bytes) else str(e).encode() for e in array.reshape(-1))
         return head + b"".join(len_field(_STRING_TAG, element) for element in elements)
@@ -270,9 +325,17 @@ def encode_tensor(array: np.ndarray, datatype: str) -> bytes:
     return head + (len_field(_CONTENT_TAG, content) if content else b"")
 
 
+_SPECS: dict[tuple[str, int, str], bytes] = {}
+
+
 def encode_model_spec(name: str, version: int, signature_name: str) -> bytes:
-    version_value = len_field(tag(2, LEN), tag(1, VARINT) + uvarint(version & ((1 << 64) - 1)))
-    return str_field(tag(1, LEN), name) + version_value + str_field(tag(3, LEN), signature_name)
+    key = (name, version, signature_name)
+    found = _SPECS.get(key)
+    if found is None:
+        version_value = len_field(tag(2, LEN), tag(1, VARINT) + uvarint(version & ((1 << 64) - 1)))
+        spec = str_field(tag(1, LEN), name) + version_value + str_field(tag(3, LEN), signature_name)
+        found = remember(_SPECS, key, spec)
+    return found
 
 
 _OUTPUT_TAG, _SPEC_TAG, _KEY_TAG, _VALUE_TAG = tag(1, LEN), tag(2, LEN), tag(1, LEN), tag(2, LEN)

@@ -146,3 +146,19 @@ def test_garbage_is_invalid_argument() -> None:
         with pytest.raises(InferError) as caught:
             tfserving_grpc.decode_predict(garbage)
         assert "not a valid protobuf message" in caught.value.message
+
+
+def test_a_request_like_the_last_is_read_from_its_skeleton_with_its_own_values() -> None:
+    def request(values: list[float], dtype: tf.DataType = tf.DataType.DT_FLOAT) -> bytes:
+        x = np.array(values, dtype=np.float32)
+        proto = tf.TensorProto(dtype=dtype, tensor_shape=shape(len(values)), tensor_content=x.tobytes())
+        return bytes(
+            pb.PredictRequest(model_spec=pb.ModelSpec(name="skeleton", version=4), inputs={"x": proto})
+        )
+
+    first = tfserving_grpc.decode_predict(request([1.0, 2.0]))
+    again = tfserving_grpc.decode_predict(request([3.0, -4.0]))  # the same bytes but the values
+    assert first.inputs["x"][1].tolist() == [1.0, 2.0] and again.inputs["x"][1].tolist() == [3.0, -4.0]
+    assert again.spec == tfserving_grpc.ModelSpec("skeleton", 4, "", "")
+    other = tfserving_grpc.decode_predict(request([5.0, 6.0], tf.DataType.DT_INT32))  # same length, not alike
+    assert other.inputs["x"][0].v2 == "INT32"
