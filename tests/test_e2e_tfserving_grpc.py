@@ -352,20 +352,20 @@ def test_predict_on_the_http_port_too(apis, servers) -> None:
     assert rest.json() == {"predictions": [2.5]}
 
 
-def test_many_threads_at_once(apis, stub) -> None:
+def successes(server: ServerProcess) -> int:
+    stats = httpx.get(f"{server.base_url}/v2/models/half_plus_two/stats", timeout=10).json()
+    return stats["model_stats"][0]["inference_stats"]["success"]["count"]
+
+
+def test_many_threads_at_once_batched_and_counted(apis, stub, servers) -> None:
+    """32 threads at once through the dynamic batcher: each gets its own answer, and the model's
+    statistics count each request, as for every other protocol."""
+    before = successes(servers.examples)
     answers: list = []
 
     def one(i: int) -> None:
-        x = np.array([float(i)], dtype=np.float32)
-        answers.append(
-            (
-                i,
-                array(
-                    apis,
-                    stub.Predict(predict_request(apis, "half_plus_two", {"x": x}), timeout=30).outputs["y"],
-                ).tolist(),
-            )
-        )
+        request = predict_request(apis, "half_plus_two", {"x": np.array([float(i)], dtype=np.float32)})
+        answers.append((i, array(apis, stub.Predict(request, timeout=30).outputs["y"]).tolist()))
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(32)]
     for thread in threads:
@@ -373,6 +373,7 @@ def test_many_threads_at_once(apis, stub) -> None:
     for thread in threads:
         thread.join(60)
     assert sorted(answers) == [(i, [0.5 * i + 2]) for i in range(32)]
+    assert successes(servers.examples) - before == 32
 
 
 # ------------------------------------------------------------------------------------------ examples
