@@ -146,14 +146,20 @@ def test_the_key_follows_inputs_and_custom_parameters(server: ServerProcess, rep
     assert executed(repo, "cached").count(200) == 2 and executed(repo, "cached").count(201) == 1
 
 
-def test_outputs_are_selected_and_classified_from_a_cached_answer(server: ServerProcess) -> None:
-    infer(server, "cached", 300)
+def test_outputs_are_selected_and_classified_from_a_cached_answer(server: ServerProcess, repo: Path) -> None:
+    before = stats(server, "cached")["inference_stats"]
+    infer(server, "cached", 300)  # a miss: the model runs, its answer cached
     doc = {
         "inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 64], "data": row(300)}],
         "outputs": [{"name": "OUTPUT0", "parameters": {"classification": 2}}],
     }
     (output,) = rest(server, "POST", "/v2/models/cached/infer", json=doc).json()["outputs"]
     assert output["data"] == ["300:0", "63:63"]
+    # the second answer was the cached one: a hit, and the model ran once
+    after = stats(server, "cached")["inference_stats"]
+    hits, misses = (after[k]["count"] - before[k]["count"] for k in ("cache_hit", "cache_miss"))
+    assert (hits, misses) == (1, 1)
+    assert executed(repo, "cached").count(300) == 1
 
 
 def test_the_cache_is_an_lru_bounded_in_bytes(server: ServerProcess, repo: Path) -> None:

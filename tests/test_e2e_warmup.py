@@ -11,9 +11,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from e2e_helpers import ServerProcess, assert_error, encode_bytes_elements, stop_all, write_model
+from e2e_helpers import (
+    ServerProcess,
+    assert_error,
+    encode_bytes_elements,
+    need_module,
+    stop_all,
+    write_model,
+)
 from grpc_helpers import rest
-from triton_examples import SIMPLE_CONFIG, save, simple_onnx
 
 # Records each execute: the rows of each input (as lists) and, for BYTES, the decoded strings.
 RECORDING = """
@@ -163,17 +169,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
         directory = write_model(repo, name, DECOUPLED % name, {1: DECOUPLED_PY})
         (directory / "warmup").mkdir()
         (directory / "warmup" / "n.bin").write_bytes(np.array([n], "<i4").tobytes())
-    onnx_sample = """{ name: "onnx" batch_size: 3 count: 2
-      inputs { key: "INPUT0" value: { data_type: TYPE_INT32 dims: [ 16 ] random_data: true } }
-      inputs { key: "INPUT1" value: { data_type: TYPE_INT32 dims: [ 16 ] zero_data: true } } }"""
-    write_model(
-        repo,
-        "warm_onnx",
-        SIMPLE_CONFIG.replace('"simple"', '"warm_onnx"') + f"model_warmup [ {onnx_sample} ]",
-        {},
-    )
-    save(simple_onnx(), repo / "warm_onnx" / "1" / "model.onnx")
-    return repo
+    return repo  # the ONNX models are written by their test: they need onnx, the others do not
 
 
 @pytest.fixture(scope="module")
@@ -262,14 +258,68 @@ def test_an_ensemble_takes_no_warmup(server: ServerProcess) -> None:
     )
 
 
-@pytest.mark.parametrize("name", ["warm_async", "warm_onnx"])
-def test_async_and_threaded_backends_warm_up_too(server: ServerProcess, repo: Path, name: str) -> None:
-    """An `async def execute` runs its samples on the server's loop; ONNX Runtime in its worker threads."""
-    response = load(server, name)
+def test_an_async_execute_warms_up_on_the_servers_loop(server: ServerProcess, repo: Path) -> None:
+    response = load(server, "warm_async")
     assert (response.status_code, response.text) == (200, "")
-    if name == "warm_async":
-        assert len(calls(repo, name)) == 3
-    assert rest(server, "GET", f"/v2/models/{name}/ready").status_code == 200
+    assert len(calls(repo, "warm_async")) == 3
+    assert rest(server, "GET", "/v2/models/warm_async/ready").status_code == 200
+
+
+# Gather(DATA, INDEX) over DATA = [10, 20, 30, 40]: ONNX Runtime itself refuses an index out of range, at
+# run time, which no check of the server's can see at load: a sample with one fails the load only if it
+# ran in ONNX Runtime.
+GATHER_CONFIG = """
+name: "%s"
+platform: "onnxruntime_onnx"
+max_batch_size: 4
+input [ { name: "INDEX" data_type: TYPE_INT64 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+model_warmup [ %s ]
+"""
+IN_RANGE = """{ name: "in range" batch_size: 3 count: 2
+  inputs { key: "INDEX" value: { data_type: TYPE_INT64 dims: [ 1 ] zero_data: true } } }"""
+OUT_OF_RANGE = """{ name: "out of range" batch_size: 1
+  inputs { key: "INDEX" value: { data_type: TYPE_INT64 dims: [ 1 ] input_data_file: "99.bin" } } }"""
+
+
+def gather_onnx_model(repo: Path, name: str, samples: str) -> None:
+    need_module("onnx", "builds the ONNX models")
+    need_module("onnxruntime", "the onnxruntime backend")
+    from onnx import TensorProto, numpy_helper
+    from onnx.helper import make_node
+    from triton_examples import _model, save
+
+    graph = _model(
+        [make_node("Gather", ["DATA", "INDEX"], ["OUT"], axis=0)],
+        [("INDEX", TensorProto.INT64, ["batch", 1])],
+        [("OUT", TensorProto.FLOAT, ["batch", 1])],
+        [numpy_helper.from_array(np.array([10, 20, 30, 40], np.float32), "DATA")],
+    )
+    directory = write_model(repo, name, GATHER_CONFIG % (name, samples), {})
+    save(graph, directory / "1" / "model.onnx")
+    (directory / "warmup").mkdir()
+    (directory / "warmup" / "99.bin").write_bytes(np.array([99], "<i8").tobytes())
+
+
+def test_onnx_runtime_runs_the_samples_in_its_threads(server: ServerProcess, repo: Path) -> None:
+    """The samples run through ONNX Runtime's session (in the backend's worker threads): those that fit
+    leave the model ready; one that ONNX Runtime refuses at run time fails the load, naming it."""
+    gather_onnx_model(repo, "warm_onnx", IN_RANGE)
+    gather_onnx_model(repo, "warm_onnx_refused", f"{IN_RANGE}, {OUT_OF_RANGE}")
+    response = load(server, "warm_onnx")
+    assert (response.status_code, response.text) == (200, "")
+    assert rest(server, "GET", "/v2/models/warm_onnx/ready").status_code == 200
+    doc = {"inputs": [{"name": "INDEX", "datatype": "INT64", "shape": [2, 1], "data": [3, 1]}]}
+    answer = rest(server, "POST", "/v2/models/warm_onnx/infer", json=doc)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["outputs"][0]["data"] == [40.0, 20.0]
+    assert_error(
+        load(server, "warm_onnx_refused"),
+        400,
+        "failed to load 'warm_onnx_refused'",
+        "failed to run warmup sample 'out of range'",
+        "out of data bounds",  # ONNX Runtime's own words
+    )
 
 
 def test_a_model_that_only_streams_warms_up_through_its_stream(server: ServerProcess, repo: Path) -> None:

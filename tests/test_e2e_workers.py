@@ -5,9 +5,11 @@ process behind. Which process holds a connection is read from /proc (the socket'
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,7 +21,14 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from e2e_helpers import EXAMPLES, ServerProcess, identity_binary_request, write_model
+from e2e_helpers import (
+    EXAMPLES,
+    ServerProcess,
+    identity_binary_request,
+    wait_for_file,
+    wait_until_refused,
+    write_model,
+)
 
 from bench.procs import process_tree
 
@@ -202,13 +211,75 @@ def test_the_server_goes_down_with_its_engine(start_server) -> None:
     server.killed = True  # its exit was the point; the fixture must not call it a failure
 
 
-def test_sigterm_drains_every_process_and_leaves_none(start_server) -> None:
-    server = start_server(EXAMPLES, extra_args=("--workers", "3"))
+# Writes `entered-<value>` on entry, then holds its request until the test writes `release`: a request in
+# flight for as long as the test needs. Three instances: one request from each process at once.
+HELD = {
+    "name": "held",
+    "backend": "python",
+    "max_batch_size": 0,
+    "input": [{"name": "INPUT0", "data_type": "TYPE_INT32", "dims": [1]}],
+    "output": [{"name": "OUTPUT0", "data_type": "TYPE_INT32", "dims": [1]}],
+    "instance_group": [{"count": 3, "kind": "KIND_CPU"}],
+}
+HELD_PY = """
+import asyncio
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
+
+class Model:
+    async def execute(self, inputs):
+        (HERE / f"entered-{int(inputs['INPUT0'][0])}").touch()
+        deadline = time.monotonic() + 60
+        while not (HERE / "release").exists() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return {"OUTPUT0": inputs["INPUT0"] * 2}
+"""
+
+
+def test_sigterm_drains_every_process_and_leaves_none(start_server, repo: Path) -> None:
+    """A request in flight on a connection of each process (the engine and its two workers) when SIGTERM
+    comes is answered, once every process has stopped listening; then nothing of the server is left."""
+    held_model = write_model(repo, "held", HELD, {1: HELD_PY}) / "1"
+    shutil.copytree(EXAMPLES / "preprocess", repo / "preprocess")  # a Triton-API model: a process of its own
+    server = start_server(repo, extra_args=("--workers", "3"))
     everyone = set(process_tree(server.proc.pid))
     assert len(workers_of(server)) == 2
-    assert len(everyone) > 3  # the engine, its workers, and the processes of the Triton-API models
-    assert server.stop() == 0
+    assert len(everyone) > 3  # the engine, its workers, and the process of the Triton-API model
+    held = connections_on_every_process(server, 3)
+    answers: dict[int, tuple[int, bytes] | BaseException] = {}
+
+    def infer(pid: int, sock: socket.socket) -> None:
+        body = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1], "data": [pid]}]})
+        try:
+            answers[pid] = request(sock, server, "/v2/models/held/infer", body.encode())
+        except (OSError, AssertionError) as e:  # the connection died unanswered
+            answers[pid] = e
+
+    callers = [threading.Thread(target=infer, args=(pid, sock)) for pid, sock in held.items()]
+    for caller in callers:
+        caller.start()
+    for pid in held:
+        wait_for_file(held_model / f"entered-{pid}")  # in the model, every one
+    server.send_signal(signal.SIGTERM)
+    # every process has closed its listening sockets: each is shutting down, its request still held
+    assert wait_until_refused(server.address, 15) is not None, "the server still accepts after SIGTERM"
+    assert server.running()
+    (held_model / "release").touch()
+    for caller in callers:
+        caller.join(15)
+    assert answers.keys() == held.keys(), "a request was still waiting"
+    for pid, answer in answers.items():
+        role = "engine" if pid == server.proc.pid else "worker"
+        assert not isinstance(answer, BaseException), (role, pid, answer)
+        status, body = answer
+        assert status == 200 and json.loads(body)["outputs"][0]["data"] == [2 * pid], (role, status, body)
+    assert server.wait() == 0
     assert not [pid for pid in everyone if os.path.exists(f"/proc/{pid}")], "a process outlived the server"
+    for sock in held.values():
+        sock.close()
 
 
 IDENTITY = "class Model:\n    def execute(self, inputs):\n        return {'OUTPUT0': inputs['INPUT0']}\n"
@@ -260,16 +331,49 @@ def test_large_tensors_cross_in_shared_memory_whose_regions_are_used_again(start
         sock.close()
 
 
-SLOW_IDENTITY = (
-    "import asyncio\n\n\nclass Model:\n    async def execute(self, inputs):\n"
-    "        await asyncio.sleep(1.0)\n        return {'OUTPUT0': inputs['INPUT0']}\n"
-)
+# A plain `execute` runs on the engine's event loop: it writes `entered`, holds its input (a view of the
+# worker's shared memory) until the test writes `release`, then writes a digest of what it read and answers
+# with that view. It keeps the input, as a model may: the engine closes the dead worker's memory while an
+# array over it lives on. (An `async def execute` would not do: the engine cancels the calls of a worker
+# that is gone, and the request would never finish.)
+HOLDING_IDENTITY = """
+import hashlib
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
+
+class Model:
+    def execute(self, inputs):
+        x = inputs["INPUT0"]
+        (HERE / "entered").touch()
+        deadline = time.monotonic() + 60
+        while not (HERE / "release").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (HERE / "read").write_text(hashlib.sha256(x.tobytes()).hexdigest())
+        self.kept = x
+        return {"OUTPUT0": x}
+"""
+
+
+def wait_until(condition, what: str, timeout: float = 20) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.02)
+
+
+def inference_stats(server: ServerProcess, sock: socket.socket, model: str) -> dict:
+    status, body = request(sock, server, f"/v2/models/{model}/stats")
+    assert status == 200, body
+    return json.loads(body)["model_stats"][0]["inference_stats"]
 
 
 def test_a_worker_killed_while_the_engine_works_on_its_tensors(start_server, repo) -> None:
     # the engine holds arrays over the dead worker's shared memory: it finishes that request without
     # harm, and the worker that replaces it moves large tensors through shared memory of its own
-    write_model(repo, "slow", {"name": "slow", **FP32_CONFIG}, {1: SLOW_IDENTITY})
+    slow = write_model(repo, "slow", {"name": "slow", **FP32_CONFIG}, {1: HOLDING_IDENTITY}) / "1"
     write_model(repo, "identity", {"name": "identity", **FP32_CONFIG}, {1: IDENTITY})
     server = start_server(repo, extra_args=("--workers", "2", "--worker-arena-bytes", str(16 * MIB)))
     held = connections_on_every_process(server, 2)
@@ -278,20 +382,25 @@ def test_a_worker_killed_while_the_engine_works_on_its_tensors(start_server, rep
     outcome = []
     caller = threading.Thread(target=lambda: outcome.append(_trip_or_error(held[victim], "slow", values)))
     caller.start()
-    time.sleep(0.4)  # the request is in the engine, waiting in the model
+    wait_for_file(slow / "entered")  # the request is in the engine, in the model, over the worker's memory
     os.kill(victim, signal.SIGKILL)
     caller.join(10)
     assert outcome and outcome[0][0] is None, outcome  # its connection died with its worker
-    deadline = time.monotonic() + 20
-    while victim in workers_of(server) or not workers_of(server):
-        assert time.monotonic() < deadline, "the dead worker was not replaced"
-        time.sleep(0.05)
-    time.sleep(1.0)  # the engine's slow request ends, over the dead worker's memory
+    (slow / "release").touch()  # the model reads the dead worker's memory now, and answers
+    engine = held[server.proc.pid]  # asked on the engine's own connection: no worker in the way
+    wait_until(
+        lambda: inference_stats(server, engine, "slow")["success"]["count"] == 1, "the request counted"
+    )
+    assert inference_stats(server, engine, "slow")["fail"]["count"] == 0
+    assert (slow / "read").read_text() == hashlib.sha256(values.tobytes()).hexdigest()
+    wait_until(lambda: bool(workers_of(server) - {victim}), "the dead worker replaced")
+    assert victim not in workers_of(server)
     fresh = connections_on_every_process(server, 2)
     for pid, sock in fresh.items():
         assert binary_trip(sock, "identity", values + pid) == (200, (values + pid).tobytes())
         sock.close()
     assert "Traceback" not in server.log_text()
+    engine.close()
 
 
 def _trip_or_error(sock: socket.socket, model: str, values: np.ndarray) -> tuple[int | None, bytes]:

@@ -223,22 +223,35 @@ def test_a_server_that_dies_under_load_is_errors_counted_not_a_hang(start_server
     the level ends on time and reports both; and a server that is not there at all is a one-line error."""
     victim = start_server(EXAMPLES)
     out = tmp_path / "levels.json"
+    duration = 2.5
     command = [sys.executable, "-m", "tensorgate.server", "perf", victim.base_url, "-m", "simple",
-               "--concurrency", "4", "--warmup", "0.2", "--duration", "2.5", "--no-progress",
+               "--concurrency", "4", "--warmup", "0", "--duration", str(duration), "--no-progress",
                "--json", str(out)]  # fmt: skip
     run = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(1.5)
+        # No warmup: the window is measured from the first request. Four requests in flight at most (a
+        # closed loop): by the server's 20th success the client has read at least 16 answers.
+        deadline = time.monotonic() + 30
+        while successes(victim, "simple")[0] < 20:
+            assert run.poll() is None, run.communicate()
+            assert time.monotonic() < deadline, "perf's requests never reached the server"
+            time.sleep(0.01)
         victim.proc.kill()
+        killed = time.monotonic()
         victim.proc.wait(10)
         victim.killed = True  # its death was the point; the fixture must not call it a failure
         _, err = run.communicate(timeout=60)
+        late = time.monotonic() - killed
     finally:
         run.kill()
+    # on time: the window began before the kill and ends `duration` after it began; then the drain (which
+    # waits up to 30 s for answers still due) finds nothing in flight, the lost requests counted
+    assert late < duration + 5, f"the level ended {late:.1f} s after the kill"
     assert run.returncode == 1, err
     (level,) = json.loads(out.read_text())
     assert level["requests"] > 0 and level["errors_by_kind"].get("connection refused", 0) > 0, level
     assert level["answered"] == level["sent"]
+    assert abs(level["seconds"] - duration) < 1, level
     assert "Traceback" not in err
     gone = perf(victim.base_url, "-m", "simple", *SHORT)
     assert gone.returncode == 2 and "Connection refused" in gone.stderr and "Traceback" not in gone.stderr
