@@ -29,7 +29,7 @@ import tensorgate.proto.tensorflow.serving as tfs
 from bench.grpc_bench import grpc_body
 from bench.grpc_bench import h2load as grpc_h2load
 from bench.procs import ServerProcess, serve_argv
-from bench.transport import _H2LOAD, _H2LOAD_TIME, _run, alternating_rounds, measure, save
+from bench.transport import alternating_rounds, h2load, measure, save
 
 X = np.array([1.0, 2.0, 5.0], dtype=np.float32)
 PREDICT_PATH = "/tensorflow.serving.PredictionService/Predict"
@@ -71,23 +71,12 @@ def check(server: ServerProcess) -> None:
     assert rest.json() == {"predictions": want}, rest.text
 
 
-def rest_h2load(port: int, body_file: str, requests: int) -> tuple[int, float, str]:
-    out = _run(["h2load", *CLIENTS.split(), f"-n{requests}", "-d", body_file, "-H",
-                "content-type: application/json", f"http://127.0.0.1:{port}{REST_PATH}"], 300)  # fmt: skip
-    done, took = _H2LOAD.search(out), _H2LOAD_TIME.search(out)
-    if not done or not took:
-        return 0, 0.0, out[-200:]
-    seconds = float(took.group(1)) / (1000 if took.group(2) == "ms" else 1)
-    failed = int(done.group(2)) + int(done.group(3))
-    return int(done.group(1)), seconds, f"{failed} failed" if failed else ""
-
-
 def driver(name: str, server: ServerProcess, files: dict, duration: float):
     """The timed run of scenario `name`, sized to `duration` by an untimed warm-up."""
 
     def run(requests: int) -> tuple[int, float, str]:
         if name == "tf-rest":
-            return rest_h2load(server.port, files[name], requests)
+            return h2load(server.port, files[name], requests, CLIENTS, REST_PATH)
         path = PREDICT_PATH if name == "tf-grpc" else INFER_PATH
         return grpc_h2load(server.grpc_port, path, files[name], requests, CLIENTS)
 

@@ -94,7 +94,9 @@ def wrk(
     return (int(found.group(1)), float(found.group(2)), note) if found else (0, 0.0, out[-200:])
 
 
-def h2load(port: int, body_file: str, requests: int, clients: str = "-c4 -m4") -> tuple[int, float, str]:
+def h2load(
+    port: int, body_file: str, requests: int, clients: str = "-c4 -m4", path: str = JSON_PATH
+) -> tuple[int, float, str]:
     out = _run(
         [
             "h2load",
@@ -104,7 +106,7 @@ def h2load(port: int, body_file: str, requests: int, clients: str = "-c4 -m4") -
             body_file,
             "-H",
             "content-type: application/json",
-            f"http://127.0.0.1:{port}{JSON_PATH}",
+            f"http://127.0.0.1:{port}{path}",
         ],
         120,
     )

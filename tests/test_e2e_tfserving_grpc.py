@@ -24,6 +24,8 @@ import httpx
 import numpy as np
 import pytest
 from e2e_helpers import EXAMPLES, ROOT, ServerProcess, stop_all, write_model
+from grpc_helpers import answer, message, messages_of, open_call, status_of
+from h2_wire import H2Wire
 from test_e2e_tfserving import build_repository
 
 PROTO = ROOT / "proto"
@@ -315,6 +317,32 @@ def test_malformed_bytes_are_invalid_argument(servers, stub, apis) -> None:
         for garbage in (b"\x12\x05\x0a\x01", b"\xff\xff\xff", b"\x0a\x10" + b"x" * 3):
             refused(lambda garbage=garbage: raw(garbage, timeout=30), grpc.StatusCode.INVALID_ARGUMENT, "")
     test_predict_half_plus_two(apis, stub)
+
+
+def test_malformed_tensor_protos_in_raw_frames(apis, servers) -> None:
+    """A PredictRequest written byte by byte into HTTP/2 frames: TensorProtos that no client library would
+    write (a truncated dim, a packed float_val of 7 bytes, a dtype of 999) each end their call
+    INVALID_ARGUMENT, on the same connection, which then answers a good request."""
+
+    def predict(proto: bytes) -> bytes:
+        entry = b"\x0a\x01x" + b"\x12" + bytes([len(proto)]) + proto  # the inputs map's entry for alias "x"
+        return b"\x0a\x0f\x0a\x0dhalf_plus_two" + b"\x12" + bytes([len(entry)]) + entry
+
+    truncated_dim = b"\x08\x01\x12\x04\x12\x05\x08\x03"  # DT_FLOAT, a Dim said 5 bytes long, 2 there
+    short_floats = b"\x08\x01\x12\x04\x12\x02\x08\x02\x2a\x07" + bytes(7)  # float_val packed: 7 bytes
+    unknown_dtype = b"\x08\xe7\x07\x12\x04\x12\x02\x08\x01"  # DataType 999
+    good = tensor(apis, np.array([1.0], dtype=np.float32)).SerializeToString()
+    with H2Wire(("127.0.0.1", servers.examples.grpc_port)) as h2:
+        h2.open()
+        for stream, proto in zip((1, 3, 5), (truncated_dim, short_floats, unknown_dtype), strict=True):
+            open_call(h2, stream, "/tensorflow.serving.PredictionService/Predict", message(predict(proto)))
+            blocks, _ = answer(h2, stream)
+            assert status_of(blocks)[0] == 3, status_of(blocks)  # INVALID_ARGUMENT
+        open_call(h2, 7, "/tensorflow.serving.PredictionService/Predict", message(predict(good)))
+        blocks, data = answer(h2, 7)
+        assert status_of(blocks) == (0, "")
+        [(_, body)] = messages_of(data)
+        assert array(apis, apis.predict.PredictResponse.FromString(body).outputs["y"]).tolist() == [2.5]
 
 
 def test_an_answer_up_to_the_message_limit(apis, tf_stub) -> None:
