@@ -79,14 +79,20 @@ peers: $(STAMP)
 	      nghttp2-client wrk curl openssl libb64-0d >/dev/null; } || echo "could not install them: those tests will fail"; }
 	@$(BIN)/python -m bench.perf_analyzer --install || echo "could not install perf_analyzer: its tests will fail"
 
-# mypy checks the compiled modules' types (the list: pyproject.toml [tool.tensorgate] compiled).
-COMPILED_SOURCES = $(BIN)/python -c 'import tomllib; print(*(n.replace(".", "/") + ".py" for n in \
+# mypy checks the compiled modules' types (the list: pyproject.toml [tool.tensorgate] compiled), by their
+# installed names: from a tree of links, build/mypy/tensorgate/<folder> -> the folder (mypy does not run the
+# editable install's import hook, so `tensorgate.server...` would not resolve from the folders themselves).
+COMPILED_SOURCES = $(BIN)/python -c 'import tomllib; print(*("tensorgate/" + n.replace(".", "/") + ".py" for n in \
   tomllib.load(open("pyproject.toml", "rb"))["tool"]["tensorgate"]["compiled"]))'
+MYPY_TREE := build/mypy
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m mypy $$($(COMPILED_SOURCES))
+	rm -rf $(MYPY_TREE) && mkdir -p $(MYPY_TREE)/tensorgate
+	for package in server codec batcher proto perf; do ln -s ../../../$$package $(MYPY_TREE)/tensorgate/$$package; done
+	files="$$($(COMPILED_SOURCES))" && cd $(MYPY_TREE) && \
+	  MYPYPATH=. ../../$(BIN)/python -m mypy --config-file ../../pyproject.toml --explicit-package-bases $$files
 
 format: $(STAMP)
 	$(BIN)/ruff format .

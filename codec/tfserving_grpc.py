@@ -111,20 +111,23 @@ def decode_predict(data: bytes | memoryview) -> Predict:
     and client options are not used here). Numeric inputs are views of `data`."""
     buf = bytes(data) if not isinstance(data, bytes) else data
     for skeleton in _SKELETONS.get(len(buf), ()):
-        spans, around, spec, entries, output_filter = skeleton
+        kept_spans, around, kept_spec, entries, kept_filter = skeleton
         pieces, pos = [], 0
-        for start, stop in spans:
+        for start, stop in kept_spans:
             pieces.append(buf[pos:start])
             pos = stop
         pieces.append(buf[pos:])
         if b"".join(pieces) == around:
-            inputs = {
+            views = {
                 alias: (dtype, np.ndarray(shape, dtype.numpy, buf, start))
-                for (alias, dtype, shape), (start, _) in zip(entries, spans, strict=True)
+                for (alias, dtype, shape), (start, _) in zip(entries, kept_spans, strict=True)
             }
-            return Predict(spec, inputs, list(output_filter))
+            return Predict(kept_spec, views, list(kept_filter))
+    spec = ModelSpec()
+    inputs: dict[str, tuple[DataType, np.ndarray]] = {}
+    output_filter: list[str] = []
+    spans: list[tuple[int, int]] = []
     try:
-        spec, inputs, output_filter, spans = ModelSpec(), {}, [], []
         for number, wire, value, stop in fields(buf, 0, len(buf)):
             if wire != LEN:
                 continue
@@ -196,7 +199,8 @@ def decode_tensor(
 ) -> tuple[DataType, np.ndarray]:
     """A TensorProto -> (its dtype, its array); `name` says which tensor in errors. Where its elements
     are read from tensor_content, the content's (start, stop) in `buf` goes to `spans`."""
-    number, shape, content, typed = 0, (), None, []
+    number, content, typed = 0, None, []
+    shape: tuple[int, ...] = ()
     for field, wire, value, stop in fields(buf, pos, end):
         if field == DTYPE and wire == VARINT:
             number = value
@@ -224,7 +228,7 @@ def decode_tensor(
 
 
 def _shape(buf: bytes, pos: int, end: int, name: str) -> tuple[int, ...]:
-    dims = []
+    dims: list[int] = []
     for field, wire, value, stop in fields(buf, pos, end):
         if field == 2 and wire == LEN:
             size = 0

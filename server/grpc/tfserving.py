@@ -27,6 +27,7 @@ from tensorgate.codec.datatypes import BY_V2
 from tensorgate.codec.errors import invalid
 from tensorgate.codec.tfserving import TensorInfo
 from tensorgate.proto.google.protobuf import Any
+from tensorgate.proto.tensorflow.error import Code
 from tensorgate.server.grpc.inference import RawMessage, grpc_error
 from tensorgate.server.tfserving import TFServing, View
 
@@ -78,13 +79,15 @@ def _tensor_info(info: TensorInfo) -> tf.TensorInfo:
 
 def _examples_doc(given: pb.Input | None) -> dict:
     """A tensorflow.serving.Input -> the REST API's {"examples": [...], "context": {...}}."""
-    if given is None or (given.example_list is None and given.example_list_with_context is None):
-        raise invalid("Input is empty")
-    chosen = given.example_list if given.example_list is not None else given.example_list_with_context
-    doc: dict = {"examples": [_features(example) for example in chosen.examples]}
-    if given.example_list_with_context is not None and chosen.context is not None:
-        doc["context"] = _features(chosen.context)
-    return doc
+    if given is not None and given.example_list is not None:
+        return {"examples": [_features(example) for example in given.example_list.examples]}
+    if given is not None and given.example_list_with_context is not None:
+        chosen = given.example_list_with_context
+        doc: dict = {"examples": [_features(example) for example in chosen.examples]}
+        if chosen.context is not None:
+            doc["context"] = _features(chosen.context)
+        return doc
+    raise invalid("Input is empty")
 
 
 def _features(example: tf.Example) -> dict[str, list]:
@@ -281,7 +284,9 @@ class PredictionService:
                 pb.ModelVersionStatus(
                     version=version,
                     state=_STATE[state],
-                    status=pb.StatusProto(error_code=2 if message else 0, error_message=message),
+                    status=pb.StatusProto(
+                        error_code=Code.UNKNOWN if message else Code.OK, error_message=message
+                    ),
                 )
                 for version, state, message in statuses
             ]
@@ -300,7 +305,7 @@ class PredictionService:
                 await self.repository.load_model(name)
         for name in sorted(serving - set(wanted)):
             await self.repository.unload_model(name)
-        return pb.ReloadConfigResponse(status=pb.StatusProto(error_code=0))
+        return pb.ReloadConfigResponse(status=pb.StatusProto(error_code=Code.OK))
 
 
 def _filtered(output_filter: list[str], available: list[str]) -> list[str]:
