@@ -75,11 +75,18 @@ def build(
     TFServingEndpoints(repository).install(router)
     RepositoryEndpoints(repository).install(router)
     grps_endpoints.install_customized(router)  # last: it must not take a built-in route's place
+    router.restrict(args.http_restrictions)
     routers = {"gRPC": Router(error_response, args.max_request_bytes), "HTTP": router}
     if args.allow_metrics:
         routers["Metrics"] = metrics_router(repository, monitor)
     services = grpc.services(
-        repository, args.grps_default_model, args.grpc_max_message_bytes, shared_memory, logs, tracer
+        repository,
+        args.grps_default_model,
+        args.grpc_max_message_bytes,
+        shared_memory,
+        logs,
+        tracer,
+        args.grpc_restrictions,
     )
     return Parts(routers, services)
 

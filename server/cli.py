@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import NamedTuple
 
-from tensorgate.server import log_settings
+from tensorgate.server import log_settings, restricted
 from tensorgate.server.endpoints.customized import PATH_FORMAT
 from tensorgate.server.engine import Engine
 from tensorgate.server.log_settings import LogControl
@@ -46,6 +46,13 @@ def serve(arguments: list[str]) -> int:
         parser.error("--model-control-mode poll needs --repository-poll-secs > 0")
     if not args.engine_front_end and args.workers < 2:
         parser.error("--engine-front-end false needs --workers 2 or more: someone must accept connections")
+    try:
+        args.http_restrictions = restricted.parse(args.http_restricted_api, "http-restricted-api", "", "api")
+        args.grpc_restrictions = restricted.parse(
+            args.grpc_restricted_protocol, "grpc-restricted-protocol", restricted.GRPC_KEY_PREFIX, "protocol"
+        )
+    except ValueError as e:
+        parser.error(str(e))
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
         parser.error("--ssl-certfile and --ssl-keyfile go together")
     try:

@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from tensorgate.server import log_settings
+from tensorgate.server import log_settings, restricted
 from tensorgate.server.backends.python import EXECUTION_MODES
 from tensorgate.server.endpoints.customized import CTRL_MODES
 from tensorgate.server.http.connection import HttpSettings
@@ -261,6 +261,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="front-end processes serving the same ports, each on its own core: the engine (which also holds "
         "the models and their batchers) and N - 1 workers beside it; auto: one per CPU the process may "
         "use (its cgroup's CPU limit, rounded up, and its affinity) (default 1: one process)",
+    )
+    groups = ", ".join(restricted.GROUPS)
+    serve.add_argument(
+        "--http-restricted-api",
+        action="append",
+        default=[],
+        metavar="<apis>:<key>=<value>",
+        help=f"Triton's restricted APIs (repeatable): the REST APIs of the comma-separated groups answer "
+        f"only a request with the header <key> set to <value>, else 403. The groups: {groups}",
+    )
+    serve.add_argument(
+        "--grpc-restricted-protocol",
+        action="append",
+        default=[],
+        metavar="<protocols>:<key>=<value>",
+        help=f"the same for gRPC (repeatable): the methods of the groups need the metadata "
+        f"{restricted.GRPC_KEY_PREFIX}<key> set to <value>, else UNAVAILABLE. The groups: {groups}",
     )
     serve.add_argument(
         "--engine-front-end",

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.server import restricted
 
 log = logging.getLogger("tensorgate.http")
 
@@ -70,6 +71,7 @@ class Route:
     pattern: re.Pattern
     handler: Handler
     errors: ErrorResponder  # the protocol's own error shape
+    group: str = ""  # Triton's API group (server/restricted.py), "" for none
 
 
 def compile_path(template: str) -> re.Pattern:
@@ -89,10 +91,24 @@ class Router:
         # (method, path) -> its match: a server sees the same few paths again and again. Handlers
         # only read the parameters, so a match is shared. Cleared when full, so any path may come.
         self._matched: dict[tuple[str, str], tuple[Route, dict[str, str]]] = {}
+        # group -> (the header, lowercased, and the value it must have; what the refusal says)
+        self.restricted: dict[str, tuple[bytes, bytes, str]] = {}
 
-    def add(self, method: str, template: str, handler: Handler, errors: ErrorResponder) -> None:
-        self.routes.setdefault(method, []).append(Route(method, compile_path(template), handler, errors))
+    def add(
+        self, method: str, template: str, handler: Handler, errors: ErrorResponder, group: str | None = None
+    ) -> None:
+        """A route; its API group is read from the template unless given (restricted.http_group)."""
+        group = restricted.http_group(template) if group is None else group
+        route = Route(method, compile_path(template), handler, errors, group)
+        self.routes.setdefault(method, []).append(route)
         self._matched.clear()
+
+    def restrict(self, restrictions: restricted.Restrictions) -> None:
+        """--http-restricted-api: the groups that answer only a request with their header and value."""
+        self.restricted = {
+            group: (header.lower().encode("latin-1"), value.encode(), restricted.http_message(header))
+            for group, (header, value) in restrictions.items()
+        }
 
     def clear_cache(self) -> None:
         """Forgets the matches made so far (after the routes were changed in place)."""
@@ -112,6 +128,10 @@ class Router:
     async def call(self, route: Route, request: HttpRequest) -> HttpResponse:
         """The handler's answer, or its error in the route's protocol's shape (never a traceback)."""
         try:
+            if self.restricted and route.group in self.restricted:
+                header, value, refusal = self.restricted[route.group]
+                if request.headers.get(header) != value:
+                    raise Restricted(refusal)
             coding = request.headers.get(b"content-encoding")
             if coding is not None and coding != b"identity":
                 request.body = inflate(coding, request.body, self.max_body_bytes)
@@ -183,6 +203,13 @@ class BodyTooLarge(InferError):
             ErrorKind.RESOURCE_EXHAUSTED,
             f"request body exceeds the {limit}-byte limit (raise it with --max-request-bytes)",
         )
+
+
+class Restricted(InferError):
+    fixed_http_status = 403  # Triton's answer to a restricted API called without its header
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorKind.UNAVAILABLE, message)
 
 
 def framing_error(errors: ErrorResponder, message: str, status: int = 400) -> HttpResponse:

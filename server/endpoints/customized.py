@@ -126,7 +126,7 @@ class CustomizedHttp:
             if isinstance(found, tuple) or found.status == 405:
                 raise ValueError(f"customized predict path {path} collides with a built-in route")
         for method in ("GET", "POST"):
-            router.add(method, path, self.handle, errors)
+            router.add(method, path, self.handle, errors, group="inference")
 
     async def handle(self, request: HttpRequest) -> HttpResponse:
         version = self.grps.select(query_of(request).get("model", ""))

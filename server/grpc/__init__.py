@@ -17,6 +17,7 @@ from tensorgate.server.grpc.tfserving import PredictionService
 from tensorgate.server.http.grpc_call import GrpcServices
 from tensorgate.server.log_settings import LogControl
 from tensorgate.server.repository import Repository
+from tensorgate.server.restricted import Restrictions
 from tensorgate.server.shared_memory import SharedMemory
 from tensorgate.server.tracing.tracer import Tracer
 
@@ -28,6 +29,7 @@ def services(
     shared_memory: SharedMemory,
     logs: LogControl,
     tracer: Tracer,
+    restrictions: Restrictions | None = None,
 ) -> GrpcServices:
     """The services served on --grpc-port and, over HTTP/2, on --http-port."""
     health = HealthService(repository)
@@ -42,6 +44,7 @@ def services(
             ReflectionV1Alpha(reflection),
         ],
         max_message_bytes,
+        restrictions,
     )
     health.services = set(served.names)
     reflection.services = served.names

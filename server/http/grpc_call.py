@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, cast
 from grpclib.const import Handler, Status
 from grpclib.exceptions import GRPCError
 
+from tensorgate.server import restricted
 from tensorgate.server.http import hpack_encode
 from tensorgate.server.http.grpc_wire import (
     ACCEPT_ENCODING,
@@ -66,12 +67,24 @@ class GrpcServices:
     `__mapping__`), by path; the message size limit; what shutdown tells the services. What opens an
     HTTP/2 stream as a call (connection.CallOpener): a POST with content-type application/grpc."""
 
-    def __init__(self, servicers: list[Any], max_message_bytes: int) -> None:
+    def __init__(
+        self,
+        servicers: list[Any],
+        max_message_bytes: int,
+        restrictions: restricted.Restrictions | None = None,
+    ) -> None:
         self.servicers = servicers
         self.handlers: dict[str, Handler] = {}
         for servicer in servicers:
             self.handlers.update(servicer.__mapping__())
         self.max_message_bytes = max_message_bytes
+        # --grpc-restricted-protocol: method path -> (its metadata key and value, the refusal's text)
+        self.restricted: dict[str, tuple[bytes, bytes, str]] = {}
+        for path, group in restricted.GRPC_GROUPS.items():
+            if restrictions and group in restrictions:
+                key, value = restrictions[group]
+                text = restricted.grpc_message(key)
+                self.restricted[path] = (key.lower().encode("latin-1"), value.encode(), text)
         # "inference.GRPCInferenceService", ...: what reflection lists and health knows
         self.names = sorted({path.split("/")[1] for path in self.handlers})
 
@@ -93,6 +106,7 @@ class GrpcCall:
         "connection",
         "stream",
         "handler",
+        "restriction",
         "max_bytes",
         "reader",
         "messages",
@@ -114,6 +128,7 @@ class GrpcCall:
         self.connection = connection
         self.stream = stream
         self.handler = services.handlers.get(stream.path)
+        self.restriction = services.restricted.get(stream.path) if services.restricted else None
         self.max_bytes = services.max_message_bytes
         self.reader = MessageReader(self.max_bytes)
         self.messages: collections.deque[tuple[bool, bytes | memoryview]] = collections.deque()
@@ -286,6 +301,8 @@ class GrpcCall:
         headers = self.stream.headers
         if self.handler is None:
             raise GRPCError(Status.UNIMPLEMENTED, f"method {self.stream.path} is not served here")
+        if self.restriction is not None and headers.get(self.restriction[0]) != self.restriction[1]:
+            raise GRPCError(Status.UNAVAILABLE, self.restriction[2])
         subtype = content_subtype(headers[b"content-type"])
         if subtype not in (b"", b"proto"):
             raise GRPCError(
