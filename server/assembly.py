@@ -24,7 +24,7 @@ from tensorgate.server.endpoints.repository import RepositoryEndpoints
 from tensorgate.server.endpoints.settings import SettingsEndpoints
 from tensorgate.server.endpoints.tfserving import TFServingEndpoints
 from tensorgate.server.endpoints.v2 import V2Endpoints, error_response
-from tensorgate.server.http.listener import Listener, Offline, address_of, bind, tls_context
+from tensorgate.server.http.listener import Listener, Offline, TlsFiles, address_of, bind, tls_context
 from tensorgate.server.metrics import metrics_router
 from tensorgate.server.options import http_settings
 from tensorgate.server.router import Router
@@ -134,7 +134,8 @@ async def serve_ports(
     accepts. gRPC is served on its port and, over HTTP/2, on HTTP's; it needs our transport: on
     hypercorn, the HTTP port serves REST only."""
     settings = http_settings(args)
-    tls_files = (args.ssl_certfile, args.ssl_keyfile) if args.ssl_certfile else None
+    http_tls = TlsFiles(args.ssl_certfile, args.ssl_keyfile, args.ssl_ca_certs) if args.ssl_certfile else None
+    tls_files = {"HTTP": http_tls, "gRPC": args.grpc_tls}
 
     async def serve_port(name: str) -> None:
         router = parts.routers[name]
@@ -142,11 +143,11 @@ async def serve_ports(
             from tensorgate.server.http.asgi import AsgiApp, serve_hypercorn
 
             app = AsgiApp(router, settings.max_request_bytes)
-            files = tls_files if name == "HTTP" else None
+            files = tls_files.get(name)
             started(name)  # hypercorn accepts on the bound sockets from its first step
             await serve_hypercorn(app, sockets[name], shutdown_trigger, settings.graceful_timeout, files)
             return
-        tls = tls_context(*tls_files) if tls_files and name == "HTTP" else None
+        tls = tls_context(tls_files[name]) if tls_files.get(name) else None
         services = parts.grpc_services if name != "Metrics" else None
         listener = Listener(router, settings, sockets[name], tls, services, offline)
         await listener.start()

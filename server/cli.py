@@ -14,6 +14,7 @@ from typing import NamedTuple
 from tensorgate.server import log_settings, restricted
 from tensorgate.server.endpoints.customized import PATH_FORMAT
 from tensorgate.server.engine import Engine
+from tensorgate.server.http.listener import TlsFiles
 from tensorgate.server.log_settings import LogControl
 from tensorgate.server.options import build_parser
 from tensorgate.server.response_cache import CacheConfigError, parse_cache_config
@@ -55,6 +56,18 @@ def serve(arguments: list[str]) -> int:
         parser.error(str(e))
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
         parser.error("--ssl-certfile and --ssl-keyfile go together")
+    if args.ssl_ca_certs is not None and args.ssl_certfile is None:
+        parser.error("--ssl-ca-certs (mutual TLS) needs --ssl-certfile and --ssl-keyfile")
+    args.grpc_tls = None
+    if args.grpc_use_ssl or args.grpc_use_ssl_mutual:
+        if args.grpc_server_cert is None or args.grpc_server_key is None:
+            parser.error("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
+        if args.grpc_use_ssl_mutual and args.grpc_root_cert is None:
+            parser.error(
+                "--grpc-use-ssl-mutual needs --grpc-root-cert (the CAs of the clients' certificates)"
+            )
+        mutual = args.grpc_root_cert if args.grpc_use_ssl_mutual else None
+        args.grpc_tls = TlsFiles(args.grpc_server_cert, args.grpc_server_key, mutual)
     try:
         args.cache_size = parse_cache_config(args.cache_config, args.response_cache_byte_size)
     except CacheConfigError as e:

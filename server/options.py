@@ -81,6 +81,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--ssl-certfile", default=None, help="serve HTTP over TLS with this certificate (PEM)")
     serve.add_argument("--ssl-keyfile", default=None, help="the private key of --ssl-certfile (PEM)")
+    serve.add_argument(
+        "--ssl-ca-certs",
+        default=None,
+        metavar="PEM",
+        help="mutual TLS on the HTTP port: a client must present a certificate these CAs signed (needs "
+        "--ssl-certfile)",
+    )
+    serve.add_argument(
+        "--grpc-use-ssl",
+        type=_boolean,
+        default=False,
+        metavar="true|false",
+        help="serve the gRPC port over TLS with --grpc-server-cert and --grpc-server-key (default false: "
+        "cleartext)",
+    )
+    serve.add_argument(
+        "--grpc-use-ssl-mutual",
+        type=_boolean,
+        default=False,
+        metavar="true|false",
+        help="the gRPC port over mutual TLS: a client must present a certificate --grpc-root-cert signed "
+        "(implies --grpc-use-ssl; default false)",
+    )
+    serve.add_argument("--grpc-server-cert", default=None, metavar="PEM", help="the gRPC port's certificate")
+    serve.add_argument("--grpc-server-key", default=None, metavar="PEM", help="the gRPC port's private key")
+    serve.add_argument(
+        "--grpc-root-cert", default=None, metavar="PEM", help="with --grpc-use-ssl-mutual: the CAs whose "
+        "certificates gRPC clients must present",
+    )  # fmt: skip
     limits = HttpSettings()
     serve.add_argument(
         "--http-max-head-bytes",

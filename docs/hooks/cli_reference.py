@@ -17,7 +17,17 @@ PAGE = ROOT / "docs" / "getting-started" / "cli.md"
 
 # `tensorgate serve`'s flags by topic: the first topic whose prefixes match a flag's name takes it.
 SERVE_TOPICS: list[tuple[str, tuple[str, ...]]] = [
-    ("Security", ("--http-restricted-api", "--grpc-restricted-protocol", "--ssl-")),
+    (
+        "Security",
+        (
+            "--http-restricted-api",
+            "--grpc-restricted-protocol",
+            "--ssl-",
+            "--grpc-use-ssl",
+            "--grpc-server-",
+            "--grpc-root-cert",
+        ),
+    ),
     ("Models and the repository", ("--model-", "--load-model", "--repository-", "--python-", "--strict-")),
     ("Ports and protocols", ("--host", "--http-port", "--grpc-port", "--grpc-max-message", "--metrics-port")),
     ("The transport and its limits", ("--max-", "--http", "--ssl-", "--grpc-http2-", "--graceful-")),

@@ -9,6 +9,7 @@ then leaves the queue), as our transport cancels it from connection_lost.
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
@@ -21,6 +22,7 @@ from hypercorn.protocol.h2 import H2Protocol
 from hypercorn.utils import wrap_app
 
 from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.server.http.listener import TlsFiles
 from tensorgate.server.router import BodyTooLarge, HttpRequest, HttpResponse, Router, framing_error
 
 log = logging.getLogger("tensorgate.http")
@@ -275,13 +277,15 @@ async def serve_hypercorn(
     sockets: list,
     shutdown_trigger: Callable[[], Awaitable[object]],
     graceful_timeout: float,
-    tls_files: tuple[str, str] | None = None,
+    tls_files: TlsFiles | None = None,
 ) -> None:
     """Serves `app` on the bound `sockets` until `shutdown_trigger` returns, then drains. With
-    `tls_files` (certificate, key) the sockets speak TLS, with ALPN h2 and http/1.1."""
+    `tls_files` the sockets speak TLS (mutual with its CAs), with ALPN h2 and http/1.1."""
     config = hypercorn_config(logging.getLevelName(log.getEffectiveLevel()).lower(), graceful_timeout)
     if tls_files is not None:
-        config.certfile, config.keyfile = tls_files
+        config.certfile, config.keyfile = tls_files.certfile, tls_files.keyfile
+        if tls_files.ca_certs is not None:
+            config.ca_certs, config.verify_mode = tls_files.ca_certs, ssl.CERT_REQUIRED
         bound = Sockets(secure_sockets=list(sockets), insecure_sockets=[], quic_sockets=[])
     else:
         bound = Sockets(secure_sockets=[], insecure_sockets=list(sockets), quic_sockets=[])

@@ -12,6 +12,7 @@ import logging
 import resource
 import socket
 import ssl
+from dataclasses import dataclass
 
 from tensorgate.server.http.connection import CallOpener, ConnectionHost, HttpSettings, Offline
 from tensorgate.server.http.h1 import H1Connection
@@ -77,9 +78,22 @@ def address_of(sock: socket.socket) -> str:
     return f"[{host}]:{port}" if sock.family == socket.AF_INET6 else f"{host}:{port}"
 
 
-def tls_context(certfile: str, keyfile: str) -> ssl.SSLContext:
+@dataclass(frozen=True)
+class TlsFiles:
+    """A port's TLS: its certificate and key (PEM), and for mutual TLS the CAs (PEM) whose certificates
+    clients must present."""
+
+    certfile: str
+    keyfile: str
+    ca_certs: str | None = None
+
+
+def tls_context(files: TlsFiles) -> ssl.SSLContext:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(certfile, keyfile)
+    context.load_cert_chain(files.certfile, files.keyfile)
+    if files.ca_certs is not None:  # mutual: a client without a certificate these CAs signed is refused
+        context.load_verify_locations(files.ca_certs)
+        context.verify_mode = ssl.CERT_REQUIRED
     context.set_alpn_protocols(["h2", "http/1.1"])
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     return context
