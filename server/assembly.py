@@ -61,7 +61,7 @@ def build(
     """Every port's routes and the gRPC services over `repository` (ValueError: a customized grps path
     that would take a built-in route's place)."""
     router = Router(fallback_errors=error_response, max_body_bytes=args.max_request_bytes)
-    V2Endpoints(repository, shared_memory, tracer).install(router)
+    V2Endpoints(repository, shared_memory, tracer, args.http_forward).install(router)
     SettingsEndpoints(repository, logs, tracer).install(router)
     GenerateEndpoints(repository, tracer).install(router)
     streaming = StreamingControl(
@@ -87,6 +87,7 @@ def build(
         logs,
         tracer,
         args.grpc_restrictions,
+        args.grpc_forward,
     )
     return Parts(routers, services)
 

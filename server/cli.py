@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import NamedTuple
 
-from tensorgate.server import log_settings, restricted
+from tensorgate.server import header_forwarding, log_settings, restricted
 from tensorgate.server.endpoints.customized import PATH_FORMAT
 from tensorgate.server.engine import Engine
 from tensorgate.server.http.listener import TlsFiles
@@ -52,6 +52,8 @@ def serve(arguments: list[str]) -> int:
         args.grpc_restrictions = restricted.parse(
             args.grpc_restricted_protocol, "grpc-restricted-protocol", restricted.GRPC_KEY_PREFIX, "protocol"
         )
+        args.http_forward = header_forwarding.compiled(args.http_header_forward_pattern)
+        args.grpc_forward = header_forwarding.compiled(args.grpc_header_forward_pattern)
     except ValueError as e:
         parser.error(str(e))
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):

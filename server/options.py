@@ -309,6 +309,19 @@ def build_parser() -> argparse.ArgumentParser:
         f"{restricted.GRPC_KEY_PREFIX}<key> set to <value>, else UNAVAILABLE. The groups: {groups}",
     )
     serve.add_argument(
+        "--http-header-forward-pattern",
+        default=None,
+        metavar="REGEX",
+        help="Triton's header forwarding: the headers of a REST infer request whose (lowercase) names this "
+        "regular expression matches become string parameters of the request (default: none)",
+    )
+    serve.add_argument(
+        "--grpc-header-forward-pattern",
+        default=None,
+        metavar="REGEX",
+        help="the same for the metadata of gRPC ModelInfer and ModelStreamInfer calls (default: none)",
+    )
+    serve.add_argument(
         "--engine-front-end",
         type=_boolean,
         default=True,

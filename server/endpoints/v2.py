@@ -4,13 +4,14 @@ Triton's system and CUDA shared-memory extensions."""
 from __future__ import annotations
 
 import functools
+import re
 from typing import TYPE_CHECKING
 
 import orjson
 
 from tensorgate.codec import v2_http
 from tensorgate.codec.errors import InferError, http_status, invalid
-from tensorgate.server import __version__
+from tensorgate.server import __version__, header_forwarding
 from tensorgate.server.router import HttpRequest, HttpResponse, Router, body_response, front_end
 from tensorgate.server.shared_memory import CUDA, SYSTEM, decode_handle
 from tensorgate.server.statistics import model_statistics
@@ -60,10 +61,17 @@ def sample(tracer: Tracer, model: str, headers: dict[bytes, bytes]) -> Trace | N
 
 
 class V2Endpoints:
-    def __init__(self, repository: Repository, shared_memory: SharedMemory, tracer: Tracer) -> None:
+    def __init__(
+        self,
+        repository: Repository,
+        shared_memory: SharedMemory,
+        tracer: Tracer,
+        forward: re.Pattern | None = None,
+    ) -> None:
         self.repository = repository
         self.shared_memory = shared_memory
         self.tracer = tracer  # Triton's trace extension: `on` while any request may be traced
+        self.forward = forward  # --http-header-forward-pattern
 
     def install(self, router: Router) -> None:
         model = "/v2/models/{model}[/versions/{version}]"
@@ -123,6 +131,8 @@ class V2Endpoints:
             request.headers.get(v2_http.HEADER_LENGTH_BYTES), len(request.body)
         )
         infer_request = v2_http.decode_request(request.body, header_length, name, version)
+        if self.forward is not None:
+            infer_request.parameters.update(header_forwarding.from_headers(self.forward, request.headers))
         if self.tracer.on:
             infer_request.trace = sample(self.tracer, name, request.headers)
             if infer_request.trace is not None:

@@ -3,6 +3,8 @@
 `services()` lists every servicer the server offers; each protocol module adds its own here.
 """
 
+import re
+
 from tensorgate.server.grpc.grps import GrpsService
 from tensorgate.server.grpc.health import HealthService
 from tensorgate.server.grpc.inference import InferenceService
@@ -30,13 +32,14 @@ def services(
     logs: LogControl,
     tracer: Tracer,
     restrictions: Restrictions | None = None,
+    forward: re.Pattern | None = None,
 ) -> GrpcServices:
     """The services served on --grpc-port and, over HTTP/2, on --http-port."""
     health = HealthService(repository)
     reflection = Reflection(Descriptors(DESCRIPTORS.read_bytes()))
     served = GrpcServices(
         [
-            InferenceService(repository, shared_memory, logs, tracer),
+            InferenceService(repository, shared_memory, logs, tracer, forward),
             GrpsService(repository, grps_default_model),
             PredictionService(repository),
             health,

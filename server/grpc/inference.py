@@ -9,6 +9,7 @@ with the same messages as REST. ModelStreamInfer is stream_infer.py.
 
 import functools
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
@@ -18,7 +19,7 @@ from grpclib.const import Cardinality, Handler, Status
 import tensorgate.proto.inference as pb
 from tensorgate.codec import v2_grpc, v2_grpc_request
 from tensorgate.codec.errors import ErrorKind, InferError
-from tensorgate.server import __version__
+from tensorgate.server import __version__, header_forwarding
 from tensorgate.server.endpoints.v2 import EXTENSIONS
 from tensorgate.server.grpc.stream_infer import SHUTTING_DOWN, StreamInfer
 from tensorgate.server.http.grpc_call import GrpcCall
@@ -91,12 +92,18 @@ def _choice(value: pb.LogSettingsRequestSettingValue) -> Any:
 
 class InferenceService(pb.GrpcInferenceServiceBase):
     def __init__(
-        self, repository: Repository, shared_memory: SharedMemory, logs: LogControl, tracer: Tracer
+        self,
+        repository: Repository,
+        shared_memory: SharedMemory,
+        logs: LogControl,
+        tracer: Tracer,
+        forward: re.Pattern | None = None,
     ) -> None:
         self.repository = repository
         self.shared_memory = shared_memory
         self.logs = logs  # Triton's logging extension (LogSettings)
         self.tracer = tracer  # Triton's trace extension (TraceSetting, and the requests it samples)
+        self.forward = forward  # --grpc-header-forward-pattern
         self._streams: set[StreamInfer] = set()  # open ModelStreamInfer calls, stopped on shutdown
         self._closing = False
 
@@ -272,6 +279,8 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         message = await call.recv_message()
         try:
             request = v2_grpc_request.decode_request(message.data)
+            if self.forward is not None:
+                request.parameters.update(header_forwarding.from_metadata(self.forward, call.metadata))
             version = self.repository.resolve(request.model_name, request.model_version)
             if self.tracer.on:
                 request.trace = sample_grpc(self.tracer, request.model_name, call.metadata)
@@ -293,7 +302,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     async def _model_stream_infer(self, call: GrpcCall) -> None:
         if self._closing:
             raise GRPCError(Status.UNAVAILABLE, SHUTTING_DOWN)
-        stream = StreamInfer(self.repository, call, RawMessage, self.shared_memory, self.tracer)
+        stream = StreamInfer(self.repository, call, RawMessage, self.shared_memory, self.tracer, self.forward)
         self._streams.add(stream)
         try:
             await stream.run()

@@ -19,6 +19,7 @@ answers those it has, and ends UNAVAILABLE.
 import asyncio
 import collections
 import logging
+import re
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
@@ -30,6 +31,7 @@ from tensorgate.codec import v2_grpc, v2_grpc_request
 from tensorgate.codec.errors import InferError
 from tensorgate.codec.tensor import InferResponse
 from tensorgate.codec.trace import Trace
+from tensorgate.server import header_forwarding
 from tensorgate.server.http import eager
 from tensorgate.server.http.grpc_call import GrpcCall
 from tensorgate.server.repository import Repository
@@ -52,7 +54,9 @@ class StreamInfer:
         raw_message: type,
         shared_memory: SharedMemory,
         tracer: Tracer,
+        forward: re.Pattern | None = None,
     ) -> None:
+        self.forward = forward  # --grpc-header-forward-pattern: the call's metadata into each request
         self.repository = repository
         self.shared_memory = shared_memory
         self.tracer = tracer  # a request it samples is finished once answered
@@ -134,6 +138,8 @@ class StreamInfer:
         try:
             request = v2_grpc_request.decode_request(data)
             request_id = request.id
+            if self.forward is not None:
+                request.parameters.update(header_forwarding.from_metadata(self.forward, self.call.metadata))
             final = request.parameters.pop(ENABLE_FINAL, False) is True
             version = self.repository.resolve(request.model_name, request.model_version)
             if self.tracer.on:
