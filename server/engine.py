@@ -76,6 +76,7 @@ class Engine:
             args.strict_readiness,
             response_cache=cache,
             python_execution_mode=args.python_execution_mode,
+            config_name=args.model_config_name,
         )
         self.shared_memory = SharedMemory(args.allow_client_shm)
         self.monitor = Monitor(self.repository, args.monitor_log, self.repository.app_monitor)

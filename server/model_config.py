@@ -514,10 +514,14 @@ def normalize_config(raw: dict, model_name: str) -> dict:
         raise ConfigError(f"model '{model_name}': {e}") from None
 
 
-def load_model_config(model_dir: Path) -> dict:
-    """Read model_dir/config.pbtxt (else config.json) and return the normalized config dict."""
+def load_model_config(model_dir: Path, config_name: str = "") -> dict:
+    """Read model_dir/config.pbtxt (else config.json) and return the normalized config dict. With
+    `config_name` (--model-config-name), model_dir/configs/<config_name>.pbtxt is read instead where it
+    exists, as Triton reads it."""
     model = model_dir.name
     pbtxt, config_json = model_dir / "config.pbtxt", model_dir / "config.json"
+    if config_name and (model_dir / "configs" / f"{config_name}.pbtxt").is_file():
+        pbtxt = model_dir / "configs" / f"{config_name}.pbtxt"
     path = pbtxt if pbtxt.is_file() else config_json
     _require(path.is_file(), f"model '{model}': no config.pbtxt or config.json in {model_dir}")
     try:

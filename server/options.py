@@ -309,6 +309,21 @@ def build_parser() -> argparse.ArgumentParser:
         f"{restricted.GRPC_KEY_PREFIX}<key> set to <value>, else UNAVAILABLE. The groups: {groups}",
     )
     serve.add_argument(
+        "--model-config-name",
+        default="",
+        metavar="NAME",
+        help="Triton's custom configs: each model loads <model>/configs/NAME.pbtxt where it has one, else "
+        "its config.pbtxt (default: config.pbtxt)",
+    )
+    serve.add_argument(
+        "--exit-timeout-secs",
+        type=float,
+        dest="graceful_timeout",
+        default=argparse.SUPPRESS,  # --graceful-timeout's default stands
+        metavar="SECONDS",
+        help="Triton's name for --graceful-timeout",
+    )
+    serve.add_argument(
         "--http-header-forward-pattern",
         default=None,
         metavar="REGEX",

@@ -50,9 +50,15 @@ class Model:
     """A model name with the versions its version_policy selects, loaded from one directory."""
 
     def __init__(
-        self, name: str, directory: Path, config: dict | None = None, owned_dir: Path | None = None
+        self,
+        name: str,
+        directory: Path,
+        config: dict | None = None,
+        owned_dir: Path | None = None,
+        config_name: str = "",
     ) -> None:
         self.name = name
+        self.config_name = config_name  # --model-config-name
         self.directory = directory
         self.config: dict | None = config  # given: a config override; else read from the directory
         self.owned_dir = owned_dir  # a file override's folder, removed when the model is retired
@@ -80,7 +86,7 @@ class Model:
         try:
             self.signature = tree_signature(self.directory)
             if self.config is None:
-                self.config = load_model_config(self.directory)
+                self.config = load_model_config(self.directory, self.config_name)
             numbers = select_versions(self.directory, self.config["version_policy"])
         except (ConfigError, OSError) as e:
             self.reason = f"failed to load '{self.name}': {e}"
@@ -188,12 +194,14 @@ class Repository:
         app_monitor: AppMonitor = app_monitor,
         response_cache: ResponseCache | None = None,
         python_execution_mode: str = "auto",
+        config_name: str = "",
     ) -> None:
         if control_mode not in CONTROL_MODES:
             raise ValueError(f"unknown model control mode {control_mode!r}")
         self.app_monitor = app_monitor
         self.response_cache = response_cache  # --cache-config: shared by the models that enable it
         self.python_execution_mode = python_execution_mode  # --python-execution-mode
+        self.config_name = config_name  # --model-config-name: configs/<name>.pbtxt where a model has one
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, from start()
         self.path = path
         self.control_mode = control_mode
@@ -246,7 +254,7 @@ class Repository:
     async def _load_in_order(self, wanted: dict[str, Path], on_disk: dict[str, Path]) -> None:
         """Loads `wanted` concurrently, ensembles after the models their steps call (which load with
         them when they are on disk and not loaded yet)."""
-        steps = await asyncio.to_thread(composing_all, wanted, on_disk)
+        steps = await asyncio.to_thread(composing_all, wanted, on_disk, self.config_name)
         for name in [n for calls in steps.values() for n in calls]:
             if name not in wanted and name in on_disk and not self._serving(name):
                 wanted[name] = on_disk[name]
@@ -324,7 +332,7 @@ class Repository:
         calls = (
             parsed_steps(parsed)
             if parsed is not None
-            else await asyncio.to_thread(composing_models, directory)
+            else await asyncio.to_thread(composing_models, directory, self.config_name)
         )
         if calls:  # an ensemble: the models its steps call load first, as Triton loads them
             on_disk = self._listed()
@@ -462,7 +470,7 @@ class Repository:
         """Loads `name` afresh and puts it in service; "" on success, else why it failed. A model that
         serves keeps serving until the new one is ready, and stays when the new one fails. The caller
         holds the model's lock."""
-        new = Model(name, directory, config, owned)
+        new = Model(name, directory, config, owned, self.config_name)
         old = self.models.get(name)
         keep_old = old is not None and old.ready
         if not keep_old:

@@ -74,16 +74,18 @@ def parsed_steps(config: dict) -> list[str]:
     return list(dict.fromkeys(s["model_name"] for s in steps if isinstance(s, dict) and s.get("model_name")))
 
 
-def composing_models(directory: Path) -> list[str]:
+def composing_models(directory: Path, config_name: str = "") -> list[str]:
     """Blocking: the models the ensemble in `directory` calls; none when it is no ensemble, or when its
     config cannot be read (its load then says why)."""
     try:
-        return parsed_steps(load_model_config(directory))
+        return parsed_steps(load_model_config(directory, config_name))
     except (ConfigError, OSError):
         return []
 
 
-def composing_all(wanted: dict[str, Path], on_disk: dict[str, Path]) -> dict[str, list[str]]:
+def composing_all(
+    wanted: dict[str, Path], on_disk: dict[str, Path], config_name: str = ""
+) -> dict[str, list[str]]:
     """Blocking: what each wanted model's steps call, followed through the ensembles among them."""
     steps: dict[str, list[str]] = {}
     todo = list(wanted)
@@ -92,7 +94,7 @@ def composing_all(wanted: dict[str, Path], on_disk: dict[str, Path]) -> dict[str
         if name in steps:
             continue
         directory = wanted.get(name) or on_disk.get(name)
-        steps[name] = composing_models(directory) if directory is not None else []
+        steps[name] = composing_models(directory, config_name) if directory is not None else []
         todo.extend(n for n in steps[name] if n in on_disk)
     return steps
 

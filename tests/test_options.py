@@ -13,6 +13,11 @@ from tensorgate.server.options import available_cpus, build_parser
 SERVE = ["--model-repository", "."]
 
 
+def test_exit_timeout_secs_is_tritons_name_for_the_graceful_timeout() -> None:
+    assert build_parser().parse_args(SERVE).graceful_timeout == 30.0
+    assert build_parser().parse_args([*SERVE, "--exit-timeout-secs", "7"]).graceful_timeout == 7.0
+
+
 @pytest.mark.parametrize(
     ("cpu_max", "expected"),
     [("max 100000\n", None), ("200000 100000\n", 2), ("150000 100000\n", 2), ("50000 100000\n", 1)],

@@ -41,7 +41,10 @@ SERVE_TOPICS: list[tuple[str, tuple[str, ...]]] = [
             "--grpc-header-forward-pattern",
         ),
     ),
-    ("The transport and its limits", ("--max-", "--http", "--ssl-", "--grpc-http2-", "--graceful-")),
+    (
+        "The transport and its limits",
+        ("--max-", "--http", "--ssl-", "--grpc-http2-", "--graceful-", "--exit-timeout-secs"),
+    ),
     ("Workers", ("--workers", "--worker-", "--engine-front-end")),
     ("grps", ("--grps-", "--monitor-")),
     ("Shared memory, metrics and the response cache", ("--allow-", "--cache-", "--response-cache-")),
