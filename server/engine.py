@@ -77,6 +77,7 @@ class Engine:
             response_cache=cache,
             python_execution_mode=args.python_execution_mode,
             config_name=args.model_config_name,
+            load_threads=args.model_load_thread_count,
         )
         self.shared_memory = SharedMemory(args.allow_client_shm)
         self.monitor = Monitor(self.repository, args.monitor_log, self.repository.app_monitor)

@@ -316,6 +316,13 @@ def build_parser() -> argparse.ArgumentParser:
         "its config.pbtxt (default: config.pbtxt)",
     )
     serve.add_argument(
+        "--model-load-thread-count",
+        type=_positive_int,
+        default=4,
+        metavar="N",
+        help="models loading at once, at most, each in a thread of its own (default 4, as Triton's)",
+    )
+    serve.add_argument(
         "--exit-timeout-secs",
         type=float,
         dest="graceful_timeout",
@@ -399,16 +406,23 @@ def _not_negative(number: type[int] | type[float]) -> Callable[[str], float]:
     return parse
 
 
+def _positive_int(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if count < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return count
+
+
 def _workers(text: str) -> int:
     if text == "auto":
         return available_cpus()
     try:
-        count = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number or auto, got {text!r}") from None
-    if count < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return count
+        return _positive_int(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{e} (or auto)") from None
 
 
 def available_cpus(cgroup: Path = Path("/sys/fs/cgroup")) -> int:

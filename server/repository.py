@@ -195,6 +195,7 @@ class Repository:
         response_cache: ResponseCache | None = None,
         python_execution_mode: str = "auto",
         config_name: str = "",
+        load_threads: int = 4,
     ) -> None:
         if control_mode not in CONTROL_MODES:
             raise ValueError(f"unknown model control mode {control_mode!r}")
@@ -202,6 +203,8 @@ class Repository:
         self.response_cache = response_cache  # --cache-config: shared by the models that enable it
         self.python_execution_mode = python_execution_mode  # --python-execution-mode
         self.config_name = config_name  # --model-config-name: configs/<name>.pbtxt where a model has one
+        self.load_threads = load_threads  # --model-load-thread-count: models loading at once, at most
+        self._load_slots: asyncio.Semaphore | None = None  # made on the server's loop
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, from start()
         self.path = path
         self.control_mode = control_mode
@@ -479,7 +482,10 @@ class Repository:
             self._changed()
             if old is not None:
                 await old.retire()
-        await asyncio.to_thread(new.load, self, self.response_cache)
+        if self._load_slots is None:
+            self._load_slots = asyncio.Semaphore(self.load_threads)
+        async with self._load_slots:
+            await asyncio.to_thread(new.load, self, self.response_cache)
         complete = new.fully_ready
         if keep_old and not complete:
             self._failed[name] = new.signature
