@@ -31,9 +31,6 @@ from e2e_helpers import EXAMPLES, ServerProcess, stop_all
 
 import tensorgate.proto.inference as pb
 
-pytestmark = pytest.mark.ours  # TLS on the gRPC port is our transport's
-
-
 def _name(common: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
 
@@ -133,6 +130,7 @@ def credentials(pki: SimpleNamespace, cert: str | None) -> grpc.ChannelCredentia
     return grpc.ssl_channel_credentials(read(pki.ca), read(pki.client_key), read(cert))
 
 
+@pytest.mark.ours  # gRPC, and on the HTTP port: our transport's (the REST test runs on hypercorn too)
 @pytest.mark.parametrize("port", ["grpc", "http"])
 def test_grpc_with_mutual_tls(pki: SimpleNamespace, mutual: ServerProcess, port: str) -> None:
     target = f"127.0.0.1:{mutual.grpc_port if port == 'grpc' else mutual.port}"
@@ -165,6 +163,7 @@ def test_rest_with_mutual_tls(pki: SimpleNamespace, mutual: ServerProcess, http2
         client.get(url)
 
 
+@pytest.mark.ours
 def test_grpc_tls_without_client_certificates(pki: SimpleNamespace, tmp_path: Path) -> None:
     flags = (
         "--grpc-use-ssl",
