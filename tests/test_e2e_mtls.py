@@ -31,6 +31,7 @@ from e2e_helpers import EXAMPLES, ServerProcess, stop_all
 
 import tensorgate.proto.inference as pb
 
+
 def _name(common: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
 
