@@ -78,6 +78,7 @@ class Engine:
             python_execution_mode=args.python_execution_mode,
             config_name=args.model_config_name,
             load_threads=args.model_load_thread_count,
+            auto_complete=not (args.disable_auto_complete_config or args.strict_model_config),
         )
         self.shared_memory = SharedMemory(args.allow_client_shm)
         self.monitor = Monitor(self.repository, args.monitor_log, self.repository.app_monitor)

@@ -316,6 +316,19 @@ def build_parser() -> argparse.ArgumentParser:
         "its config.pbtxt (default: config.pbtxt)",
     )
     serve.add_argument(
+        "--disable-auto-complete-config",
+        action="store_true",
+        help="Triton's: configs are used as written, not completed (each must name its backend or platform "
+        "and its inputs and outputs); by default they are completed from the model files",
+    )
+    serve.add_argument(
+        "--strict-model-config",
+        type=_boolean,
+        default=False,
+        metavar="true|false",
+        help="Triton's older name: true is --disable-auto-complete-config (default false)",
+    )
+    serve.add_argument(
         "--model-load-thread-count",
         type=_positive_int,
         default=4,

@@ -56,9 +56,11 @@ class Model:
         config: dict | None = None,
         owned_dir: Path | None = None,
         config_name: str = "",
+        auto_complete: bool = True,
     ) -> None:
         self.name = name
         self.config_name = config_name  # --model-config-name
+        self.auto_complete = auto_complete  # off: --disable-auto-complete-config
         self.directory = directory
         self.config: dict | None = config  # given: a config override; else read from the directory
         self.owned_dir = owned_dir  # a file override's folder, removed when the model is retired
@@ -98,8 +100,16 @@ class Model:
             return
         try:  # from the newest version's model, as Triton completes a config
             newest = self.directory / str(max(numbers))
-            config = backend_from_files(newest, self.config)
-            self.config = check_complete(complete_config(newest, config, host))
+            if self.auto_complete:
+                config = complete_config(newest, backend_from_files(newest, self.config), host)
+            elif not (self.config.get("backend") or self.config.get("platform")):
+                raise ConfigError(
+                    "must specify 'backend' or 'platform' (--disable-auto-complete-config: configs are "
+                    "not completed)"
+                )
+            else:
+                config = self.config
+            self.config = check_complete(config)
         except Exception as e:  # a model's auto_complete_config may raise anything
             self.reason = f"failed to load '{self.name}': {type(e).__name__}: {e}"
             self.loading = False
@@ -196,6 +206,7 @@ class Repository:
         python_execution_mode: str = "auto",
         config_name: str = "",
         load_threads: int = 4,
+        auto_complete: bool = True,
     ) -> None:
         if control_mode not in CONTROL_MODES:
             raise ValueError(f"unknown model control mode {control_mode!r}")
@@ -204,6 +215,7 @@ class Repository:
         self.python_execution_mode = python_execution_mode  # --python-execution-mode
         self.config_name = config_name  # --model-config-name: configs/<name>.pbtxt where a model has one
         self.load_threads = load_threads  # --model-load-thread-count: models loading at once, at most
+        self.auto_complete = auto_complete  # off: --disable-auto-complete-config (or --strict-model-config)
         self._load_slots: asyncio.Semaphore | None = None  # made on the server's loop
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, from start()
         self.path = path
@@ -473,7 +485,7 @@ class Repository:
         """Loads `name` afresh and puts it in service; "" on success, else why it failed. A model that
         serves keeps serving until the new one is ready, and stays when the new one fails. The caller
         holds the model's lock."""
-        new = Model(name, directory, config, owned, self.config_name)
+        new = Model(name, directory, config, owned, self.config_name, self.auto_complete)
         old = self.models.get(name)
         keep_old = old is not None and old.ready
         if not keep_old:

@@ -84,3 +84,32 @@ def loaded_at_once(tmp_path: Path, threads: int) -> list[int]:
 def test_model_load_thread_count_bounds_the_loads_at_once(tmp_path: Path) -> None:
     assert loaded_at_once(tmp_path, 1) == [1, 1]  # one at a time: neither saw the other loading
     assert loaded_at_once(tmp_path, 2) == [2, 2]
+
+
+NO_BACKEND = """
+name: "completed"
+max_batch_size: 4
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+"""
+
+
+def loads_without_backend(tmp_path: Path, *flags: str) -> tuple[bool, str]:
+    """Whether a config naming no backend loads (completed from its model.py), and the index's reason."""
+    repo = tmp_path / f"models{len(flags)}{flags[-1] if flags else ''}"
+    write_model(repo, "completed", NO_BACKEND, {1: IDENTITY})
+    server = ServerProcess(repo, tmp_path / f"{repo.name}.log", extra_args=flags).start()
+    try:
+        ready = httpx.get(f"{server.base_url}/v2/models/completed/ready", timeout=10).status_code == 200
+        (entry,) = httpx.post(f"{server.base_url}/v2/repository/index", json={}, timeout=10).json()
+        return ready, entry.get("reason", "")
+    finally:
+        stop_all([server])
+
+
+def test_disable_auto_complete_config_uses_configs_as_written(tmp_path: Path) -> None:
+    assert loads_without_backend(tmp_path) == (True, "")  # completed: model.py tells the python backend
+    for flags in (("--disable-auto-complete-config",), ("--strict-model-config", "true")):
+        ready, reason = loads_without_backend(tmp_path, *flags)
+        assert not ready and "must specify 'backend' or 'platform'" in reason, reason
+    assert loads_without_backend(tmp_path, "--strict-model-config", "false") == (True, "")

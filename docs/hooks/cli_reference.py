@@ -28,7 +28,10 @@ SERVE_TOPICS: list[tuple[str, tuple[str, ...]]] = [
             "--grpc-root-cert",
         ),
     ),
-    ("Models and the repository", ("--model-", "--load-model", "--repository-", "--python-", "--strict-")),
+    (
+        "Models and the repository",
+        ("--model-", "--load-model", "--repository-", "--python-", "--strict-", "--disable-auto-complete"),
+    ),
     (
         "Ports and protocols",
         (
