@@ -112,12 +112,7 @@ def decode_predict(data: bytes | memoryview) -> Predict:
     buf = bytes(data) if not isinstance(data, bytes) else data
     for skeleton in _SKELETONS.get(len(buf), ()):
         kept_spans, around, kept_spec, entries, kept_filter = skeleton
-        pieces, pos = [], 0
-        for start, stop in kept_spans:
-            pieces.append(buf[pos:start])
-            pos = stop
-        pieces.append(buf[pos:])
-        if b"".join(pieces) == around:
+        if _around(buf, kept_spans) == around:
             views = {
                 alias: (dtype, np.ndarray(shape, dtype.numpy, buf, start))
                 for (alias, dtype, shape), (start, _) in zip(entries, kept_spans, strict=True)
@@ -152,14 +147,19 @@ def _keep_skeleton(buf: bytes, spans: list, spec: ModelSpec, inputs: dict, outpu
     if len(kept) >= _SKELETONS_PER_LENGTH or len(_SKELETONS) >= CACHE_MAX:
         return
     spans = sorted(spans)
+    by_start = {start: alias for alias, start in zip(inputs, (s for s, _ in spans), strict=True)}
+    entries = tuple((by_start[start], *_entry(inputs[by_start[start]])) for start, _ in spans)
+    kept.append((tuple(spans), _around(buf, spans), spec, entries, list(output_filter)))
+
+
+def _around(buf: bytes, spans: list[tuple[int, int]] | tuple[tuple[int, int], ...]) -> bytes:
+    """The bytes of `buf` outside the (start, stop) spans, in order."""
     pieces, pos = [], 0
     for start, stop in spans:
         pieces.append(buf[pos:start])
         pos = stop
     pieces.append(buf[pos:])
-    by_start = {start: alias for alias, start in zip(inputs, (s for s, _ in spans), strict=True)}
-    entries = tuple((by_start[start], *_entry(inputs[by_start[start]])) for start, _ in spans)
-    kept.append((tuple(spans), b"".join(pieces), spec, entries, list(output_filter)))
+    return b"".join(pieces)
 
 
 def _entry(given: tuple[DataType, np.ndarray]) -> tuple[DataType, tuple]:
