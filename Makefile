@@ -12,7 +12,7 @@ ARGS ?=
 $(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	TENSORGATE_COMPILE=0 $(BIN)/python -m pip install -q -e '.[build,test,torch,onnx,otel,plot,docs]'
+	TENSORGATE_COMPILE=0 $(BIN)/python -m pip install -q -e '.[build,test,torch,onnx,otel,plot,docs,cloud]'
 	touch $(STAMP)
 
 # The request path compiled with Cython (setup.py; the modules: pyproject.toml [tool.tensorgate]), each

@@ -7,6 +7,7 @@ from time import perf_counter_ns
 
 from tensorgate.batcher.execution import Executor, alone
 from tensorgate.batcher.inflight import InFlight
+from tensorgate.batcher.rate_limiter import Instance, Limited
 from tensorgate.batcher.scheduler import Arrays, Job, Scheduler
 from tensorgate.batcher.stats import ModelStats
 from tensorgate.codec.errors import InferError
@@ -22,14 +23,25 @@ class DirectScheduler(Scheduler):
     instances hold more than one (Backend.queued); the others wait their turn.
     """
 
-    def __init__(self, executor: Executor, stats: ModelStats | None = None) -> None:
+    def __init__(
+        self, executor: Executor, stats: ModelStats | None = None, limited: Limited | None = None
+    ) -> None:
+        """`limited`: the model's instances in the server's rate limiter (batcher/rate_limiter.py), when
+        its instance groups give a `rate_limiter`: each request then waits for an instance whose resources
+        are free."""
         self.executor = executor
         self.stats = stats if stats is not None else ModelStats()
+        self.limited = limited
         # then run_now() is run() without a coroutine: numpy on the event loop
         self.now = (
-            executor.inline and executor.host and not (executor.per_request or executor.with_parameters)
+            executor.inline
+            and executor.host
+            and not (executor.per_request or executor.with_parameters)
+            and limited is None
         )
-        self.pending = 0  # no queue: requests waiting for an instance are counted as executing
+        # no queue: requests waiting for an instance are counted as executing; under the rate limiter,
+        # those waiting for resources are pending
+        self.pending = 0
         self._slots = asyncio.Semaphore(executor.instances * executor.queued)
         self._in_flight = InFlight()  # requests executing or waiting for a slot: what drain() waits for
 
@@ -41,6 +53,8 @@ class DirectScheduler(Scheduler):
                 return self.run_now(job.inputs, job.rows)
             return self._run_now_traced(job)
         executor = self.executor
+        if self.limited is not None:
+            return await self._run_limited(job)
         if not executor.inline:
             return await self._run_waiting(job)
         start = perf_counter_ns()
@@ -115,6 +129,54 @@ class DirectScheduler(Scheduler):
         if job.trace is not None:
             job.trace.compute(began, input_ns, infer_ns, output_ns)
         return outputs
+
+    async def _run_limited(self, job: Job) -> Arrays:
+        """`run` under the rate limiter: the request waits for a slot, then for an instance whose
+        resources are free, then executes; the resources are held until it is over, even when its caller
+        goes away meanwhile."""
+        limited = self.limited
+        assert limited is not None  # run checked
+        executor = self.executor
+        self._in_flight.enter()
+        start = perf_counter_ns()
+        if job.trace is not None:
+            job.trace.stamp(QUEUE_START, start)
+        try:
+            self.pending += 1  # waiting for a slot and for the rate limiter: not yet executing
+            try:
+                await self._slots.acquire()
+                try:
+                    instance = await limited.limiter.acquire(limited)
+                except BaseException:
+                    self._slots.release()
+                    raise
+            finally:
+                self.pending -= 1
+        except BaseException:
+            self._in_flight.leave()
+            raise
+        queue_ns = perf_counter_ns() - start
+        work = asyncio.ensure_future(executor.run([job]))
+        work.add_done_callback(lambda done: self._limited_done(done, instance))
+        try:
+            outputs, input_ns, infer_ns, output_ns, began = await asyncio.shield(work)
+            if executor.per_request:
+                outputs = alone(outputs)
+        except InferError:
+            self.stats.record_failure(1, perf_counter_ns() - start)
+            raise
+        self._record(job.rows, perf_counter_ns() - start, queue_ns, input_ns, infer_ns, output_ns)
+        if job.trace is not None:
+            job.trace.compute(began, input_ns, infer_ns, output_ns)
+        return outputs
+
+    def _limited_done(self, work: asyncio.Future, instance: Instance) -> None:
+        if not work.cancelled():
+            work.exception()  # retrieved here: the caller may be gone
+        assert self.limited is not None  # only _run_limited hands work here
+        self.limited.limiter.release(instance)
+        self._slots.release()
+        self._in_flight.leave()
 
     def _record(
         self, rows: int, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int

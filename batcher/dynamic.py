@@ -28,6 +28,7 @@ from tensorgate.batcher.clock import Clock, MonotonicClock, Timer
 from tensorgate.batcher.execution import Executor, Result, parameters_of
 from tensorgate.batcher.inflight import InFlight
 from tensorgate.batcher.queue import OUT, TIMED_OUT, PriorityQueues, QueuePolicy
+from tensorgate.batcher.rate_limiter import Limited
 from tensorgate.batcher.scheduler import Arrays, Job, Scheduler
 from tensorgate.batcher.stats import ModelStats
 from tensorgate.codec.datatypes import BY_CONFIG
@@ -40,6 +41,14 @@ _by_name = itemgetter(0)
 def signature(inputs: Arrays) -> tuple:
     """What requests must share to share a batch: input names, datatypes and non-batch dimensions."""
     return tuple((name, array.dtype, array.shape[1:]) for name, array in sorted(inputs.items(), key=_by_name))
+
+
+def ragged_signature(inputs: Arrays, ragged: frozenset[str]) -> tuple:
+    """`signature` where the inputs with `allow_ragged_batch` may differ in their non-batch dimensions."""
+    return tuple(
+        (name, array.dtype, None if name in ragged else array.shape[1:])
+        for name, array in sorted(inputs.items(), key=_by_name)
+    )
 
 
 class _Batch:
@@ -58,10 +67,15 @@ class DynamicBatcher(Scheduler):
         config: dict,
         stats: ModelStats | None = None,
         clock: Clock | None = None,
+        limited: Limited | None = None,
     ) -> None:
         """`config`: the model configuration (model_config.py's normalized dict); its
-        `dynamic_batching` section may be absent (all defaults)."""
+        `dynamic_batching` section may be absent (all defaults). `limited`: the model's instances in the
+        server's rate limiter (--rate-limit execution_count, batcher/rate_limiter.py), when its instance
+        groups give a `rate_limiter`; each batch then waits for an instance whose resources are free."""
         self.executor = executor
+        self.limited = limited
+        self._awaiting_instance = 0  # requests in batches waiting for the rate limiter
         self.stats = stats if stats is not None else ModelStats()
         self.now = False  # requests wait in a queue: never run_now (see batcher/scheduler.py)
         self.clock: Clock = clock if clock is not None else MonotonicClock()
@@ -87,6 +101,8 @@ class DynamicBatcher(Scheduler):
             },
         )
         self._dtypes = {o["name"]: BY_CONFIG[o["data_type"]].numpy for o in config.get("output", ())}
+        # inputs with allow_ragged_batch: requests may batch together whatever their non-batch dimensions
+        self.ragged = executor.ragged if self.batched else frozenset()
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first request
         self._free = executor.instances  # instances not executing a batch
         self._unanswered = InFlight()  # requests queued or in a batch not yet answered: drain() waits
@@ -105,8 +121,9 @@ class DynamicBatcher(Scheduler):
 
     @property
     def pending(self) -> int:
-        """Requests queued, not yet in a batch (Triton's nv_inference_pending_request_count)."""
-        return len(self.queues)
+        """Requests queued, not yet executing (Triton's nv_inference_pending_request_count): in the queue,
+        or in a batch waiting for the rate limiter."""
+        return len(self.queues) + self._awaiting_instance
 
     async def run(self, job: Job) -> Arrays:
         """This request's outputs: its rows of its batch's outputs. Its `rows` is its batch size (ignored
@@ -120,7 +137,9 @@ class DynamicBatcher(Scheduler):
             if rows > self.max_batch_size:
                 raise invalid(f"batch size {rows} is over max_batch_size {self.max_batch_size}")
             job.size = max(1, rows)  # zero rows count as one, as in Triton
-            job.signature = signature(job.inputs)
+            job.signature = (
+                signature(job.inputs) if not self.ragged else ragged_signature(job.inputs, self.ragged)
+            )
             if self.executor.with_parameters:  # the model is given one set of parameters per batch
                 job.signature = (job.signature, tuple(sorted(parameters_of(job).items())))
         else:
@@ -155,7 +174,9 @@ class DynamicBatcher(Scheduler):
             self._loop = asyncio.get_running_loop()
         if self.batched:
             job.size = max(1, job.rows)
-            job.signature = signature(job.inputs)
+            job.signature = (
+                signature(job.inputs) if not self.ragged else ragged_signature(job.inputs, self.ragged)
+            )
         else:
             job.size = 1
             job.signature = None
@@ -278,7 +299,7 @@ class DynamicBatcher(Scheduler):
         if self.preserve_ordering:
             self._formed.append(batch)
         self._free -= 1
-        if self.executor.inline:  # a plain execute runs here, on the loop, as it would in a task
+        if self.executor.inline and self.limited is None:  # a plain execute runs here, on the loop
             try:
                 result = self.executor.run_batch(jobs)
             except InferError as e:
@@ -292,7 +313,10 @@ class DynamicBatcher(Scheduler):
 
     async def _execute(self, batch: _Batch) -> None:
         try:
-            result = await self.executor.run(batch.jobs)
+            if self.limited is None:
+                result = await self.executor.run(batch.jobs)
+            else:
+                result = await self._run_limited(batch.jobs)
         except InferError as e:
             self._finish(batch, None, e)
         except asyncio.CancelledError:  # the loop is shutting down: nobody is left waiting for an answer
@@ -302,6 +326,20 @@ class DynamicBatcher(Scheduler):
             self._finish(batch, None, self.executor.failure(e))
         else:
             self._finish(batch, result, None)
+
+    async def _run_limited(self, jobs: list[Job]) -> Result:
+        """The batch once the rate limiter gives it an instance whose resources are free."""
+        limited = self.limited
+        assert limited is not None  # _execute checked
+        self._awaiting_instance += len(jobs)
+        try:
+            instance = await limited.limiter.acquire(limited)
+        finally:
+            self._awaiting_instance -= len(jobs)
+        try:
+            return await self.executor.run(jobs)
+        finally:
+            limited.limiter.release(instance)
 
     def _finish(
         self, batch: _Batch, result: Result | None, error: InferError | None, from_schedule: bool = False

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any
 
+import numpy as np
+
 from tensorgate.batcher.scheduler import Arrays, Job
 from tensorgate.batcher.staging import HostStaging, Staging
 from tensorgate.batcher.threads import Threads
@@ -48,9 +50,17 @@ class Executor:
         staging: Staging | None = None,
         per_request: bool = False,
         with_parameters: bool = False,
+        ragged: frozenset[str] = frozenset(),
+        batch_inputs: tuple[dict, ...] = (),
     ) -> None:
         self.execute = execute
         self.per_request = per_request
+        # Ragged batching (the config's allow_ragged_batch inputs and batch_input entries): such inputs are
+        # given as the 1-D concatenation of the requests' elements, the batch inputs computed per batch,
+        # as Triton's backends give them. A per-request backend reads each request's own tensors instead.
+        self.ragged = ragged
+        self.batch_inputs = batch_inputs
+        self.collects = bool(ragged or batch_inputs) and not per_request
         # execute(inputs, parameters): the custom parameters its batch's requests share (the dynamic
         # batcher batches only requests whose custom parameters agree)
         self.with_parameters = with_parameters
@@ -61,7 +71,8 @@ class Executor:
         self.inline = not is_async and not self.in_thread
         self.instances = instances
         self.queued = queued  # batches an instance may hold at once (Backend.queued)
-        self.host = type(self.staging) is HostStaging  # staging is then the identity for one request
+        # staging is then the identity for one request
+        self.host = type(self.staging) is HostStaging and not self.collects
         self._threads: Threads | None = None
 
     def run_batch(self, jobs: list[Job]) -> Result:
@@ -136,7 +147,12 @@ class Executor:
         before and after staging them."""
         start = perf_counter_ns()
         gather = self.staging.gather
-        batch = {name: gather(name, [job.inputs[name] for job in jobs]) for name in jobs[0].inputs}
+        if self.collects:
+            batch = {
+                name: gather(name, parts) for name, parts in collect(jobs, self.ragged, self.batch_inputs)
+            }
+        else:
+            batch = {name: gather(name, [job.inputs[name] for job in jobs]) for name in jobs[0].inputs}
         return batch, start, perf_counter_ns()
 
     def _finish(self, produced: Any, start: int, staged: int) -> Result:
@@ -158,6 +174,47 @@ class Executor:
             self._threads.close()
             self._threads = None
         self.staging.close()
+
+
+def collect(
+    jobs: list[Job], ragged: frozenset[str], batch_inputs: tuple[dict, ...]
+) -> list[tuple[str, list]]:
+    """Each input of a batch as the parts to concatenate, as Triton's backends collect them: a ragged
+    input's requests flattened (the batch is then 1-D), the others as they are; then each batch_input
+    target, computed from its source input (backend common's BackendInputCollector)."""
+    out = [
+        (
+            name,
+            [job.inputs[name].reshape(-1) for job in jobs]
+            if name in ragged
+            else [job.inputs[name] for job in jobs],
+        )
+        for name in jobs[0].inputs
+    ]
+    for entry in batch_inputs:
+        value = batch_input(entry, [job.inputs[entry["source_input"][0]] for job in jobs])
+        out.extend((target, [value]) for target in entry["target_name"])
+    return out
+
+
+def batch_input(entry: dict, sources: list[Any]) -> np.ndarray:
+    """The value of one batch_input (model_config.proto BatchInput.Kind) for a batch whose source input
+    the requests give as `sources`, in batch order."""
+    kind = entry["kind"]
+    dtype = np.float32 if entry["data_type"] == "TYPE_FP32" else np.int32
+    counts = [int(np.prod(a.shape)) for a in sources]
+    if kind == "BATCH_ELEMENT_COUNT":
+        return np.array(counts, dtype=dtype)
+    if kind == "BATCH_ACCUMULATED_ELEMENT_COUNT":
+        return np.cumsum(counts).astype(dtype)
+    if kind == "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO":
+        return np.concatenate([[0], np.cumsum(counts)]).astype(dtype)
+    if kind == "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE":
+        return np.zeros(max(counts), dtype=dtype)  # only its shape means something
+    # BATCH_ITEM_SHAPE, BATCH_ITEM_SHAPE_FLATTEN: each batch item's shape, without the batch dimension
+    items = [list(a.shape[1:]) for a in sources for _ in range(a.shape[0])]
+    shapes = np.array(items, dtype=dtype).reshape(len(items), max(a.ndim for a in sources) - 1)
+    return shapes if kind == "BATCH_ITEM_SHAPE" else shapes.reshape(-1)
 
 
 def parameters_of(job: Job) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """The one error type. Every protocol derives its own status from `InferError.kind` in one place."""
 
+import re
 from enum import Enum
 from typing import Any
 
@@ -51,3 +52,26 @@ def describe(value: Any) -> str:
         return "null"
     text = repr(value)
     return f"{type(value).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"
+
+
+# What std::stol reads (Triton parses a requested version with it): spaces, a sign, then base-10 digits;
+# whatever follows the digits is ignored.
+_STOL = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")
+INT64_MAX = (1 << 63) - 1
+
+
+def parse_version(text: str) -> str:
+    """A requested model version as Triton reads it (GetModelVersionFromString): "" (the newest ready
+    one) stays "", a number comes back in decimal; anything else is refused with Triton's text."""
+    if not text:
+        return ""
+    found = _STOL.match(text)
+    if found is None or not -INT64_MAX - 1 <= int(found[1]) <= INT64_MAX:
+        raise invalid(
+            f"failed to get model version from specified version string '{text}' (details: stol), "
+            "version should be an integral value > 0"
+        )
+    version = int(found[1])
+    if version < 0:
+        raise invalid(f"invalid model version specified '{text}' , version should be an integral value > 0")
+    return str(version)

@@ -8,6 +8,9 @@ COMPUTE_OUTPUT_START and COMPUTE_END (batcher/). Times are nanoseconds of the mo
 (time.perf_counter_ns and time.monotonic_ns are CLOCK_MONOTONIC on Linux), as Triton's steady clock.
 A model called for the request (an ensemble's step, a BLS call given `trace=request.trace()`) gets a
 child trace, with this one's id as its parent_id; they are written together, as Triton writes them.
+Its front end adds Triton's front-end timestamps (HTTP_RECV_START ... GRPC_SEND_END, named in
+server/tracing/frontend.py) to the top trace (`front`); they are written in the same trace, as Triton's
+CaptureTimestamp writes them.
 
 Plain data (ints, strings, lists, tuples): a trace can be sent between processes with its request.
 """
@@ -43,6 +46,7 @@ class Trace:
     # (activity, tensor name, datatype, shape, data as Triton writes it)
     tensors: list[tuple[str, str, str, tuple[int, ...], str]] = field(default_factory=list)
     children: list[Trace] = field(default_factory=list)
+    front: list[tuple[str, int]] = field(default_factory=list)  # its front end's timestamps
     traceparent: str = ""  # the W3C trace context the client sent, when valid (OpenTelemetry's parent)
     tracestate: str = ""
     sampled_by: str | None = None  # the setting that took it: "" the global one, else its model's
@@ -60,6 +64,11 @@ class Trace:
     def stamp(self, name: str, ns: int) -> None:
         if TIMESTAMPS in self.level:
             self.timestamps.append((name, ns))
+
+    def stamp_front(self, name: str, ns: int) -> None:
+        """A front-end timestamp (the request's receipt or its answer's sending)."""
+        if TIMESTAMPS in self.level:
+            self.front.append((name, ns))
 
     def compute(self, start_ns: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """An execution's four timestamps, from its start and the length of each phase (the executor's
@@ -109,7 +118,8 @@ def tensor_text(array: np.ndarray, datatype: str) -> str:
 def triton_json(trace: Trace) -> list[dict[str, Any]]:
     """The trace and its children as the objects of Triton's JSON trace output: per trace, its
     model_name / model_version (request_id, parent_id when set), each timestamp, each tensor. A trace
-    that never reached a model (the request failed first) writes nothing."""
+    that never reached a model (the request failed first) writes nothing. Front-end timestamps taken
+    before the request reached its model come before its own, the others after (Triton's order)."""
     entries: list[dict[str, Any]] = []
     for one in trace.walk():
         if not one.model_name:
@@ -121,7 +131,12 @@ def triton_json(trace: Trace) -> list[dict[str, Any]]:
         if one.parent_id:
             head["parent_id"] = one.parent_id
         entries.append(head)
-        entries += ({"id": one.id, "timestamps": [{"name": name, "ns": ns}]} for name, ns in one.timestamps)
+        stamps = one.timestamps
+        if one.front:
+            first = stamps[0][1] if stamps else 0
+            before = [stamp for stamp in one.front if stamp[1] < first]
+            stamps = before + stamps + [stamp for stamp in one.front if stamp[1] >= first]
+        entries += ({"id": one.id, "timestamps": [{"name": name, "ns": ns}]} for name, ns in stamps)
         entries += (
             {
                 "id": one.id,

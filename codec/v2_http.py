@@ -36,6 +36,8 @@ HEADER_LENGTH_BYTES = HEADER_LENGTH.encode()
 JSON_CONTENT_TYPE = b"application/json"
 BINARY_CONTENT_TYPE = b"application/octet-stream"
 _NO_BINARY = memoryview(b"")
+MAX_INPUT_SIZE = 1 << 26  # Triton's --http-max-input-size default (64 MiB): JSON and what it expands to
+RAISE_IT = "Use --http-max-input-size to increase the limit."
 
 
 def parse_header_length(value: str | bytes | None, body_length: int) -> int | None:
@@ -61,13 +63,18 @@ def loads(buffer: Any, what: str) -> Any:
 
 
 def decode_request(
-    body: bytes | bytearray | memoryview, header_length: int | None, model_name: str, model_version: str = ""
+    body: bytes | bytearray | memoryview,
+    header_length: int | None,
+    model_name: str,
+    model_version: str = "",
+    max_input_size: int = MAX_INPUT_SIZE,
 ) -> InferRequest:
     if header_length is None:
         header, binary = body, _NO_BINARY
     else:
         view = memoryview(body)
         header, binary = view[:header_length], view[header_length:]
+    check_json_size(len(header), max_input_size)
     what = f"the inference request for model '{model_name}'"
     doc = loads(header, what)
     if not isinstance(doc, dict):
@@ -87,7 +94,7 @@ def decode_request(
         raise invalid(f"{what} must have a non-empty 'inputs' list")
     inputs, offset, shared_memory = [], 0, False
     for raw in raw_inputs:
-        tensor, used = _decode_input(raw, binary, offset, model_name)
+        tensor, used = _decode_input(raw, binary, offset, model_name, max_input_size)
         inputs.append(tensor)
         offset += used
         if tensor.data is None:  # read from a shared-memory region
@@ -119,13 +126,24 @@ def _parameters(raw: Any, what: str) -> dict:
     return raw  # orjson's own: nothing else holds it
 
 
-def json_tensor(raw: dict, model_name: str) -> Tensor:
+def check_json_size(length: int, max_input_size: int) -> None:
+    """Triton's limit on a request's JSON (--http-max-input-size)."""
+    if length > max_input_size:
+        raise invalid(
+            f"request JSON size of {length} bytes exceeds the maximum allowed input size of "
+            f"{max_input_size} bytes. {RAISE_IT}"
+        )
+
+
+def json_tensor(raw: dict, model_name: str, max_input_size: int = MAX_INPUT_SIZE) -> Tensor:
     """An input given as v2 JSON ({"name", "datatype", "shape", "data"}) as a Tensor, checked as
     decode_request checks it (the generate extension builds its inputs this way)."""
-    return _decode_input(raw, _NO_BINARY, 0, model_name)[0]
+    return _decode_input(raw, _NO_BINARY, 0, model_name, max_input_size)[0]
 
 
-def _decode_input(raw: Any, binary: memoryview, offset: int, model_name: str) -> tuple[Tensor, int]:
+def _decode_input(
+    raw: Any, binary: memoryview, offset: int, model_name: str, max_input_size: int
+) -> tuple[Tensor, int]:
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
         raise invalid(f"model '{model_name}': every input needs a string 'name'")
     name = raw["name"]
@@ -156,6 +174,8 @@ def _decode_input(raw: Any, binary: memoryview, offset: int, model_name: str) ->
 
     if "data" not in raw:
         raise invalid(_one_content(raw, size, False, what))
+    if count * dtype.size > max_input_size:  # before the data is read, as Triton checks it
+        _too_large(name, count * dtype.size, max_input_size)
     data = raw["data"]
     accepted = _NUMERIC_JSON_TYPES.get(dtype.v2)
     # The common case, a flat list of the right JSON type (checked in C): one conversion.
@@ -170,8 +190,15 @@ def _decode_input(raw: Any, binary: memoryview, offset: int, model_name: str) ->
         except OverflowError:
             raise invalid(f"{what}: 'data' holds values outside the range of {dtype.v2}") from None
     else:
-        array = _from_json(data, dtype, shape, count, what)
+        array = _from_json(data, dtype, shape, count, what, name, max_input_size)
     return Tensor(name, dtype.v2, shape, array, parameters), 0
+
+
+def _too_large(name: str, byte_size: int, max_input_size: int) -> None:
+    raise invalid(
+        f"JSON input '{name}' has a byte_size ({byte_size} bytes) that exceeds the maximum allowed value "
+        f"of {max_input_size} bytes. {RAISE_IT}"
+    )
 
 
 def _one_content(raw: dict, size: Any, shared: bool, what: str) -> str:
@@ -193,12 +220,17 @@ def _one_content(raw: dict, size: Any, shared: bool, what: str) -> str:
 _NUMERIC_JSON_TYPES = {t.v2: JSON_TYPES[t.numpy.kind] for t in TABLE if t.v2 not in ("BF16", "BYTES")}
 
 
-def _from_json(data: Any, dtype: DataType, shape: tuple, count: int, what: str) -> np.ndarray:
+def _from_json(
+    data: Any, dtype: DataType, shape: tuple, count: int, what: str, name: str, max_input_size: int
+) -> np.ndarray:
     """Any other JSON `data`: nested lists, BYTES strings, or the errors in them."""
     if dtype.v2 == "BF16":
         raise invalid(f"{what}: BF16 data can only be sent as binary tensor data")
     if dtype.v2 == "BYTES":
         flat = _flatten_strings(data, what)
+        byte_size = sum(map(len, flat)) + 4 * len(flat)  # as Triton serializes them: a length, the bytes
+        if byte_size > max_input_size:
+            _too_large(name, byte_size, max_input_size)
         if len(flat) != count:
             raise invalid(f"{what}: 'data' holds {len(flat)} elements, shape {list(shape)} needs {count}")
         array = np.empty(count, dtype=object)

@@ -61,9 +61,11 @@ def build(
     """Every port's routes and the gRPC services over `repository` (ValueError: a customized grps path
     that would take a built-in route's place)."""
     router = Router(fallback_errors=error_response, max_body_bytes=args.max_request_bytes)
-    V2Endpoints(repository, shared_memory, tracer, args.http_forward).install(router)
+    V2Endpoints(
+        repository, shared_memory, tracer, args.http_forward, max_input_size=args.http_max_input_size
+    ).install(router)
     SettingsEndpoints(repository, logs, tracer).install(router)
-    GenerateEndpoints(repository, tracer).install(router)
+    GenerateEndpoints(repository, tracer, args.http_max_input_size).install(router)
     streaming = StreamingControl(
         args.grps_streaming_ctrl_mode, args.grps_streaming_ctrl_key, args.grps_streaming_res_content_type
     )

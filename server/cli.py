@@ -9,14 +9,17 @@ import asyncio
 import logging
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import NamedTuple
 
 from tensorgate.server import header_forwarding, log_settings, restricted
+from tensorgate.server.cloud_repository import is_cloud, unusable
 from tensorgate.server.endpoints.customized import PATH_FORMAT
 from tensorgate.server.engine import Engine
 from tensorgate.server.http.listener import TlsFiles
 from tensorgate.server.log_settings import LogControl
 from tensorgate.server.options import build_parser
+from tensorgate.server.repository import StartupError
 from tensorgate.server.response_cache import CacheConfigError, parse_cache_config
 from tensorgate.server.tracing import config as trace_config
 from tensorgate.server.tracing.settings import OPENTELEMETRY
@@ -91,9 +94,14 @@ def serve(arguments: list[str]) -> int:
         tracer = make_tracer(args.trace_config)
     except ValueError as e:
         parser.error(str(e))
-    if not args.model_repository.is_dir():
-        log.error("model repository %s is not a directory", args.model_repository)
-        return 2
+    for location in args.model_repository:
+        if is_cloud(location):
+            why = unusable(location)
+            if why:
+                parser.error(why)
+        elif not Path(location).is_dir():
+            log.error("model repository %s is not a directory", location)
+            return 2
     try:
         import uvloop
 
@@ -106,7 +114,11 @@ def serve(arguments: list[str]) -> int:
 
             runner.run(frontend.serve(args, log_control))
         else:
-            runner.run(Engine(args, log_control, tracer).serve())
+            try:
+                runner.run(Engine(args, log_control, tracer).serve())
+            except StartupError as e:  # --exit-on-error true; Triton's words
+                log.error("error: creating server: Internal - %s", e)
+                return 1
     return 0
 
 

@@ -26,13 +26,14 @@ import sys
 
 import msgspec
 
+from tensorgate.batcher.rate_limiter import RateLimiter
 from tensorgate.codec import messages as msg
 from tensorgate.server import assembly
 from tensorgate.server.arena import Arena
 from tensorgate.server.http.listener import Offline, raise_fd_limit, rebind
 from tensorgate.server.log_settings import LogControl, LogSettings
 from tensorgate.server.monitor import Monitor
-from tensorgate.server.repository import Repository
+from tensorgate.server.repository import Ambiguous, Repository
 from tensorgate.server.response_cache import ResponseCache
 from tensorgate.server.shared_memory import SharedMemory
 from tensorgate.server.tracing.tracer import Tracer
@@ -59,6 +60,7 @@ def model_table(repository: Repository) -> list:
                 for n, v in model.versions.items()
             ],
             [v.version for v in model.newest_first],
+            isinstance(model, Ambiguous),  # (--model-namespacing) a name two repositories serve
         ]
         for name, model in repository.models.items()
     ]
@@ -79,6 +81,11 @@ class Engine:
             config_name=args.model_config_name,
             load_threads=args.model_load_thread_count,
             auto_complete=not (args.disable_auto_complete_config or args.strict_model_config),
+            namespacing=args.model_namespacing,
+            exit_on_error=args.exit_on_error,
+            rate_limiter=(
+                RateLimiter(args.rate_limit_resource) if args.rate_limit == "execution_count" else None
+            ),
         )
         self.shared_memory = SharedMemory(args.allow_client_shm)
         self.monitor = Monitor(self.repository, args.monitor_log, self.repository.app_monitor)

@@ -47,7 +47,7 @@ from tensorgate.server.http.listener import Offline, raise_fd_limit
 from tensorgate.server.link import Inbox, Link
 from tensorgate.server.log_settings import LogControl
 from tensorgate.server.model import ModelState, ModelVersion
-from tensorgate.server.repository import Model, find_model
+from tensorgate.server.repository import Ambiguous, Model, find_model
 from tensorgate.server.router import HttpRequest, HttpResponse, Route, Router
 from tensorgate.server.tracing import config as trace_config
 from tensorgate.server.tracing.tracer import Tracer
@@ -414,7 +414,10 @@ class FrontEndRepository:
 
     def apply(self, table: list) -> None:
         models = {}
-        for name, directory, config, reason, loading, versions, newest_first in table:
+        for name, directory, config, reason, loading, versions, newest_first, ambiguous in table:
+            if ambiguous:
+                models[name] = Ambiguous(name, reason)
+                continue
             model = Model(name, Path(directory), config)
             model.reason, model.loading = reason, loading
             model.versions = {e[0]: RemoteVersion(self.client, Path(directory), e) for e in versions}

@@ -14,6 +14,7 @@ from tensorgate.batcher.direct import DirectScheduler
 from tensorgate.batcher.dynamic import DynamicBatcher
 from tensorgate.batcher.execution import Executor
 from tensorgate.batcher.inflight import InFlight
+from tensorgate.batcher.rate_limiter import Limited, RateLimitError, limits_config
 from tensorgate.batcher.scheduler import Job
 from tensorgate.batcher.sequence import SequenceBatcher
 from tensorgate.batcher.staging import instance_count, make_staging
@@ -108,6 +109,7 @@ class ModelVersion:
         self.labels: Labels = {}  # output name -> its classification labels (server/classification.py)
         self.cache: ResponseCache | None = None  # the server's response cache, when the config enables it
         self._open_streams = InFlight()  # infer_stream answers in progress: unload waits for them too
+        self.limited: Limited | None = None  # its instances in the server's rate limiter, if limited
 
     def load(self, host: Host | None = None, cache: ResponseCache | None = None) -> None:
         """Blocking: imports and initializes the backend, handing it `host` (what it may use of the
@@ -133,7 +135,13 @@ class ModelVersion:
                 staging=staging,
                 per_request=backend.per_request,  # it reads each request apart (Triton's python API)
                 with_parameters=backend.with_parameters,  # it is given the requests' custom parameters
+                ragged=self._ragged() if self.max_batch_size > 0 else frozenset(),
+                batch_inputs=tuple(self.config.get("batch_input") or ()),
             )
+            limiter = host.rate_limiter if host is not None else None  # --rate-limit execution_count
+            # (sequence batching is not rate-limited: docs/scheduling/rate-limiter.md)
+            if limiter is not None and limits_config(self.config) and "sequence_batching" not in self.config:
+                self.limited = limiter.register(self.executor.label, self.config)
             loop = host.loop if host is not None else None
             stream = _stream_of(backend) if backend.stream_only else None
             for sample in warmup:  # before the version is ready: nothing else runs it yet
@@ -145,8 +153,9 @@ class ModelVersion:
             if self.executor is not None:
                 self.executor.close()
             self.backend = self.executor = None
+            self._unlimit()
             self.state = ModelState.UNAVAILABLE
-            why = str(e) if isinstance(e, WarmupError) else f"{type(e).__name__}: {e}"
+            why = str(e) if isinstance(e, (WarmupError, RateLimitError)) else f"{type(e).__name__}: {e}"
             self.reason = f"failed to load '{self.name}' version {self.version}: {why}"
             return
         if "sequence_batching" in self.config:
@@ -157,17 +166,30 @@ class ModelVersion:
                 with contextlib.suppress(Exception):
                     backend.close()
                 self.backend = self.executor = None
+                self._unlimit()
                 self.state = ModelState.UNAVAILABLE
                 self.reason = f"failed to load '{self.name}' version {self.version}: {e}"
                 return
         elif "dynamic_batching" in self.config:
             # DynamicBatcher subclasses the Scheduler protocol without run_now: its `now` is False
-            self.scheduler = DynamicBatcher(self.executor, self.config, self.stats)  # type: ignore[abstract]
+            self.scheduler = DynamicBatcher(  # type: ignore[abstract]
+                self.executor, self.config, self.stats, limited=self.limited
+            )
         else:
-            self.scheduler = DirectScheduler(self.executor, self.stats)
+            self.scheduler = DirectScheduler(self.executor, self.stats, self.limited)
         self.stream_only = backend.stream_only
         self.state = ModelState.READY
         self.reason = ""
+
+    def _ragged(self) -> frozenset[str]:
+        """The inputs with `allow_ragged_batch` (requests batch together whatever their shapes)."""
+        return frozenset(e["name"] for e in self.config["input"] if e.get("allow_ragged_batch"))
+
+    def _unlimit(self) -> None:
+        """Takes the version's instances out of the rate limiter, if they were in it."""
+        if self.limited is not None:
+            self.limited.limiter.unregister(self.limited)
+            self.limited = None
 
     def _sequence_batcher(self, backend: Backend) -> SequenceBatcher:
         """The scheduler of a stateful model, its initial states read from `<model>/initial_state/`."""
@@ -192,6 +214,7 @@ class ModelVersion:
         finally:  # then the executor's staging releases the device memory the model no longer holds
             if self.executor is not None:
                 self.executor.close()
+            self._unlimit()
         self.backend = self.scheduler = self.executor = None
         self.state = ModelState.UNAVAILABLE
         self.reason = UNLOADED

@@ -36,7 +36,8 @@ _MAPS = frozenset(
 _INT_FIELDS = frozenset(
     "dims shape versions dim max_queue_delay_microseconds default_timeout_microseconds priority_levels "  # noqa: SIM905
     "default_priority_level max_sequence_idle_microseconds model_version device_id max_batch_size count "
-    "gpus num_versions preferred_batch_size batch_size max_queue_size max_candidate_sequences".split()
+    "gpus num_versions preferred_batch_size batch_size max_queue_size max_candidate_sequences "
+    "priority".split()
 )
 _PLATFORM_BACKENDS = {
     "tensorrt_plan": "tensorrt",
@@ -52,6 +53,15 @@ AUTO_COMPLETED = ("onnxruntime", "python")
 _MESSAGE_MAPS = ("priority_queue_policy", "inputs", "input")  # maps whose values are messages
 _GROUP_KINDS = ("KIND_AUTO", "KIND_GPU", "KIND_CPU", "KIND_MODEL")
 _TIMEOUT_ACTIONS = ("REJECT", "DELAY")  # ModelQueuePolicy.TimeoutAction, in enum order
+# BatchInput.Kind, in enum order (docs/scheduling/dynamic-batching.md, ragged batching)
+BATCH_INPUT_KINDS = (
+    "BATCH_ELEMENT_COUNT",
+    "BATCH_ACCUMULATED_ELEMENT_COUNT",
+    "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO",
+    "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE",
+    "BATCH_ITEM_SHAPE",
+    "BATCH_ITEM_SHAPE_FLATTEN",
+)
 
 
 def _require(ok: object, message: str) -> None:
@@ -299,6 +309,8 @@ def _tensors(items: Any, kind: str, max_batch_size: int) -> list[dict]:
         if kind == "input":
             tensor.setdefault("optional", False)
             _require(isinstance(tensor["optional"], bool), f"{what} optional must be true or false")
+            if "allow_ragged_batch" in tensor:
+                tensor["allow_ragged_batch"] = _flag(tensor, "allow_ragged_batch", what)
         out.append(tensor)
     return out
 
@@ -354,6 +366,60 @@ def _instance_groups(groups: Any, model: str) -> list[dict]:
         _require(kind in _GROUP_KINDS, f"instance_group '{name}' has unknown kind {kind!r}")
         _require(_is_int(count) and count >= 1, f"instance_group '{name}' count must be >= 1, got {count!r}")
         out.append({**group, "name": name, "kind": kind, "count": count})
+        if "rate_limiter" in group:
+            out[-1]["rate_limiter"] = _rate_limiter(
+                group["rate_limiter"], f"instance_group '{name}' rate_limiter"
+            )
+    return out
+
+
+def _rate_limiter(limiter: Any, what: str) -> dict:
+    """ModelRateLimiter: the resources an instance of the group holds while it executes, and its priority."""
+    _require(isinstance(limiter, dict), f"{what} must be a message")
+    resources = limiter.get("resources", [])
+    _require(isinstance(resources, list), f"{what} resources must be a list of messages")
+    out = []
+    for resource in resources:
+        _require(isinstance(resource, dict), f"{what} resources must be a list of messages")
+        name = resource.get("name")
+        _require(isinstance(name, str) and name, f"{what}: a resource must specify 'name'")
+        out.append(
+            {
+                **resource,
+                "name": name,
+                "count": _non_negative(resource, "count", f"{what} resource '{name}'"),
+                "global": _flag(resource, "global", f"{what} resource '{name}'"),
+            }
+        )
+    return {**limiter, "resources": out, "priority": _non_negative(limiter, "priority", what)}
+
+
+def _batch_inputs(items: Any, inputs: list[dict]) -> list[dict]:
+    """BatchInput entries validated as Triton validates them (core ValidateBatchIO); kinds as names."""
+    _require(isinstance(items, list), "batch_input must be a list of messages")
+    names = {tensor["name"] for tensor in inputs}
+    out = []
+    for entry in items:
+        _require(isinstance(entry, dict), "batch_input must be a list of messages")
+        kind = entry.get("kind", BATCH_INPUT_KINDS[0])
+        if _is_int(kind) and 0 <= kind < len(BATCH_INPUT_KINDS):  # protobuf JSON may give enums as numbers
+            kind = BATCH_INPUT_KINDS[kind]
+        _require(kind in BATCH_INPUT_KINDS, f"unknown batch input kind '{kind}'")
+        sources, targets = entry.get("source_input", []), entry.get("target_name", [])
+        _require(
+            isinstance(sources, list) and len(sources) == 1,
+            f"batch input kind '{kind}' expects 1 source input, got "
+            f"{len(sources) if isinstance(sources, list) else sources!r}",
+        )
+        ok = (
+            isinstance(targets, list) and len(targets) >= 1 and all(isinstance(t, str) and t for t in targets)
+        )
+        _require(ok, f"batch input kind '{kind}' must name its target_name")
+        data_type = entry.get("data_type")
+        ok = data_type in ("TYPE_INT32", "TYPE_FP32")
+        _require(ok, "batch input data type must be TYPE_INT32 or TYPE_FP32")
+        _require(not names or sources[0] in names, f"unknown source input name '{sources[0]}'")
+        out.append({**entry, "kind": kind, "source_input": sources, "target_name": targets})
     return out
 
 
@@ -482,6 +548,8 @@ def _normalize(raw: Any, model: str) -> dict:
         out["sequence_batching"] = _sequence(
             lambda: sequence_config.normalize(cfg["sequence_batching"], given)
         )
+    if cfg.get("batch_input"):
+        out["batch_input"] = _batch_inputs(cfg["batch_input"], out["input"])
     out["parameters"] = parameters
     for key, value in cfg.items():  # everything else (schedulers, warmup, unknown fields) as given
         out.setdefault(key, value)
@@ -494,6 +562,8 @@ def check_complete(config: dict) -> dict:
     batch = config.get("max_batch_size", 0)
     _require(_is_int(batch) and batch >= 0, f"max_batch_size must be an integer >= 0, got {batch!r}")
     config = {**config, **{kind: _tensors(config.get(kind), kind, batch) for kind in ("input", "output")}}
+    if config.get("batch_input"):
+        config["batch_input"] = _batch_inputs(config["batch_input"], config["input"])
     _sequence(lambda: sequence_config.check_names(config))
     return config
 

@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from tensorgate.batcher.rate_limiter import resource_flag
 from tensorgate.server import log_settings, restricted
 from tensorgate.server.backends.python import EXECUTION_MODES
 from tensorgate.server.endpoints.customized import CTRL_MODES
@@ -18,7 +19,15 @@ GRPC_MAX_MESSAGE = (1 << 31) - 1  # protobuf cannot encode a larger message
 def build_parser() -> argparse.ArgumentParser:
     """`tensorgate serve`'s arguments (server/cli.py dispatches the subcommands)."""
     serve = argparse.ArgumentParser(prog="tensorgate serve", description="Serve a model repository.")
-    serve.add_argument("--model-repository", type=Path, required=True, help="the model repository directory")
+    serve.add_argument(
+        "--model-repository",
+        action="append",
+        required=True,
+        metavar="PATH|URL",
+        help="a model repository: a directory, or s3://bucket/path (s3://host:port/bucket/path: an "
+        "S3-compatible endpoint), gs://bucket/path, as://account/container/path (the cloud extra). "
+        "Repeatable: the models of every repository are served together",
+    )
     serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     serve.add_argument(
         "--http-port", type=int, default=8000, help="HTTP port; 0 picks a free one (default 8000)"
@@ -71,6 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1 << 30,
         help="largest request body accepted, in bytes (default 1 GiB); larger ones get 413",
+    )
+    serve.add_argument(
+        "--http-max-input-size",
+        type=_positive_int,
+        default=1 << 26,
+        metavar="BYTES",
+        help="Triton's: the largest request JSON, and the most tensor bytes a JSON request's inputs may "
+        "expand to, of REST infer and generate (default 64 MiB)",
     )
     serve.add_argument(
         "--http-server",
@@ -222,6 +239,25 @@ def build_parser() -> argparse.ArgumentParser:
         "Triton's API (triton_python_backend_utils), as Triton runs it, thread for ours (default auto)",
     )
     serve.add_argument(
+        "--rate-limit",
+        type=str.lower,
+        choices=("off", "execution_count"),
+        default="off",
+        help="execution_count: a model instance whose instance_group gives a rate_limiter executes only "
+        "when the resources it lists are free, instances taking turns by priority across models; off: "
+        "rate_limiter configs are ignored (default off; docs/scheduling/rate-limiter.md)",
+    )
+    serve.add_argument(
+        "--rate-limit-resource",
+        action="append",
+        default=[],
+        type=resource_flag,
+        metavar="NAME:COUNT[:DEVICE]",
+        help="the count of a rate limiter resource, on DEVICE or else on every device (repeatable; names "
+        "match case-insensitively). Without it, a resource's count is the largest any loaded instance asks "
+        "for; with any, a resource not given has count 0",
+    )
+    serve.add_argument(
         "--strict-readiness",
         type=_boolean,
         nargs="?",
@@ -334,6 +370,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=4,
         metavar="N",
         help="models loading at once, at most, each in a thread of its own (default 4, as Triton's)",
+    )
+    serve.add_argument(
+        "--model-namespacing",
+        type=_boolean,
+        default=False,
+        metavar="true|false",
+        help="Triton's: each --model-repository is a namespace, so a model name may be in several; a request "
+        "naming such a name is refused as ambiguous, an ensemble's steps call the models of its own "
+        "repository first (default false: a name in two repositories is served from neither)",
+    )
+    serve.add_argument(
+        "--exit-on-error",
+        type=_boolean,
+        default=False,
+        metavar="true|false",
+        help="Triton's: true exits (status 1) when anything fails at startup: a model that does not load, a "
+        "repository that cannot be read. Default false (Triton's is true): the server starts and serves "
+        "the models that loaded, the others UNAVAILABLE with their reason",
     )
     serve.add_argument(
         "--exit-timeout-secs",

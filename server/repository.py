@@ -1,4 +1,5 @@
-"""The model repository: a directory of `<model>/config.pbtxt|config.json` and `<model>/<version>/` folders.
+"""The model repositories: directories of `<model>/config.pbtxt|config.json` and `<model>/<version>/`
+folders, local or in object storage (copied into a local folder: server/cloud_repository.py).
 
 Loading happens off the event loop; a model whose config or code fails is kept UNAVAILABLE with its
 reason while the others serve. Models are loaded, reloaded and unloaded at run time as Triton's model
@@ -10,19 +11,22 @@ its requests in flight are answered.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import shutil
 import tempfile
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from tensorgate.codec.errors import ErrorKind, InferError, invalid
 from tensorgate.server.app_monitor import app_monitor
 from tensorgate.server.backends import backend_from_files, complete_config
+from tensorgate.server.cloud_repository import CloudError, CloudMirror, is_cloud
 from tensorgate.server.model import UNLOADED, ModelVersion
 from tensorgate.server.model_config import ConfigError, check_complete, load_model_config
 from tensorgate.server.repository_files import (
+    Key,
     Signature,
     check_model_name,
     composing_all,
@@ -35,6 +39,7 @@ from tensorgate.server.repository_files import (
 )
 
 if TYPE_CHECKING:
+    from tensorgate.batcher.rate_limiter import RateLimiter
     from tensorgate.server.app_monitor import AppMonitor
     from tensorgate.server.backends.base import Host
     from tensorgate.server.response_cache import ResponseCache
@@ -44,6 +49,7 @@ T = TypeVar("T")
 
 CONTROL_MODES = ("none", "explicit", "poll")
 UNKNOWN = "Request for unknown model: "  # how Triton's texts for a model it cannot serve begin
+DUPLICATE = "model appears in two or more repositories"  # Triton's MODEL_READY_REASON_DUPLICATE
 
 
 class Model:
@@ -191,14 +197,70 @@ def find_model(models: dict[str, Model], name: str) -> Model:
         raise InferError(ErrorKind.NOT_FOUND, f"{UNKNOWN}'{name}' is not found") from None
 
 
+class Ambiguous(Model):
+    """What a request reaches that names a model of two or more repositories (--model-namespacing):
+    Triton's error (core model_repository_manager.cc, FindModelIdentifier). A front-end worker builds
+    its own from the engine's model table (server/engine.py), and answers the same."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(name, Path())
+        self.reason = reason
+
+    @classmethod
+    def of(cls, name: str, count: int) -> Ambiguous:
+        return cls(
+            name,
+            f"There are {count} identifiers of model '{name}' in global map, model namespace must be "
+            "provided to resolve ambiguity.",
+        )
+
+    def resolve(self, version: str) -> ModelVersion:
+        raise invalid(self.reason)
+
+    def config_of(self, version: str = "") -> dict:
+        raise invalid(self.reason)
+
+
+class Source:
+    """One --model-repository: a local folder, or a bucket (server/cloud_repository.py) copied into one."""
+
+    def __init__(self, location: str | Path, namespace: str) -> None:
+        self.location = str(location)
+        self.namespace = namespace  # "" without --model-namespacing: every repository shares one
+        self.mirror = CloudMirror(self.location) if is_cloud(self.location) else None
+        self.path = self.mirror.local if self.mirror is not None else Path(location)
+
+
+class ScopedHost:
+    """With --model-namespacing, the Host of the models of one repository: the models their ensemble steps
+    (and BLS calls) name are those of their own repository first, else the one model of that name, as
+    Triton resolves them. Everything else is the repository's."""
+
+    def __init__(self, repository: Repository, namespace: str) -> None:
+        self.repository = repository
+        self.namespace = namespace
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.repository, name)
+
+    def resolve(self, name: str, version: str = "") -> ModelVersion:
+        own = self.repository.namespaced.get((self.namespace, name))
+        return (own or self.repository.model(name)).resolve(version)
+
+
 class Repository:
-    """The models of one server. It is also the `Host` (server/backends/base.py) it hands each backend
-    it loads: `resolve` for the models a model calls (BLS, ensembles), the event loop they serve on, and
-    the app_monitor models record their own metrics in."""
+    """The models of one server, from one or more model repositories. It is also the `Host`
+    (server/backends/base.py) it hands each backend it loads: `resolve` for the models a model calls
+    (BLS, ensembles), the event loop they serve on, and the app_monitor models record their own metrics in.
+
+    Models are kept by key, (namespace, name): the namespace is the repository's location with
+    --model-namespacing, else "" for all, and a name in two repositories is then in none (Triton's
+    "not unique across all model repositories"). `models` holds what a request naming a name reaches:
+    the model of that name, or (two of that name, with namespacing) an Ambiguous one."""
 
     def __init__(
         self,
-        path: Path,
+        paths: Path | str | list[Path | str],
         control_mode: str = "none",
         strict_readiness: bool = True,
         app_monitor: AppMonitor = app_monitor,
@@ -207,6 +269,9 @@ class Repository:
         config_name: str = "",
         load_threads: int = 4,
         auto_complete: bool = True,
+        namespacing: bool = False,
+        exit_on_error: bool = False,
+        rate_limiter: RateLimiter | None = None,
     ) -> None:
         if control_mode not in CONTROL_MODES:
             raise ValueError(f"unknown model control mode {control_mode!r}")
@@ -216,20 +281,28 @@ class Repository:
         self.config_name = config_name  # --model-config-name: configs/<name>.pbtxt where a model has one
         self.load_threads = load_threads  # --model-load-thread-count: models loading at once, at most
         self.auto_complete = auto_complete  # off: --disable-auto-complete-config (or --strict-model-config)
+        self.namespacing = namespacing  # --model-namespacing
+        self.exit_on_error = exit_on_error  # --exit-on-error: start() raises StartupError on any failure
+        self.rate_limiter = rate_limiter  # --rate-limit execution_count: models join it (server/model.py)
         self._load_slots: asyncio.Semaphore | None = None  # made on the server's loop
         self.loop: asyncio.AbstractEventLoop | None = None  # the server's, from start()
-        self.path = path
+        locations = list(dict.fromkeys(map(str, paths))) if isinstance(paths, list) else [str(paths)]
+        self.sources = [Source(p, str(p) if namespacing else "") for p in locations]
         self.control_mode = control_mode
         self.strict_readiness = strict_readiness
-        self.models: dict[str, Model] = {}
+        self.namespaced: dict[Key, Model] = {}  # every model, by key
+        self.models: dict[str, Model] = {}  # what a request naming each name reaches (see _set)
+        self._duplicates: set[str] = set()  # without namespacing: names in two or more repositories
         self._online = True
         self.online_watchers: list[Callable[[bool], None]] = []  # told of each change (the transport's)
         self.generation = 0  # counts the changes of what is loaded
         self.change_watchers: list[Callable[[], None]] = []  # told after each (the engine's workers)
-        self._locks: dict[str, asyncio.Lock] = {}  # one per model name: its loads and unloads take turns
-        self._failed: dict[str, Signature | None] = {}  # poll mode: a failed reload is not retried as is
+        self._locks: dict[Key, asyncio.Lock] = {}  # one per model: its loads and unloads take turns
+        self._failed: dict[Key, Signature | None] = {}  # poll mode: a failed reload is not retried as is
         self._overrides: Path | None = None  # the server's folder for file overrides, made on first use
         self._lifecycle: set[asyncio.Task] = set()  # loads and unloads under way for API callers
+        self._starting = False  # within start(): errors are counted for --exit-on-error
+        self._startup_errors: list[str] = []  # what --exit-on-error true exits on
 
     @property
     def online(self) -> bool:
@@ -246,8 +319,15 @@ class Repository:
     # ---------------------------------------------------------------------------------------- startup
 
     async def start(self, load_models: list[str] | tuple[str, ...] = ()) -> None:
-        """Loads what the control mode loads at startup: everything, or (explicit) `load_models`."""
+        """Loads what the control mode loads at startup: everything, or (explicit) `load_models`. With
+        --exit-on-error true, any failure (a model, a repository that cannot be read) unloads what
+        loaded and raises StartupError."""
         self.loop = asyncio.get_running_loop()
+        self._starting = True
+        everything = self.control_mode != "explicit" or "*" in load_models
+        for source in self.sources:
+            if source.mirror is not None:  # explicit mode: the configs now, each model's files on load
+                await self._sync(source, "", everything)
         if self.control_mode != "explicit":
             if load_models:
                 log.warning("--load-model is only used with --model-control-mode explicit; ignored")
@@ -256,42 +336,65 @@ class Repository:
             await self.load_all()
         else:
             await self.load_all(list(dict.fromkeys(load_models)))
+        self._starting = False
+        failed = [m.reason for m in self.namespaced.values() if not m.fully_ready]
+        if self.exit_on_error and (self._startup_errors or failed):
+            await self.unload_all()
+            raise StartupError("failed to load all models")
 
     async def load_all(self, names: list[str] | None = None) -> None:
         """Loads every model folder (or those named), each in a worker thread, concurrently."""
-        on_disk = self._listed()
+        on_disk, unlisted = self._disk_models()
+        if self._starting:  # each logged by _disk_models
+            self._startup_errors.extend(str(p) for p in unlisted)
+            self._startup_errors.extend(sorted(self._duplicates))
         for name in names or ():
-            if name not in on_disk:
-                log.error("failed to load '%s': no model folder '%s' in the model repository", name, name)
-        wanted = on_disk if names is None else {n: on_disk[n] for n in names if n in on_disk}
-        await self._load_in_order(wanted, on_disk)
+            if not any(k[1] == name for k in on_disk):
+                self._startup_error(
+                    f"failed to load '{name}': no model folder '{name}' in the model repository"
+                )
+        wanted = on_disk if names is None else {k: d for k, d in on_disk.items() if k[1] in names}
+        await self._load_in_order(dict(wanted), on_disk)
 
-    async def _load_in_order(self, wanted: dict[str, Path], on_disk: dict[str, Path]) -> None:
+    async def _load_in_order(self, wanted: dict[Key, Path], on_disk: dict[Key, Path]) -> None:
         """Loads `wanted` concurrently, ensembles after the models their steps call (which load with
         them when they are on disk and not loaded yet)."""
-        steps = await asyncio.to_thread(composing_all, wanted, on_disk, self.config_name)
-        for name in [n for calls in steps.values() for n in calls]:
-            if name not in wanted and name in on_disk and not self._serving(name):
-                wanted[name] = on_disk[name]
-                steps.setdefault(name, [])
+        find = functools.partial(self._step_key, on_disk=on_disk)
+        steps = await asyncio.to_thread(composing_all, wanted, on_disk, find, self.config_name)
+        for key in [k for calls in steps.values() for k in calls]:
+            if key not in wanted and key in on_disk and not self._serving(key):
+                wanted[key] = on_disk[key]
+                steps.setdefault(key, [])
         remaining = dict(wanted)
         while remaining:
-            ready = {n: d for n, d in remaining.items() if not any(c in remaining for c in steps.get(n, ()))}
+            ready = {k: d for k, d in remaining.items() if not any(c in remaining for c in steps.get(k, ()))}
             ready = ready or remaining  # a cycle: each load then fails naming what it lacks
-            await asyncio.gather(*(self._load_locked(n, d) for n, d in ready.items()))
-            remaining = {n: d for n, d in remaining.items() if n not in ready}
+            await asyncio.gather(*(self._load_locked(k, d) for k, d in ready.items()))
+            remaining = {k: d for k, d in remaining.items() if k not in ready}
 
-    def _serving(self, name: str) -> bool:
-        model = self.models.get(name)
+    @staticmethod
+    def _step_key(key: Key, name: str, on_disk: dict[Key, Path]) -> Key | None:
+        """The model an ensemble step naming `name` calls: the one of the ensemble's own repository,
+        else the only one of that name."""
+        if (key[0], name) in on_disk:
+            return (key[0], name)
+        found = [k for k in on_disk if k[1] == name]
+        return found[0] if len(found) == 1 else None
+
+    def _serving(self, key: Key) -> bool:
+        model = self.namespaced.get(key)
         return model is not None and model.ready
 
     async def unload_all(self) -> None:
         if self._lifecycle:
             await asyncio.gather(*self._lifecycle, return_exceptions=True)
-        for model in list(self.models.values()):
+        for model in list(self.namespaced.values()):
             await model.retire()
         if self._overrides is not None:
             await asyncio.to_thread(shutil.rmtree, self._overrides, True)
+        for source in self.sources:
+            if source.mirror is not None:
+                await asyncio.to_thread(source.mirror.close)
 
     # ------------------------------------------------------------------------------- lookups, health
 
@@ -308,81 +411,124 @@ class Repository:
             return False
         if not self.strict_readiness:
             return True
-        return all(m.fully_ready for m in self.models.values() if not m.unloaded)
+        return all(m.fully_ready for m in self.namespaced.values() if not m.unloaded)
 
     def index(self, ready_only: bool = False) -> list[dict]:
-        """Every model in the repository, loaded or not, as Triton's index lists them: one entry per
-        version with its state and reason; a model never loaded has version and state ""."""
-        names = sorted(set(self._listed()) | set(self.models))
+        """Every model in the repositories, loaded or not, as Triton's index lists them: one entry per
+        version with its state and reason; a model never loaded has version and state "". A name in two
+        repositories (without namespacing) is UNAVAILABLE, as Triton lists it."""
+        keys = sorted(set(self._listed()) | set(self.namespaced), key=lambda k: (k[1], k[0]))
         out: list[dict] = []
-        for name in names:
-            model = self.models.get(name)
+        for name in sorted(self._duplicates):
+            if not ready_only:
+                out.append({"name": name, "version": "", "state": "UNAVAILABLE", "reason": DUPLICATE})
+        for key in keys:
+            model = self.namespaced.get(key)
             if model is not None:
                 out.extend(model.index(ready_only))
             elif not ready_only:
-                out.append({"name": name, "version": "", "state": "", "reason": ""})
-        return out
+                out.append({"name": key[1], "version": "", "state": "", "reason": ""})
+        return sorted(out, key=lambda entry: entry["name"])
 
     # ------------------------------------------------------------------------------ repository API
 
     async def load_model(
         self, name: str, config: str | None = None, files: dict[str, bytes] | None = None
     ) -> None:
-        """Loads, or reloads, a model (explicit mode). `config` is a model config as a JSON string that
-        replaces the one on disk; `files` ("1/model.py" -> bytes, from the parameter "file:1/model.py")
-        form the model's folder instead of the repository's and need `config`. A reload keeps the loaded model
-        serving until the new one is ready, and keeps it when the new one fails."""
+        """Loads, or reloads, a model (explicit mode); with --model-namespacing, every model of that name.
+        `config` is a model config as a JSON string that replaces the one on disk; `files` ("1/model.py"
+        -> bytes, from the parameter "file:1/model.py") form the model's folder instead of the
+        repository's and need `config`. A reload keeps the loaded model serving until the new one is
+        ready, and keeps it when the new one fails."""
         self._check_control("load")
         check_model_name(name)
         parsed = parse_config(name, config) if config is not None else None
-        directory, owned = self.path / name, None
         if files:
             if parsed is None:
                 raise invalid("Load parameter 'config' must be specified for model file override")
             if self._overrides is None:  # made here, on the loop: two uploads at once share one
                 self._overrides = Path(tempfile.mkdtemp(prefix="tensorgate-overrides-"))
-            directory = owned = await asyncio.to_thread(write_override, self._overrides, name, files)
-        elif not directory.is_dir():
-            raise invalid(f"failed to load '{name}', failed to poll from model repository: no such model")
-        calls = (
-            parsed_steps(parsed)
-            if parsed is not None
-            else await asyncio.to_thread(composing_models, directory, self.config_name)
-        )
-        if calls:  # an ensemble: the models its steps call load first, as Triton loads them
-            on_disk = self._listed()
-            wanted = {n: on_disk[n] for n in calls if n in on_disk and not self._serving(n)}
-            if wanted:
-                await self._owned(self._load_in_order(wanted, on_disk))
-        reason = await self._owned(self._load_locked(name, directory, parsed, owned))
-        if reason:
-            raise invalid(reason)
+            owned = await asyncio.to_thread(write_override, self._overrides, name, files)
+            found = {("", name): owned}
+        else:
+            owned = None
+            found = await self._find_folders(name)
+        reasons = []
+        for key, directory in found.items():
+            calls = (
+                parsed_steps(parsed)
+                if parsed is not None
+                else await asyncio.to_thread(composing_models, directory, self.config_name)
+            )
+            if calls:  # an ensemble: the models its steps call load first, as Triton loads them
+                on_disk = self._listed()
+                steps = [self._step_key(key, n, on_disk) for n in calls]
+                wanted = {k: on_disk[k] for k in steps if k is not None and not self._serving(k)}
+                if wanted:
+                    await self._owned(self._load_in_order(wanted, on_disk))
+            reasons.append(await self._owned(self._load_locked(key, directory, parsed, owned)))
+        if any(reasons):
+            raise invalid("; ".join(r for r in reasons if r))
+
+    async def _find_folders(self, name: str) -> dict[Key, Path]:
+        """The folders of model `name` in the repositories (a bucket's copied afresh first); raises the
+        load's error when there is none, or (without namespacing) more than one: INTERNAL, as Triton's core
+        answers a failed poll."""
+        found: dict[Key, Path] = {}
+        problems = []
+        for source in self.sources:
+            if source.mirror is not None:
+                try:
+                    await asyncio.to_thread(source.mirror.sync, name)
+                except CloudError as e:
+                    log.error("%s", e)
+                    problems.append(str(e))
+                    continue
+            directory = source.path / name
+            if directory.is_dir():
+                if (source.namespace, name) in found:
+                    log.error("failed to poll model '%s': not unique across all model repositories", name)
+                    raise InferError(
+                        ErrorKind.INTERNAL,
+                        f"failed to load '{name}', failed to poll from model repository: not unique across "
+                        "all model repositories",
+                    )
+                found[(source.namespace, name)] = directory
+        if not found:
+            why = "; ".join(problems) or "no such model"
+            raise InferError(
+                ErrorKind.INTERNAL, f"failed to load '{name}', failed to poll from model repository: {why}"
+            )
+        return found
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
-        """Unloads a model (explicit mode); requests in flight are answered first. With
-        `unload_dependents`, an ensemble's composing models (those its steps call, and theirs) are
-        unloaded after it, as Triton does."""
+        """Unloads a model (explicit mode), every model of that name with --model-namespacing; requests
+        in flight are answered first. With `unload_dependents`, an ensemble's composing models (those its
+        steps call, and theirs) are unloaded after it, as Triton does."""
         self._check_control("unload")
         check_model_name(name)
-        model = self.models.get(name)
-        calls = parsed_steps(model.config) if unload_dependents and model and model.config else []
-        await self._owned(self._unload_locked(name))
-        for composing in calls:
-            if composing != name and composing in self.models:
-                await self.unload_model(composing, unload_dependents=True)
+        keys = [k for k in self.namespaced if k[1] == name] or [("", name)]
+        for key in keys:
+            model = self.namespaced.get(key)
+            calls = parsed_steps(model.config) if unload_dependents and model and model.config else []
+            await self._owned(self._unload_locked(key))
+            for composing in calls:
+                if composing != name and any(k[1] == composing for k in self.namespaced):
+                    await self.unload_model(composing, unload_dependents=True)
 
-    async def _unload_locked(self, name: str) -> None:
-        async with self._lock(name):
-            model = self.models.get(name)
+    async def _unload_locked(self, key: Key) -> None:
+        name = key[1]
+        async with self._lock(key):
+            model = self.namespaced.get(key)
             if model is None:
-                if (self.path / name).is_dir():
+                if any((s.path / name).is_dir() for s in self.sources):
                     return  # on disk and not loaded: nothing to do
                 raise invalid(f"failed to unload '{name}': unknown model")
             model.unloaded = True
             model.reason = UNLOADED
             await model.retire()
-            if not (self.path / name).is_dir():  # an uploaded model: nothing of it is left to index
-                self.models.pop(name, None)
+            if not any((s.path / name).is_dir() for s in self.sources):
+                self._set(key, None)  # an uploaded model: nothing of it is left to index
             self._changed()
             log.info("model '%s' unloaded", name)
 
@@ -403,32 +549,63 @@ class Repository:
                 log.exception("polling the model repository failed")
 
     async def poll_once(self) -> None:
-        """Loads added models, reloads changed ones (config or version folders), unloads removed ones."""
-        scanned = await asyncio.to_thread(self._scan)
+        """Loads added models, reloads changed ones (config or version folders), unloads removed ones. The
+        models of a repository that cannot be read stay as they are."""
+        unread: set[Path] = set()
+        for source in self.sources:
+            if source.mirror is not None and not await self._sync(source):
+                unread.add(source.path)
+        folders, scanned, unlisted = await asyncio.to_thread(self._scan)
+        unread |= unlisted
+        for source in self.sources:
+            if source.path in unread:
+                log.error("polling the model repository failed: %s cannot be read", source.location)
         changed = [
-            name
-            for name, signature in scanned.items()
-            if self._failed.get(name) != signature
-            and (name not in self.models or self.models[name].signature != signature)
+            key
+            for key, signature in scanned.items()
+            if self._failed.get(key) != signature
+            and (key not in self.namespaced or self.namespaced[key].signature != signature)
         ]
-        removed = [name for name in self.models if name not in scanned]
+        removed = [
+            key
+            for key, model in self.namespaced.items()
+            if key not in scanned and model.directory.parent not in unread and model.owned_dir is None
+        ]
         await asyncio.gather(
-            self._load_in_order({n: self.path / n for n in changed}, {n: self.path / n for n in scanned}),
-            *(self._remove(n) for n in removed),
+            self._load_in_order({k: folders[k] for k in changed}, folders),
+            *(self._remove(k) for k in removed),
         )
 
-    async def _remove(self, name: str) -> None:
-        async with self._lock(name):
-            model = self.models.pop(name, None)
+    async def _remove(self, key: Key) -> None:
+        async with self._lock(key):
+            model = self.namespaced.get(key)
             if model is not None:
+                self._set(key, None)
                 await model.retire()
                 self._changed()
-                log.info("model '%s' removed from the repository: unloaded", name)
+                log.info("model '%s' removed from the repository: unloaded", key[1])
 
-    def _scan(self) -> dict[str, Signature]:
-        return {name: tree_signature(path) for name, path in self._disk_models().items()}
+    def _scan(self) -> tuple[dict[Key, Path], dict[Key, Signature], set[Path]]:
+        folders, unlisted = self._disk_models()
+        return folders, {key: tree_signature(path) for key, path in folders.items()}, unlisted
 
     # ------------------------------------------------------------------------------------ internals
+
+    async def _sync(self, source: Source, name: str = "", everything: bool = True) -> bool:
+        """Copies a bucket's changes into its local folder; False (logged) when it cannot be read."""
+        assert source.mirror is not None
+        try:
+            await asyncio.to_thread(source.mirror.sync, name, everything)
+        except CloudError as e:
+            self._startup_error(str(e))
+            return False
+        return True
+
+    def _startup_error(self, text: str) -> None:
+        """Logs `text`, an error; during start() it also counts for --exit-on-error."""
+        log.error("%s", text)
+        if self._starting:
+            self._startup_errors.append(text)
 
     def _check_control(self, action: str) -> None:
         if self.control_mode == "poll":
@@ -442,29 +619,54 @@ class Repository:
                 "start the server with --model-control-mode explicit)",
             )
 
-    def _lock(self, name: str) -> asyncio.Lock:
-        return self._locks.setdefault(name, asyncio.Lock())
+    def _lock(self, key: Key) -> asyncio.Lock:
+        return self._locks.setdefault(key, asyncio.Lock())
 
-    def _disk_models(self) -> dict[str, Path]:
-        """The model folders; raises OSError when the repository cannot be listed (a poll then changes
-        nothing rather than unloading every model)."""
-        entries = sorted(self.path.iterdir())
-        return {p.name: p for p in entries if p.is_dir() and not p.name.startswith(".")}
+    def _set(self, key: Key, model: Model | None) -> None:
+        """Puts `model` in service under `key` (None: takes it out), and republishes `models`."""
+        if model is None:
+            self.namespaced.pop(key, None)
+        else:
+            self.namespaced[key] = model
+        by_name: dict[str, list[Model]] = {}
+        for (_, name), each in self.namespaced.items():
+            by_name.setdefault(name, []).append(each)
+        self.models = {
+            name: found[0] if len(found) == 1 else Ambiguous.of(name, len(found))
+            for name, found in by_name.items()
+        }
 
-    def _listed(self) -> dict[str, Path]:
-        """The model folders, or none (logged) when the repository cannot be listed."""
-        try:
-            return self._disk_models()
-        except OSError as e:
-            log.error("cannot list the model repository %s: %s", self.path, e)
-            return {}
+    def _disk_models(self) -> tuple[dict[Key, Path], set[Path]]:
+        """The model folders of every repository, by key, and the repositories that cannot be listed
+        (logged). Without namespacing, a name in two repositories is left out (logged once)."""
+        found: dict[Key, list[Path]] = {}
+        unlisted: set[Path] = set()
+        for source in self.sources:
+            try:
+                entries = sorted(source.path.iterdir())
+            except OSError as e:
+                log.error("cannot list the model repository %s: %s", source.location, e)
+                unlisted.add(source.path)
+                continue
+            for entry in entries:
+                if entry.is_dir() and not entry.name.startswith("."):
+                    found.setdefault((source.namespace, entry.name), []).append(entry)
+        duplicates = {key[1] for key, paths in found.items() if len(paths) > 1}
+        for name in sorted(duplicates - self._duplicates):
+            log.error("failed to poll model '%s': not unique across all model repositories", name)
+        self._duplicates = duplicates
+        return {key: paths[0] for key, paths in found.items() if len(paths) == 1}, unlisted
+
+    def _listed(self) -> dict[Key, Path]:
+        """The model folders (those of the repositories that can be listed)."""
+        return self._disk_models()[0]
 
     async def _load_locked(
-        self, name: str, directory: Path, config: dict | None = None, owned: Path | None = None
+        self, key: Key, directory: Path, config: dict | None = None, owned: Path | None = None
     ) -> str:
-        async with self._lock(name):
+        async with self._lock(key):
             try:
-                return await self._load(name, directory, config, owned)
+                return await self._load(key, directory, config, owned)
             finally:
                 self._changed()
 
@@ -481,32 +683,44 @@ class Repository:
         task.add_done_callback(_forget(self._lifecycle))
         return asyncio.shield(task)
 
-    async def _load(self, name: str, directory: Path, config: dict | None, owned: Path | None) -> str:
-        """Loads `name` afresh and puts it in service; "" on success, else why it failed. A model that
+    def _host(self, key: Key) -> Host:
+        return cast("Host", ScopedHost(self, key[0])) if self.namespacing else self
+
+    async def _load(self, key: Key, directory: Path, config: dict | None, owned: Path | None) -> str:
+        """Loads `key` afresh and puts it in service; "" on success, else why it failed. A model that
         serves keeps serving until the new one is ready, and stays when the new one fails. The caller
         holds the model's lock."""
+        name = key[1]
         new = Model(name, directory, config, owned, self.config_name, self.auto_complete)
-        old = self.models.get(name)
+        old = self.namespaced.get(key)
         keep_old = old is not None and old.ready
         if not keep_old:
             new.loading = True  # seen as LOADING by the index and by requests meanwhile
-            self.models[name] = new
+            self._set(key, new)
             self._changed()
             if old is not None:
                 await old.retire()
         if self._load_slots is None:
             self._load_slots = asyncio.Semaphore(self.load_threads)
         async with self._load_slots:
-            await asyncio.to_thread(new.load, self, self.response_cache)
+            source = next((s for s in self.sources if s.path == directory.parent), None)
+            copied = True
+            if source is not None and source.mirror is not None and self.control_mode == "explicit":
+                copied = await self._sync(source, name)  # the model's files, copied on load
+            if copied:
+                await asyncio.to_thread(new.load, self._host(key), self.response_cache)
+            else:
+                new.reason = f"failed to load '{name}': its model repository cannot be read"
+                new.loading = False
         complete = new.fully_ready
         if keep_old and not complete:
-            self._failed[name] = new.signature
+            self._failed[key] = new.signature
             await new.retire()
             log.error("reloading model '%s' failed, the loaded one serves on: %s", name, new.reason)
             return new.reason
-        self._failed.pop(name, None)
+        self._failed.pop(key, None)
         if keep_old and old is not None:
-            self.models[name] = new  # the swap: a request now resolves to the new versions
+            self._set(key, new)  # the swap: a request now resolves to the new versions
             await old.retire()
             for number, version in new.versions.items():  # counters go on across a reload
                 if number in old.versions:
@@ -517,6 +731,10 @@ class Repository:
         if new.reason:
             log.warning("model '%s': %s", name, new.reason)
         return "" if complete else new.reason
+
+
+class StartupError(Exception):
+    """--exit-on-error true: a model failed to load at startup (Triton's "failed to load all models")."""
 
 
 def _forget(tasks: set[asyncio.Task]) -> Callable[[asyncio.Task], None]:

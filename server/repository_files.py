@@ -9,12 +9,14 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from tensorgate.codec.errors import InferError, invalid
 from tensorgate.server.model_config import ConfigError, load_model_config, normalize_config
 
 Signature = frozenset[tuple[str, int, int]]
+Key = tuple[str, str]  # a model: (namespace, name); the namespace is "" without --model-namespacing
 
 
 def version_folders(directory: Path) -> list[int]:
@@ -84,18 +86,23 @@ def composing_models(directory: Path, config_name: str = "") -> list[str]:
 
 
 def composing_all(
-    wanted: dict[str, Path], on_disk: dict[str, Path], config_name: str = ""
-) -> dict[str, list[str]]:
-    """Blocking: what each wanted model's steps call, followed through the ensembles among them."""
-    steps: dict[str, list[str]] = {}
+    wanted: dict[Key, Path],
+    on_disk: dict[Key, Path],
+    find: Callable[[Key, str], Key | None],
+    config_name: str = "",
+) -> dict[Key, list[Key]]:
+    """Blocking: what each wanted model's steps call, followed through the ensembles among them; `find`
+    says which model (key) an ensemble's step names, None when none or several."""
+    steps: dict[Key, list[Key]] = {}
     todo = list(wanted)
     while todo:
-        name = todo.pop()
-        if name in steps:
+        key = todo.pop()
+        if key in steps:
             continue
-        directory = wanted.get(name) or on_disk.get(name)
-        steps[name] = composing_models(directory, config_name) if directory is not None else []
-        todo.extend(n for n in steps[name] if n in on_disk)
+        directory = wanted.get(key) or on_disk.get(key)
+        names = composing_models(directory, config_name) if directory is not None else []
+        steps[key] = [k for k in (find(key, n) for n in names) if k is not None]
+        todo.extend(k for k in steps[key] if k in on_disk)
     return steps
 
 

@@ -637,7 +637,8 @@ def test_container_agrees_with_its_args() -> None:
     assert set(LOCAL_VALUES) <= set(flags), "each of these flags given once, as --flag=value"
     assert len(flags) == len(set(flags))
     parsed = build_parser().parse_args(args[1:])  # `tensorgate serve`'s arguments
-    assert str(parsed.model_repository) == "/mnt/models"  # where KServe's storage initializer writes
+    # where KServe's storage initializer writes
+    assert [str(p) for p in parsed.model_repository] == ["/mnt/models"]
 
     (port,) = container["ports"]  # KServe and Knative route to the first (Knative: the only) port
     assert port["containerPort"] == parsed.http_port

@@ -1,7 +1,8 @@
 """Triton's generate extension against a real server, over HTTP/1.1 and HTTP/2: /generate answers one JSON
 object, /generate_stream one Server-Sent Event per answer of a decoupled model; request keys become
-inputs or parameters as Triton maps them; errors before and after the first answer; a client that goes
-away closes the model's stream."""
+inputs or parameters as Triton maps them, keys written twice read as Triton reads them; the size limit
+on what the JSON expands to; errors before the model runs, as its first answer and after it; a client
+that goes away closes the model's stream."""
 
 from __future__ import annotations
 
@@ -38,6 +39,9 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             text = pb_utils.get_input_tensor_by_name(request, "text_input").as_numpy()
+            if text[0, 0] == b"boom":
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("it went boom")))
+                continue
             limit = pb_utils.get_input_tensor_by_name(request, "max_tokens")
             words = text[0, 0].decode().split()
             if limit is not None:
@@ -85,6 +89,24 @@ class TritonPythonModel:
             sender.send(pb_utils.InferenceResponse([text]))
         sender.send(flags=FINAL)
 """
+# tokens (INT64) and a prompt (BYTES), both of any length: the count of tokens
+IDS = """
+name: "ids"
+backend: "python"
+max_batch_size: 0
+input [
+  { name: "prompt" data_type: TYPE_STRING dims: [ -1 ] optional: true },
+  { name: "tokens" data_type: TYPE_INT64 dims: [ -1 ] }
+]
+output [ { name: "count" data_type: TYPE_INT64 dims: [ 1 ] } ]
+"""
+IDS_PY = """
+import numpy as np
+
+class Model:
+    def execute(self, inputs):
+        return {"count": np.array([inputs["tokens"].size], dtype=np.int64)}
+"""
 TICKER_CONFIG = """
 name: "ticker"
 backend: "python"
@@ -105,6 +127,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     write_model(repo, "llm", LLM, {1: LLM_PY})
     write_model(repo, "llm_stream", STREAM, {1: STREAM_PY})
     write_model(repo, "ticker", TICKER_CONFIG, {1: TICKER})
+    write_model(repo, "ids", IDS, {1: IDS_PY})
     started = ServerProcess(repo, root / "server.log").start()
     yield started
     stop_all([started])
@@ -164,9 +187,10 @@ def test_generate_stream_sends_one_event_per_response(client: httpx.Client) -> N
 def test_generate_on_a_decoupled_model_needs_exactly_one_response(client: httpx.Client) -> None:
     one = client.post("/v2/models/llm_stream/generate", json={"text_input": "solo"})
     assert one.status_code == 200 and one.json()["text_output"] == "solo"
+    # Triton's status for it: 200, sent with the first answer before the second shows the error
     assert_error(
         client.post("/v2/models/llm_stream/generate", json={"text_input": "two words"}),
-        500,
+        200,
         "generate expects model to produce exactly 1 response",
     )
 
@@ -182,18 +206,86 @@ def test_errors_before_the_first_answer_have_their_status(client: httpx.Client) 
         )
         assert_error(
             client.post(f"/v2/models/llm{path}", json={"text_input": "x", "parameters": 3}),
-            400,
-            "Expected JSON object for keyword: 'parameters'",
+            500,  # Triton's: its JSON reader's errors are INTERNAL
+            "Expected JSON object for keyword: 'parameters': attempt to access JSON non-object as object",
         )
         assert_error(
             client.post(f"/v2/models/llm_stream{path}", json={"text_input": ["x", "y"]}),
             400,
             "The schema can not convert input 'text_input' to tensor with proper shape",
         )
-        assert_error(client.post(f"/v2/models/llm{path}", json={"text_input": 5}), 400, "text_input")
         assert_error(client.post(f"/v2/models/llm{path}", content=b"{"), 400, "malformed JSON")
-    first = client.post("/v2/models/llm_stream/generate_stream", json={"text_input": "fail"})
-    assert_error(first, 500, "no such word")
+        assert_error(
+            client.post(f"/v2/models/llm{path}", json={"id": 7, "text_input": "x"}),
+            500,
+            "Unable to parse 'id': attempt to access JSON non-string as string",
+        )
+
+
+@pytest.mark.parametrize("value", [5, ["a", 5], None, True, {"a": "b"}])
+def test_a_bytes_input_takes_only_strings(client: httpx.Client, value: object) -> None:
+    for model, name in (("llm", "text_input"), ("ids", "prompt")):
+        assert_error(
+            client.post(f"/v2/models/{model}/generate", json={name: value}),
+            500,  # Triton's: its JSON reader's errors are INTERNAL
+            "Unable to parse JSON bytes array: attempt to access JSON non-string as string",
+        )
+
+
+def test_keys_written_twice_read_as_triton_reads_them(client: httpx.Client) -> None:
+    """RapidJSON keeps both members and finds the first: an input given twice is added twice, which
+    Triton's core refuses; a parameter or id given twice is read as its first value."""
+    twice = b'{"text_input": "a b", "text_input": "c"}'
+    for path in ("/generate", "/generate_stream"):
+        assert_error(
+            client.post(f"/v2/models/llm{path}", content=twice),
+            400,
+            "[request id: <id_unknown>] input 'text_input' already exists in request",
+        )
+    assert_error(
+        client.post("/v2/models/llm/generate", content=b'{"id": "7", "text_input": "a", "text_input": "a"}'),
+        400,
+        "[request id: 7] input 'text_input' already exists in request",
+    )
+    nested = b'{"text_input": "a", "parameters": {"max_tokens": 1, "text_input": "b"}}'
+    assert_error(
+        client.post("/v2/models/llm/generate", content=nested),
+        400,
+        "Converting keyword: 'parameters': [request id: <id_unknown>] input 'text_input' already exists",
+    )
+    body = b'{"id": "1", "text_input": "x y", "tag": "first", "id": "2", "tag": "second"}'
+    answer = client.post("/v2/models/llm/generate", content=body).json()
+    assert answer["id"] == "1" and answer["text_output"] == "X Y"
+    assert json.loads(answer["parameters"]) == {"id": "1", "tag": "first"}
+
+
+def test_what_the_json_expands_to_is_limited(client: httpx.Client) -> None:
+    """Triton's --http-max-input-size (64 MiB by default) bounds the tensor bytes of a request's inputs,
+    added up in the order they come: 8 bytes per INT64 token, a string's bytes and 4 for its length."""
+    assert (
+        client.post("/v2/models/ids/generate", json={"prompt": "hi", "tokens": [1, 2, 3]}).json()["count"]
+        == 3
+    )
+    tokens = 1 << 23  # 64 MiB of INT64, written as 16 MiB of JSON
+    body = b'{"prompt": "hi", "tokens": [' + b"0," * (tokens - 1) + b"0]}"
+    assert_error(
+        client.post("/v2/models/ids/generate", content=body),
+        400,
+        f"request size of 6 bytes with input 'tokens' of size {8 * tokens} bytes exceeds the maximum allowed "
+        f"input size of {1 << 26}. Use --http-max-input-size to increase the limit.",
+    )
+    alone = b'{"tokens": [' + b"0," * (tokens - 1) + b"0]}"  # exactly the limit: it runs
+    assert client.post("/v2/models/ids/generate", content=alone).json()["count"] == tokens
+
+
+def test_a_failure_as_the_first_answer_is_an_error_event(client: httpx.Client) -> None:
+    """As Triton: once the model runs, /generate_stream answers in events, a failure too, with its
+    status; /generate answers it as a JSON error."""
+    for model, text, message in (("llm_stream", "fail", "no such word"), ("llm", "boom", "it went boom")):
+        with client.stream("POST", f"/v2/models/{model}/generate_stream", json={"text_input": text}) as r:
+            assert r.status_code == 500
+            assert events(r) == [{"error": message}]
+        assert_error(client.post(f"/v2/models/{model}/generate", json={"text_input": text}), 500, message)
 
 
 def test_an_error_after_the_first_answer_is_an_error_event(client: httpx.Client) -> None:

@@ -232,7 +232,15 @@ def test_a_request_that_fails_is_traced_to_its_end(traced: ServerProcess, tmp_pa
         assert client.post("/v2/models/double/infer", json=body).status_code == 400
         infer(client, "double", [1])
     (failed,) = traces(tmp_path / "trace.json.0").values()
-    assert list(failed["timestamps"]) == ["REQUEST_START", "REQUEST_END"]
+    # the model's two, within the front end's (its error answer is sent, no response was encoded)
+    assert list(failed["timestamps"]) == [
+        "HTTP_RECV_START",
+        "HTTP_RECV_END",
+        "REQUEST_START",
+        "REQUEST_END",
+        "HTTP_SEND_START",
+        "HTTP_SEND_END",
+    ]
     assert_in_order(traces(tmp_path / "trace.json.1").popitem()[1])
 
 

@@ -128,6 +128,16 @@ def test_spans_follow_tritons_layout_under_the_clients_trace(
     assert top.parent_span_id.hex() == CLIENT_SPAN  # the client's span is its parent
     (pipe,) = named["pipe"]
     assert pipe.parent_span_id == top.span_id
+    # the front end's timestamps are the top span's events (Triton's root span), around the model's span
+    assert [event.name for event in top.events] == [
+        "HTTP_RECV_START",
+        "HTTP_RECV_END",
+        "INFER_RESPONSE_COMPLETE",
+        "HTTP_SEND_START",
+        "HTTP_SEND_END",
+    ]
+    assert top.start_time_unix_nano <= pipe.start_time_unix_nano <= pipe.end_time_unix_nano
+    assert pipe.end_time_unix_nano <= top.end_time_unix_nano
     assert attributes(pipe) == {
         "triton.model_name": "pipe",
         "triton.model_version": 1,
@@ -153,6 +163,14 @@ def test_spans_follow_tritons_layout_under_the_clients_trace(
         ]
         assert parent.start_time_unix_nano <= compute.start_time_unix_nano <= compute.end_time_unix_nano
     assert sorted(span.name for span in by_trace[GRPC_TRACE]) == ["InferRequest", "compute", "double"]
+    (grpc_top,) = [span for span in by_trace[GRPC_TRACE] if span.name == "InferRequest"]
+    assert [event.name for event in grpc_top.events] == [
+        "GRPC_WAITREAD_START",
+        "GRPC_WAITREAD_END",
+        "INFER_RESPONSE_COMPLETE",
+        "GRPC_SEND_START",
+        "GRPC_SEND_END",
+    ]
 
 
 def test_rate_samples_requests_without_a_traceparent(start_server, repo: Path, receiver: Receiver) -> None:

@@ -171,7 +171,13 @@ INFER_ERRORS = [
     ),
     ("unknown-model", "no_such_model", _simple(simple_inputs(A, B, [1, 16])), 404, ["no_such_model"]),
     ("unknown-version", "simple/versions/2", _simple(simple_inputs(A, B, [1, 16])), 404, ["simple", "2"]),
-    ("non-numeric-version", "simple/versions/latest", _simple(simple_inputs(A, B, [1, 16])), 404, ["simple"]),
+    (
+        "non-numeric-version",
+        "simple/versions/latest",
+        _simple(simple_inputs(A, B, [1, 16])),
+        400,
+        ["failed to get model version from specified version string 'latest'"],
+    ),
 ]
 
 

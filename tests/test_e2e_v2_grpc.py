@@ -303,7 +303,7 @@ def test_repository_load_and_unload_in_explicit_mode(start_server, repo: Path) -
         server,
         lambda s: s.repository_model_load(pb.RepositoryModelLoadRequest(model_name="x", parameters=bad)),
         Status.INVALID_ARGUMENT,
-        "string type",
+        "invalid value type for load parameter 'config', expected string_param.",
     )
 
     dependents = {"unload_dependents": pb.ModelRepositoryParameter(bool_param=True)}

@@ -30,7 +30,16 @@ SERVE_TOPICS: list[tuple[str, tuple[str, ...]]] = [
     ),
     (
         "Models and the repository",
-        ("--model-", "--load-model", "--repository-", "--python-", "--strict-", "--disable-auto-complete"),
+        (
+            "--model-",
+            "--load-model",
+            "--repository-",
+            "--python-",
+            "--strict-",
+            "--disable-auto-complete",
+            "--exit-on-error",
+            "--rate-limit",
+        ),
     ),
     (
         "Ports and protocols",

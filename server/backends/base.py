@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tensorgate.codec.errors import ErrorKind, InferError
 
 if TYPE_CHECKING:
+    from tensorgate.batcher.rate_limiter import RateLimiter
     from tensorgate.batcher.staging import Staging
     from tensorgate.server.app_monitor import AppMonitor
     from tensorgate.server.model import ModelVersion
@@ -72,6 +73,7 @@ class Host(Protocol):
     python_execution_mode: (
         str  # EXECUTION_MODE for python models whose config names none (--python-execution-mode)
     )
+    rate_limiter: RateLimiter | None  # --rate-limit execution_count, else None
 
     def resolve(self, name: str, version: str = "") -> ModelVersion:
         """The ready version of model `name` that a request naming `version` ("": the newest ready one)

@@ -61,7 +61,15 @@ class OnnxRuntimeBackend(Backend):
         graph_outputs = {arg.name: arg for arg in self.session.get_outputs()}
         batched = config.get("max_batch_size", 0) > 0
         for entry in config["input"]:
-            _check_tensor("input", entry, graph_inputs, batched, path.name)
+            if batched and entry.get("allow_ragged_batch"):  # the batch gives it 1-D, the requests in a row
+                ragged = {"name": entry["name"], "data_type": entry["data_type"], "dims": [-1]}
+                _check_tensor("input", ragged, graph_inputs, False, path.name, "allow_ragged_batch")
+            else:
+                _check_tensor("input", entry, graph_inputs, batched, path.name)
+        for entry in config.get("batch_input") or ():
+            for target in entry["target_name"]:
+                made = {"name": target, "data_type": entry["data_type"], "dims": []}
+                _check_tensor("input", made, graph_inputs, False, path.name, "batch_input", rank=False)
         for entry in config["output"]:
             _check_tensor("output", entry, graph_outputs, batched, path.name)
         # what the sequence batcher feeds (control and state inputs) and reads back (state outputs)
@@ -150,6 +158,7 @@ def complete(version_dir: Path, config: dict) -> dict:
             config.setdefault("dynamic_batching", {})
     batched = config.get("max_batch_size", 0) > 0
     fed = set(added_inputs(config)) | set(state_outputs(config))  # the sequence batcher's, not clients'
+    fed |= {t for entry in config.get("batch_input") or () for t in entry.get("target_name", ())}
     for kind, args in graph.items():
         if config[kind]:
             continue

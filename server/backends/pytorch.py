@@ -67,7 +67,9 @@ class PyTorchBackend(Backend):
             self.module = torch.jit.load(str(path), map_location=self.device)
             self.module.eval()
             params = [a.name for a in self.module.forward.schema.arguments[1:]]  # [0] is self
-        self.arguments = _argument_order([e["name"] for e in config["input"]], params, path)
+        # the batch inputs (ragged batching) are inputs too, as in Triton's pytorch backend
+        targets = [t for entry in config.get("batch_input") or () for t in entry["target_name"]]
+        self.arguments = _argument_order([e["name"] for e in config["input"]] + targets, params, path)
         self.output_names = _indexed_order([e["name"] for e in config["output"]])
 
     def execute(self, inputs: dict[str, Any]) -> dict[str, Any]:

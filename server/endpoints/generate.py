@@ -3,10 +3,13 @@
 is codec/generate.py.
 
 - A model that streams (a decoupled Triton model, or ours with only `execute_stream`) answers
-  /generate once or fails: Triton's 'generate expects model to produce exactly 1 response'. A model with
-  a plain execute answers /generate_stream with one event.
-- An error before the first answer is the usual JSON error with its status; after it, an error event
-  (`data: {"error": ...}`) ends the stream, its status already sent as 200.
+  /generate once or fails: Triton's 'generate expects model to produce exactly 1 response', with
+  Triton's status for it, 200 (its answer has begun when it finds out). A model with a plain execute
+  answers /generate_stream with one event.
+- A request refused before the model runs (bad JSON, an unknown model, a wrong input) is the usual JSON
+  error with its status. Once the model runs, /generate_stream answers in events, as Triton does: a
+  failure as the first answer is an error event (`data: {"error": ...}`) sent with the error's status;
+  after an answer, an error event ends the stream, its status already sent as 200.
 - A client that goes away cancels its request: a queued one leaves its queue, a streaming model's
   generator is closed (the transport closes the event stream, which closes it).
 """
@@ -18,7 +21,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import TYPE_CHECKING
 
-from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.codec.errors import ErrorKind, InferError, http_status, parse_version
 from tensorgate.codec.generate import (
     JSON_CONTENT_TYPE,
     SSE_CONTENT_TYPE,
@@ -27,7 +30,8 @@ from tensorgate.codec.generate import (
     sse,
     sse_error,
 )
-from tensorgate.server.endpoints.v2 import error_response, sample
+from tensorgate.codec.v2_http import MAX_INPUT_SIZE
+from tensorgate.server.endpoints.v2 import error_response, json_response, sample
 from tensorgate.server.router import HttpRequest, HttpResponse, Router, body_response
 
 if TYPE_CHECKING:
@@ -46,9 +50,10 @@ ONE_RESPONSE = (
 
 
 class GenerateEndpoints:
-    def __init__(self, repository: Repository, tracer: Tracer) -> None:
+    def __init__(self, repository: Repository, tracer: Tracer, max_input_size: int = MAX_INPUT_SIZE) -> None:
         self.repository = repository
         self.tracer = tracer
+        self.max_input_size = max_input_size  # --http-max-input-size
 
     def install(self, router: Router) -> None:
         model = "/v2/models/{model}[/versions/{version}]"
@@ -56,13 +61,13 @@ class GenerateEndpoints:
         router.add("POST", model + "/generate_stream", self.generate_stream, error_response)
 
     def _request(self, request: HttpRequest) -> tuple[ModelVersion, InferRequest]:
-        name, version = request.params["model"], request.params["version"]
-        model_version = self.repository.resolve(name, version)
-        specs = {n: (spec.dtype.v2, spec.shape) for n, spec in model_version.inputs.items()}
-        infer_request = decode_generate(request.body, name, version, specs)
+        name, version = request.params["model"], parse_version(request.params["version"])
+        found = self.repository.resolve(name, version)
+        specs = {n: (spec.dtype.v2, spec.shape) for n, spec in found.inputs.items()}
+        infer_request = decode_generate(request.body, name, version, specs, self.max_input_size)
         if self.tracer.on:
             infer_request.trace = sample(self.tracer, name, request.headers)
-        return model_version, infer_request
+        return found, infer_request
 
     async def generate(self, request: HttpRequest) -> HttpResponse:
         model_version, infer_request = self._request(request)
@@ -70,7 +75,7 @@ class GenerateEndpoints:
             if model_version.stream_only:
                 responses = await _collect(model_version.infer_stream(infer_request))
                 if len(responses) != 1:
-                    raise InferError(ErrorKind.INTERNAL, ONE_RESPONSE)
+                    return json_response({"error": ONE_RESPONSE})  # Triton's status: its answer has begun
                 response = responses[0]
             else:
                 response = await model_version.infer(infer_request)
@@ -84,18 +89,26 @@ class GenerateEndpoints:
         if not model_version.streams:
             try:
                 response = await model_version.infer(infer_request)
+            except InferError as e:
+                if e.kind is not ErrorKind.INTERNAL:  # refused before it ran
+                    raise
+                return _error_event(e)  # it ran and failed
             finally:
                 self.tracer.finish(trace)
             return _events(_once(response))
-        try:
+        try:  # bad requests are refused here, before the model runs
             stream = model_version.infer_stream(infer_request)
         except BaseException:
             self.tracer.finish(trace)
             raise
-        try:  # an error before the first answer is answered as any error, with its status
+        try:
             first = await anext(stream)
         except StopAsyncIteration:
             first = None
+        except InferError as e:
+            await stream.aclose()
+            self.tracer.finish(trace)
+            return _error_event(e)
         except BaseException:
             await stream.aclose()
             self.tracer.finish(trace)
@@ -117,6 +130,11 @@ class GenerateEndpoints:
 
 def _events(responses: AsyncIterator[InferResponse]) -> HttpResponse:
     return HttpResponse(200, [(b"content-type", SSE_CONTENT_TYPE)], _sse(responses))
+
+
+def _error_event(error: InferError) -> HttpResponse:
+    """A failure as a stream's first answer: Triton's error event, sent with the error's status."""
+    return body_response(sse_error(error), SSE_CONTENT_TYPE, http_status(error))
 
 
 async def _sse(responses: AsyncIterator[InferResponse]) -> AsyncIterator[bytes]:

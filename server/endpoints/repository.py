@@ -5,6 +5,11 @@
     POST /v2/repository/models/{m}/unload {"parameters": {"unload_dependents": bool}}?
 
 Bodies are optional. Load and unload answer 200 with an empty body, as Triton does.
+
+A load's parameters are refused as Triton's HTTP front end refuses them: each must be a string (the
+config JSON or a file's base64), named `config` or `file:...`, else INTERNAL. An override Triton's core
+cannot use (a config that does not parse into a model config, files without a config) fails, as Triton's
+fails, its polling of the model: INTERNAL, 'failed to load ..., failed to poll from model repository'.
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from tensorgate.codec.errors import invalid
+from tensorgate.codec.errors import ErrorKind, InferError, invalid
 from tensorgate.server.endpoints.v2 import error_response, json_response
+from tensorgate.server.repository_files import parse_config
 from tensorgate.server.router import HttpRequest, HttpResponse, Router
 
 if TYPE_CHECKING:
@@ -45,14 +51,31 @@ def _parameters(doc: dict) -> dict:
     return parameters
 
 
+def check_overrides(name: str, config: str | None, files: dict) -> None:
+    """An override Triton's core refuses while it polls the model (InitializeModelInfo): its answer,
+    then why (Triton only logs why)."""
+    try:
+        if config is not None:
+            parse_config(name, config)
+        elif files:
+            raise invalid("Load parameter 'config' must be specified for model file override")
+    except InferError as e:
+        raise InferError(
+            ErrorKind.INTERNAL, f"failed to load '{name}', failed to poll from model repository: {e.message}"
+        ) from None
+
+
 def _files(parameters: dict) -> dict[str, bytes]:
-    """The file overrides: "file:1/model.py" -> its base64-decoded contents, keyed "1/model.py"."""
+    """The file overrides: "file:1/model.py" -> its base64-decoded contents, keyed "1/model.py". Every
+    parameter is read as Triton's HTTP front end reads it: a string, `config` or `file:...`."""
     files: dict[str, bytes] = {}
     for key, value in parameters.items():
-        if not key.startswith(FILE_PREFIX):
-            continue
         if not isinstance(value, str):
-            raise invalid(f"File parameter '{key}' must be a base64 string")
+            raise InferError(ErrorKind.INTERNAL, "attempt to access JSON non-string as string")
+        if key == "config":
+            continue
+        if not key.startswith(FILE_PREFIX):
+            raise InferError(ErrorKind.INTERNAL, "unexpected error on creating Triton parameter")
         try:
             files[key[len(FILE_PREFIX) :]] = base64.b64decode(value, validate=True)
         except (binascii.Error, ValueError) as e:
@@ -89,10 +112,9 @@ class RepositoryEndpoints:
 
     async def load(self, request: HttpRequest) -> HttpResponse:
         parameters = _parameters(_body(request))
-        config = parameters.get("config")
-        if config is not None and not isinstance(config, str):
-            raise invalid("Config parameter 'config' must have string type for its value (a JSON string)")
-        await self.repository.load_model(request.params["model"], config, _files(parameters) or None)
+        name, config, files = request.params["model"], parameters.get("config"), _files(parameters)
+        check_overrides(name, config, files)
+        await self.repository.load_model(name, config, files or None)
         return _empty_ok()
 
     async def unload(self, request: HttpRequest) -> HttpResponse:

@@ -3,18 +3,21 @@ Triton's system and CUDA shared-memory extensions."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import re
+from time import perf_counter_ns
 from typing import TYPE_CHECKING
 
 import orjson
 
 from tensorgate.codec import v2_http
-from tensorgate.codec.errors import InferError, http_status, invalid
+from tensorgate.codec.errors import InferError, http_status, invalid, parse_version
 from tensorgate.server import __version__, header_forwarding
 from tensorgate.server.router import HttpRequest, HttpResponse, Router, body_response, front_end
 from tensorgate.server.shared_memory import CUDA, SYSTEM, decode_handle
 from tensorgate.server.statistics import model_statistics
+from tensorgate.server.tracing.frontend import INFER_RESPONSE_COMPLETE, http_received
 
 if TYPE_CHECKING:
     from tensorgate.codec.tensor import InferRequest
@@ -67,11 +70,13 @@ class V2Endpoints:
         shared_memory: SharedMemory,
         tracer: Tracer,
         forward: re.Pattern | None = None,
+        max_input_size: int = v2_http.MAX_INPUT_SIZE,
     ) -> None:
         self.repository = repository
         self.shared_memory = shared_memory
         self.tracer = tracer  # Triton's trace extension: `on` while any request may be traced
         self.forward = forward  # --http-header-forward-pattern
+        self.max_input_size = max_input_size  # --http-max-input-size
 
     def install(self, router: Router) -> None:
         model = "/v2/models/{model}[/versions/{version}]"
@@ -107,36 +112,38 @@ class V2Endpoints:
         return json_response({"ready": ready}, 200 if ready else 400)
 
     async def model_ready(self, request: HttpRequest) -> HttpResponse:
-        name = request.params["model"]
-        ready = self.repository.model(name).is_ready(request.params["version"])
+        name, version = request.params["model"], parse_version(request.params["version"])
+        ready = self.repository.model(name).is_ready(version)
         return json_response({"name": name, "ready": ready}, 200 if ready else 400)
 
     async def model_metadata(self, request: HttpRequest) -> HttpResponse:
-        model = self.repository.model(request.params["model"])
-        return json_response(model.metadata(request.params["version"]))
+        version = parse_version(request.params["version"])
+        return json_response(self.repository.model(request.params["model"]).metadata(version))
 
     async def model_config(self, request: HttpRequest) -> HttpResponse:
-        model = self.repository.model(request.params["model"])
-        return json_response(model.config_of(request.params["version"]))
+        version = parse_version(request.params["version"])
+        return json_response(self.repository.model(request.params["model"]).config_of(version))
 
     async def model_stats(self, request: HttpRequest) -> HttpResponse:
-        params = request.params
-        return json_response(model_statistics(self.repository, params["model"], params["version"]))
+        version = parse_version(request.params["version"])
+        return json_response(model_statistics(self.repository, request.params["model"], version))
 
     @front_end
     async def infer(self, request: HttpRequest) -> HttpResponse:
-        name, version = request.params["model"], request.params["version"]
+        name, version = request.params["model"], parse_version(request.params["version"])
         model_version = self.repository.resolve(name, version)
         header_length = v2_http.parse_header_length(
             request.headers.get(v2_http.HEADER_LENGTH_BYTES), len(request.body)
         )
-        infer_request = v2_http.decode_request(request.body, header_length, name, version)
+        infer_request = v2_http.decode_request(
+            request.body, header_length, name, version, self.max_input_size
+        )
         if self.forward is not None:
             infer_request.parameters.update(header_forwarding.from_headers(self.forward, request.headers))
         if self.tracer.on:
             infer_request.trace = sample(self.tracer, name, request.headers)
             if infer_request.trace is not None:
-                return await self._infer_traced(model_version, infer_request)
+                return await self._infer_traced(model_version, infer_request, request)
         if infer_request.shared_memory:  # it names a region: read and written through the server's
             response = await self.shared_memory.infer(model_version, infer_request)
         else:
@@ -144,15 +151,26 @@ class V2Endpoints:
         encoded = v2_http.encode_response(response, infer_request)
         return HttpResponse(200, encoded.headers, encoded.chunks)
 
-    async def _infer_traced(self, model_version: ModelVersion, infer_request: InferRequest) -> HttpResponse:
+    async def _infer_traced(
+        self, model_version: ModelVersion, infer_request: InferRequest, request: HttpRequest
+    ) -> HttpResponse:
+        trace = infer_request.trace
+        assert trace is not None  # infer checked it
+        # our transports stamp the answer's sending (its error's too) and then finish the trace
+        handed = http_received(self.tracer, trace, request)
         try:
             if infer_request.shared_memory:
                 response = await self.shared_memory.infer(model_version, infer_request)
             else:
                 response = await model_version.infer(infer_request)
+        except asyncio.CancelledError:
+            self.tracer.finish(trace)  # the client left: no answer goes out
+            raise
         finally:
-            self.tracer.finish(infer_request.trace)
+            if not handed:
+                self.tracer.finish(trace)
         encoded = v2_http.encode_response(response, infer_request)
+        trace.stamp_front(INFER_RESPONSE_COMPLETE, perf_counter_ns())
         return HttpResponse(200, encoded.headers, encoded.chunks)
 
     # ------------------------------------------------------------------------------- shared memory

@@ -11,6 +11,7 @@ import functools
 import logging
 import re
 from collections.abc import Awaitable, Callable
+from time import perf_counter_ns
 from typing import Any, TypeVar, cast
 
 from grpclib import GRPCError
@@ -18,8 +19,9 @@ from grpclib.const import Cardinality, Handler, Status
 
 import tensorgate.proto.inference as pb
 from tensorgate.codec import v2_grpc, v2_grpc_request
-from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.codec.errors import ErrorKind, InferError, parse_version
 from tensorgate.server import __version__, header_forwarding
+from tensorgate.server.endpoints.repository import check_overrides
 from tensorgate.server.endpoints.v2 import EXTENSIONS
 from tensorgate.server.grpc.stream_infer import SHUTTING_DOWN, StreamInfer
 from tensorgate.server.http.grpc_call import GrpcCall
@@ -27,6 +29,7 @@ from tensorgate.server.log_settings import LogControl
 from tensorgate.server.repository import Repository
 from tensorgate.server.shared_memory import CUDA, SYSTEM, SharedMemory
 from tensorgate.server.statistics import model_statistics
+from tensorgate.server.tracing.frontend import INFER_RESPONSE_COMPLETE, grpc_received
 from tensorgate.server.tracing.settings import changes_from_grpc
 from tensorgate.server.tracing.tracer import Tracer, check_model, sample_grpc
 
@@ -135,8 +138,9 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     @rpc
     async def model_ready(self, message: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
         """As Triton's: an unknown model or version is not ready, not an error."""
+        version = parse_version(message.version)
         try:
-            ready = self.repository.model(message.name).is_ready(message.version)
+            ready = self.repository.model(message.name).is_ready(version)
         except InferError as e:
             if e.kind is not ErrorKind.NOT_FOUND:
                 raise
@@ -149,16 +153,18 @@ class InferenceService(pb.GrpcInferenceServiceBase):
 
     @rpc
     async def model_metadata(self, message: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
-        return v2_grpc.model_metadata(self.repository.model(message.name).metadata(message.version))
+        version = parse_version(message.version)
+        return v2_grpc.model_metadata(self.repository.model(message.name).metadata(version))
 
     @rpc
     async def model_config(self, message: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
-        return v2_grpc.model_config(self.repository.model(message.name).config_of(message.version))
+        version = parse_version(message.version)
+        return v2_grpc.model_config(self.repository.model(message.name).config_of(version))
 
     @rpc
     async def model_statistics(self, message: pb.ModelStatisticsRequest) -> pb.ModelStatisticsResponse:
         """Triton's: every model when `name` is empty, every ready version when `version` is."""
-        doc = model_statistics(self.repository, message.name, message.version)
+        doc = model_statistics(self.repository, message.name, parse_version(message.version))
         return pb.ModelStatisticsResponse(
             model_stats=[v2_grpc.model_statistics(s["name"], s["version"], s) for s in doc["model_stats"]]
         )
@@ -179,7 +185,17 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     async def repository_model_load(
         self, message: pb.RepositoryModelLoadRequest
     ) -> pb.RepositoryModelLoadResponse:
+        for key, parameter in message.parameters.items():  # Triton's gRPC front end's checks, its texts
+            expected = "string_param" if key == "config" else "bytes_param" if key.startswith("file:") else ""
+            if not expected:
+                raise InferError(ErrorKind.INVALID_ARGUMENT, f"unrecognized load parameter '{key}'.")
+            if getattr(parameter, expected) is None:
+                raise InferError(
+                    ErrorKind.INVALID_ARGUMENT,
+                    f"invalid value type for load parameter '{key}', expected {expected}.",
+                )
         config, files = v2_grpc.repository_parameters(message.parameters)
+        check_overrides(message.model_name, config, files)
         await self.repository.load_model(message.model_name, config, files or None)
         return pb.RepositoryModelLoadResponse()
 
@@ -281,18 +297,18 @@ class InferenceService(pb.GrpcInferenceServiceBase):
             request = v2_grpc_request.decode_request(message.data)
             if self.forward is not None:
                 request.parameters.update(header_forwarding.from_metadata(self.forward, call.metadata))
-            version = self.repository.resolve(request.model_name, request.model_version)
+            version = self.repository.resolve(request.model_name, parse_version(request.model_version))
             if self.tracer.on:
                 request.trace = sample_grpc(self.tracer, request.model_name, call.metadata)
-            try:
-                if request.shared_memory:  # it names a region: read and written through the server's
-                    response = await self.shared_memory.infer(version, request)
-                else:
-                    response = await version.infer(request)
-            finally:
-                if request.trace is not None:
-                    self.tracer.finish(request.trace)
+                if request.trace is not None:  # the call stamps its sending and finishes the trace
+                    grpc_received(self.tracer, request.trace, call)
+            if request.shared_memory:  # it names a region: read and written through the server's
+                response = await self.shared_memory.infer(version, request)
+            else:
+                response = await version.infer(request)
             parts = v2_grpc.encode_response_parts(response)
+            if request.trace is not None:
+                request.trace.stamp_front(INFER_RESPONSE_COMPLETE, perf_counter_ns())
         except Exception as e:  # only the work: the transport answers errors of the stream itself
             raise grpc_error(e, "ModelInfer") from None
         await call.send_message(RawMessage(parts=parts))

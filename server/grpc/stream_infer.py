@@ -28,7 +28,7 @@ from grpclib import GRPCError
 from grpclib.const import Status
 
 from tensorgate.codec import v2_grpc, v2_grpc_request
-from tensorgate.codec.errors import InferError
+from tensorgate.codec.errors import InferError, parse_version
 from tensorgate.codec.tensor import InferResponse
 from tensorgate.codec.trace import Trace
 from tensorgate.server import header_forwarding
@@ -141,7 +141,7 @@ class StreamInfer:
             if self.forward is not None:
                 request.parameters.update(header_forwarding.from_metadata(self.forward, self.call.metadata))
             final = request.parameters.pop(ENABLE_FINAL, False) is True
-            version = self.repository.resolve(request.model_name, request.model_version)
+            version = self.repository.resolve(request.model_name, parse_version(request.model_version))
             if self.tracer.on:
                 request.trace = sample_grpc(self.tracer, request.model_name, self.call.metadata)
             if version.streams:

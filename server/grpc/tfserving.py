@@ -24,7 +24,7 @@ import tensorgate.proto.tensorflow as tf
 import tensorgate.proto.tensorflow.serving as pb
 from tensorgate.codec import tfserving, tfserving_grpc
 from tensorgate.codec.datatypes import BY_V2
-from tensorgate.codec.errors import invalid
+from tensorgate.codec.errors import InferError, invalid
 from tensorgate.codec.tfserving import TensorInfo
 from tensorgate.proto.google.protobuf import Any
 from tensorgate.proto.tensorflow.error import Code
@@ -302,7 +302,10 @@ class PredictionService:
         serving = {entry["name"] for entry in self.repository.index(ready_only=True)}
         for name in wanted:
             if name not in serving:  # a model already serving keeps serving, as TF Serving keeps it
-                await self.repository.load_model(name)
+                try:
+                    await self.repository.load_model(name)
+                except InferError as e:  # Triton's INTERNAL for a model not found is not TF Serving's
+                    raise invalid(e.message) from None
         for name in sorted(serving - set(wanted)):
             await self.repository.unload_model(name)
         return pb.ReloadConfigResponse(status=pb.StatusProto(error_code=Code.OK))

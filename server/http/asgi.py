@@ -5,12 +5,18 @@ Bodies arrive as chunks and are gathered once into one buffer; large response ch
 so a response never doubles in memory. hypercorn only reports a client that leaves on `receive`, it does
 not cancel the app: the handler runs as a task that a disconnect cancels (a request queued for its batch
 then leaves the queue), as our transport cancels it from connection_lost.
+
+A traced request's front-end timestamps (server/tracing/frontend.py) are coarser than our transport's:
+hypercorn hands the app a request whose head it has already read, so HTTP_RECV_START is when the app is
+called and HTTP_RECV_END when the app has the whole body; HTTP_SEND_START and HTTP_SEND_END bracket handing
+the answer to hypercorn's send, not to the socket.
 """
 
 import asyncio
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Iterable, Iterator
+from time import monotonic
 from typing import Any, TypeVar
 
 import hypercorn.asyncio.tcp_server
@@ -23,7 +29,8 @@ from hypercorn.utils import wrap_app
 
 from tensorgate.codec.errors import ErrorKind, InferError
 from tensorgate.server.http.listener import TlsFiles
-from tensorgate.server.router import BodyTooLarge, HttpRequest, HttpResponse, Router, framing_error
+from tensorgate.server.router import BodyTooLarge, HttpResponse, Router, framing_error
+from tensorgate.server.tracing.frontend import TimedRequest, Timing, send_timed
 
 log = logging.getLogger("tensorgate.http")
 
@@ -52,6 +59,7 @@ class AsgiApp:
             await lifespan(receive, send, self.on_shutdown)
 
     async def _http(self, scope: dict, receive: Receive, send: Send) -> None:
+        started = monotonic() if Timing.on else 0.0
         method, path = scope["method"], scope["path"]
         headers = dict(scope["headers"])  # lowercased names, as hypercorn gives them
         found = self.router.find(method, path)
@@ -65,6 +73,7 @@ class AsgiApp:
                 await self._send(send, found, receive, method)
             return
         route, params = found
+        answer = None
         try:
             body = await self._read_body(receive, headers) if method in ("POST", "PUT", "PATCH") else b""
         except ClientGone:
@@ -74,12 +83,18 @@ class AsgiApp:
             if isinstance(e, BodyTooLarge):  # as our transport does (it answers before the body is read)
                 response.headers.append((b"connection", b"close"))
         else:
-            request = HttpRequest(method, path, scope["query_string"], headers, body, params)
+            request = TimedRequest(method, path, scope["query_string"], headers, body, params)
+            request.started, request.received = started, monotonic() if started else 0.0
+            request.answer = None
             try:
                 response = await unless_client_leaves(self.router.call(route, request), receive)
             except ClientGone:
                 return
-        await self._send(send, response, receive, method)
+            answer = request.answer
+        if answer is None:
+            await self._send(send, response, receive, method)
+        else:  # traced: HTTP_SEND_START and HTTP_SEND_END around it, then its trace is written
+            await send_timed(answer, self._send(send, response, receive, method))
 
     async def _read_body(self, receive: Receive, headers: dict[bytes, bytes]) -> bytes | memoryview:
         """The whole body: the one chunk it came in, else one copy into a buffer of its Content-Length,

@@ -14,6 +14,11 @@ The call ends with its status in trailers (or, before any message, in a trailers
 handler's request leaves the batcher's queue (batcher/dynamic.py). A message that breaks the stream's
 framing or size limit is refused at its prefix: the handler reads the messages before it, then gets the
 error as its status; the connection lives on.
+
+While tracing is on (frontend.Timing) a call reads the clock when it opens and when a request message is
+in: a traced ModelInfer's GRPC_WAITREAD_START and GRPC_WAITREAD_END. A call its handler traced (`answer`)
+stamps GRPC_SEND_START at its first message (else at its status) and GRPC_SEND_END once its status is
+out, then its trace is written (server/tracing/frontend.py).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import asyncio
 import collections
 import logging
 from collections.abc import Callable
+from time import monotonic
 from typing import TYPE_CHECKING, Any, cast
 
 from grpclib.const import Handler, Status
@@ -45,6 +51,7 @@ from tensorgate.server.http.grpc_wire import (
     too_large,
 )
 from tensorgate.server.http.h2_frames import NO_ERROR, StreamReset
+from tensorgate.server.tracing.frontend import Answer, Timing
 
 if TYPE_CHECKING:
     from tensorgate.server.http.h2 import H2Connection
@@ -122,6 +129,9 @@ class GrpcCall:
         "encoding",
         "metadata",
         "task",
+        "started",
+        "read",
+        "answer",
     )
 
     def __init__(self, connection: H2Connection, stream: Stream, services: GrpcServices) -> None:
@@ -146,6 +156,9 @@ class GrpcCall:
         self.encoding: bytes | None = None  # the request's grpc-encoding, and so the answer's
         self.metadata: dict[str, str | bytes] = {}
         self.task: asyncio.Task | None = None  # the handler's
+        self.started = monotonic() if Timing.on else 0.0  # opened (time.monotonic(), while timed)
+        self.read = 0.0  # its last request message in (while timed)
+        self.answer: Answer | None = None  # set by a handler that traces the call
 
     # ------------------------------------------------------------------------------ from the connection
     # (h2_frames.StreamHandler)
@@ -161,6 +174,8 @@ class GrpcCall:
         for message in found:
             self.messages.append(message)
             self.queued += 5 + len(message[1])
+        if self.started and found:
+            self.read = monotonic()
         if self.stream.remote_open:
             self.connection.credit(self.stream, self.queued)
         self._wake()
@@ -268,6 +283,8 @@ class GrpcCall:
     async def send_message(self, message: Any) -> None:
         """Sends a message: its SerializeToString(), or its `parts` (bytes-like pieces, sent as they are:
         a large tensor is not copied into one message)."""
+        if self.answer is not None:
+            self.answer.sending()
         head, parts, size = self._framed(message)
         connection, stream = self.connection, self.stream
         if size <= SMALL_MESSAGE and connection.send_now(stream, b"".join((head, *parts)), False):
@@ -341,6 +358,8 @@ class GrpcCall:
         except (StreamReset, asyncio.CancelledError):
             # The stream is gone (reset() cancels this task): nothing to answer. Ending here rather than
             # cancelled leaves no CancelledError whose frames and the task would hold each other.
+            if self.answer is not None:
+                self.answer.dropped()
             return
         except TimeoutError:
             if seconds is None or not deadline.expired():
@@ -353,7 +372,13 @@ class GrpcCall:
             status, message = Status.INTERNAL, f"internal error serving {self.stream.path}"
         finally:
             self.consumer = None
-        self._finish(status, message)
+        answer = self.answer
+        if answer is None:
+            self._finish(status, message)
+        else:
+            answer.sending()
+            self._finish(status, message)
+            answer.sent()
 
     def _finish(self, status: Status, message: str | None) -> None:
         """Trailers with the status (HEADERS, END_STREAM); before any message, a trailers-only answer."""

@@ -10,6 +10,9 @@
   connection closes, after a lingering read, since the client may still be sending).
 - The client leaving cancels the request's task at once (its queued work leaves the batcher).
 - The first bytes of a connection that are the HTTP/2 preface hand the connection to server/http/h2.py.
+- Its clock is time.monotonic(), the clock loop.time() reads but at full resolution (uvloop's is in
+  milliseconds): the readings its timeouts take also say when each request's first and last bytes came,
+  which a traced request's trace records (HTTP_RECV_START, HTTP_RECV_END; server/tracing/frontend.py).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import email.utils
 import logging
 import time
 from http import HTTPStatus
+from time import monotonic
 from typing import TYPE_CHECKING, Any, cast
 
 import httptools
@@ -36,6 +40,7 @@ from tensorgate.server.router import (
     framing_error,
     stalled_body,
 )
+from tensorgate.server.tracing.frontend import TimedRequest, send_timed
 
 if TYPE_CHECKING:
     from tensorgate.server.http.connection import ConnectionHost
@@ -94,9 +99,9 @@ def _head(response: HttpResponse, keep_alive: bool, chunked: bool) -> list[bytes
     return head
 
 
-class _Request(HttpRequest):
+class _Request(TimedRequest):
     """One request as the parser assembles it: the router's HttpRequest itself (handed to it as it is, no
-    copy), with what the parser keeps beside."""
+    copy), with what the parser keeps beside. `started` and `received` are set as its bytes come."""
 
     __slots__ = ("head_bytes", "route", "expected", "filled", "http10")
 
@@ -112,6 +117,7 @@ class _Request(HttpRequest):
         self.expected: int | None = None  # the Content-Length, when declared
         self.body: Any = b""  # bytes (came whole), a memoryview over a buffer of `expected`, or a bytearray
         self.filled = 0  # bytes of a buffered body received so far
+        self.answer = None  # set by an endpoint that traces it
 
 
 # A JSON error body, as Triton's C++ client reads any answer that is not 200.
@@ -140,7 +146,7 @@ class H1Connection(BaseConnection):
         self.task: asyncio.Task | None = None  # the one being answered
         self.bypass: memoryview | None = None  # the rest of a body buffer the socket reads into
         self.state = IDLE
-        self.since = self.loop.time()
+        self.since = monotonic()
         self.paused_reading = False
         self.shutting_down = False
         self.fresh = True  # nothing read yet: the bytes may still be the HTTP/2 preface
@@ -177,7 +183,7 @@ class H1Connection(BaseConnection):
             return
         data = _read_view[:nbytes]
         if self.state == BODY:
-            self.since = self.loop.time()  # the body makes progress
+            self.since = monotonic()  # the body makes progress
         if self.fresh:
             self.fresh = False
             if data[:3] == b"PRI":  # the HTTP/2 preface; no HTTP/1.1 method is called PRI
@@ -217,9 +223,9 @@ class H1Connection(BaseConnection):
     # ------------------------------------------------------------------------------ parser callbacks
 
     def on_message_begin(self) -> None:
-        self.request = _Request()
+        self.request = request = _Request()
         self.state = HEAD
-        self.since = self.loop.time()
+        request.started = self.since = monotonic()
 
     def on_url(self, url: bytes) -> None:
         request: _Request = self.request  # type: ignore[assignment]  # set by on_message_begin
@@ -247,7 +253,7 @@ class H1Connection(BaseConnection):
         request.http10 = parser.get_http_version() == "1.0"
         headers = request.headers
         self.state = BODY
-        self.since = self.loop.time()
+        self.since = monotonic()
         router = self.host.router
         if b"content-length" in headers and b"transfer-encoding" in headers:
             self._refuse(
@@ -294,6 +300,7 @@ class H1Connection(BaseConnection):
 
     def on_message_complete(self) -> None:
         request: _Request = self.request  # type: ignore[assignment]  # set by on_message_begin
+        request.received = self.since  # the read that brought its last bytes
         self.request = None
         self.state = BUSY
         keep_alive = self.parser.should_keep_alive()
@@ -320,7 +327,7 @@ class H1Connection(BaseConnection):
     def _bypassed(self, nbytes: int) -> None:
         request: _Request = self.request  # type: ignore[assignment]  # the one whose body it reads
         request.filled += nbytes
-        self.since = self.loop.time()
+        request.received = self.since = monotonic()
         if request.filled < request.expected:  # type: ignore[operator]  # a declared length
             self.bypass = self.bypass[nbytes:]  # type: ignore[index]  # buffer_updated checked it
             return
@@ -353,7 +360,10 @@ class H1Connection(BaseConnection):
             if request.http10 and not isinstance(response.chunks, list):
                 keep_alive = False  # no chunked encoding in HTTP/1.0: the end of the stream is the close
             try:
-                await self._write(response, request, keep_alive)
+                if request.answer is None:
+                    await self._write(response, request, keep_alive)
+                else:  # traced: HTTP_SEND_START and HTTP_SEND_END around it, then its trace is written
+                    await send_timed(request.answer, self._write(response, request, keep_alive))
             except ConnectionError:
                 return
             except Exception:  # a streamed answer that failed midway: its framing is broken, close
@@ -490,7 +500,7 @@ class H1Connection(BaseConnection):
 
     def _idle(self) -> None:
         self.state = IDLE
-        self.since = self.loop.time()
+        self.since = monotonic()
         if self.shutting_down:
             self._close()
 

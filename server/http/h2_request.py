@@ -8,12 +8,16 @@ alone (404, 405, 413 by declared length) or once the body passes the limit is an
 (`answer_early`); what the client still sends is read and dropped, and a stream still open
 LINGER_SECONDS later is reset with NO_ERROR (RFC 9113 8.1): resetting at once is what the RFC allows,
 but clients such as httpx then fail the request they are still sending.
+
+While tracing is on (frontend.Timing), it reads the clock when the stream opens and when its body is
+whole: a traced request's HTTP_RECV_START and HTTP_RECV_END (server/tracing/frontend.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from time import monotonic
 from typing import TYPE_CHECKING, Any, cast
 
 from tensorgate.server.http import hpack_encode
@@ -25,7 +29,8 @@ from tensorgate.server.http.h2_frames import (
     PROTOCOL_ERROR,
     StreamReset,
 )
-from tensorgate.server.router import BodyTooLarge, HttpRequest, HttpResponse, Route, stalled_body
+from tensorgate.server.router import BodyTooLarge, HttpResponse, Route, stalled_body
+from tensorgate.server.tracing.frontend import TimedRequest, Timing, send_timed
 
 if TYPE_CHECKING:
     from tensorgate.server.http.h2 import H2Connection
@@ -44,7 +49,19 @@ def head_block(response: HttpResponse) -> bytes:
 
 
 class BufferedRequest:
-    __slots__ = ("connection", "stream", "route", "params", "body", "filled", "answered", "task", "direct")
+    __slots__ = (
+        "connection",
+        "stream",
+        "route",
+        "params",
+        "body",
+        "filled",
+        "answered",
+        "task",
+        "direct",
+        "started",
+        "received",
+    )
 
     def __init__(self, connection: H2Connection, stream: Stream) -> None:
         self.connection = connection
@@ -58,6 +75,8 @@ class BufferedRequest:
         self.answered = 0.0  # when an early answer went out: what the client still sends is dropped
         self.task: asyncio.Task | None = None
         # self.direct: bytes of a DATA frame the socket is still reading straight into the body
+        self.started = monotonic() if Timing.on else 0.0  # its head is in (time.monotonic())
+        self.received = 0.0  # its body is whole
 
     def start(self) -> None:
         """The head is in: answered at once if the route or the declared size says so, else served once
@@ -137,6 +156,8 @@ class BufferedRequest:
             return connection.refuse(stream, PROTOCOL_ERROR)
         if isinstance(self.body, memoryview) and self.filled != len(self.body):
             self.body = self.body[: self.filled]
+        if self.started:
+            self.received = monotonic()
         self.task = connection.loop.create_task(self._serve())
 
     def reset(self) -> None:
@@ -180,12 +201,16 @@ class BufferedRequest:
 
     async def _serve(self) -> None:
         connection, stream = self.connection, self.stream
-        request = HttpRequest(
+        request = TimedRequest(
             stream.method, stream.path, stream.query, stream.headers, self.body, self.params
         )
+        request.started, request.received, request.answer = self.started, self.received, None
         try:
             response = await connection.router.call(self.route, request)  # type: ignore[arg-type]  # start set it (no early answer)
-            await self._respond(response)
+            if request.answer is None:
+                await self._respond(response)
+            else:  # traced: HTTP_SEND_START and HTTP_SEND_END around it, then its trace is written
+                await send_timed(request.answer, self._respond(response))
         except StreamReset:
             return
         except Exception:  # a streamed answer that failed midway: the stream ends in an error

@@ -3,7 +3,7 @@ opentelemetry-sdk (the `otel` extra), spans batched by its BatchSpanProcessor, a
 
 A trace becomes Triton's spans, built once its request is answered from the timestamps it recorded:
 - "InferRequest", the top span, child of the client's span when the request carried a valid W3C
-  `traceparent` (and `tracestate`);
+  `traceparent` (and `tracestate`), with the front end's timestamps (HTTP_RECV_START, ...) as events;
 - a span named after the model, REQUEST_START to REQUEST_END, with its timestamps as events and the
   attributes triton.model_name, triton.model_version, triton.trace_id, triton.trace_parent_id and
   triton.request_id;
@@ -70,8 +70,11 @@ class OtelExporter:
             if trace.tracestate:
                 carrier["tracestate"] = trace.tracestate
             context = self.propagator.extract(carrier)
-        stamps = [ns for one in trace.walk() for _, ns in one.timestamps] or [time.monotonic_ns()]
+        stamps = [ns for one in trace.walk() for _, ns in one.timestamps] + [ns for _, ns in trace.front]
+        stamps = stamps or [time.monotonic_ns()]
         top = self._span("InferRequest", context, min(stamps))
+        for name, ns in trace.front:
+            top.add_event(name, timestamp=self.offset + ns)
         self._model_span(trace, self.api.set_span_in_context(top))
         top.end(end_time=self.offset + max(stamps))
 

@@ -3,9 +3,9 @@ change, and where finished traces go: Triton's JSON trace files, or OpenTelemetr
 
 A front end asks `sample(model, traceparent, tracestate)` for each inference request while `on` is true
 (one attribute read per request when tracing is off) and hands the trace back with `finish(trace)` once
-the request is answered. Triton's sampling: each setting counts the requests it sees and traces every
-`rate`-th while `count` lasts; in OpenTelemetry mode a request that carries a valid W3C `traceparent` is
-traced whatever the rate and count.
+the request is answered (its transport, once the answer is out: server/tracing/frontend.py). Triton's
+sampling: each setting counts the requests it sees and traces every `rate`-th while `count` lasts; in
+OpenTelemetry mode a request that carries a valid W3C `traceparent` is traced whatever the rate and count.
 
 Files (Triton's layout): each trace is its entries in Triton's JSON (codec/trace.py). With log_frequency
 N, every N traces of a setting go to `<trace_file>.<index>` (a JSON array; the index counts per file from
@@ -24,6 +24,7 @@ import orjson
 from tensorgate.codec.errors import InferError, invalid
 from tensorgate.codec.trace import Trace, triton_json, valid_traceparent
 from tensorgate.server.tracing.config import OtelConfig
+from tensorgate.server.tracing.frontend import Timing
 from tensorgate.server.tracing.settings import OPENTELEMETRY, TraceSetting, derive, with_count
 
 if TYPE_CHECKING:
@@ -177,6 +178,7 @@ class Tracer:
     def _refresh(self) -> None:
         states = [self.global_state, *self.models.values()]
         self.on = any(s.setting.level and (s.setting.rate or self.otel) for s in states)
+        Timing.on = self.on  # the transports time what they receive while a request may be traced
 
     # --------------------------------------------------------------------------------- files
 
