@@ -41,7 +41,7 @@ import numpy as np
 
 import tensorgate.proto.inference as pb
 from bench.grpc_load import INFER_PATH, STREAM_PATH, infer_request
-from bench.procs import ServerProcess, cpu_clock, memory_kib, reset_peak_rss, serve_argv
+from bench.procs import ServerProcess, checkout_env, cpu_clock, memory_kib, reset_peak_rss, serve_argv
 from bench.transport import _H2LOAD, _H2LOAD_TIME, BASELINE, _run, baseline_table, save
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -292,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             key: ServerProcess(
                 command,
                 cwd=args.baseline if key == BASELINE else ROOT,
+                env=checkout_env(args.baseline) if key == BASELINE else None,
                 listens="gRPC" if key == "grpclib-echo" else "HTTP",
             )
             for key, command in commands.items()

@@ -47,7 +47,7 @@ from bench.ensemble import BODIES as ENSEMBLE_BODIES
 from bench.grpc_bench import grpc_body
 from bench.grpc_load import infer_request as grpc_request
 from bench.harness import HPT_TF_BODY, HPT_TF_PATH, JSON_BODY, JSON_PATH
-from bench.procs import ServerProcess, serve_argv
+from bench.procs import ServerProcess, checkout_env, serve_argv
 from bench.soak import grps_tensors
 from bench.transport import alternating_rounds, binary, measure, save, wrk
 from bench.transport import binary_body as large_binary_body
@@ -228,7 +228,8 @@ def servers_beside(args: argparse.Namespace) -> Iterator[dict]:
                 serve_argv(), cwd=ROOT, env={**os.environ, "TENSORGATE_PURE_PYTHON": "1"}
             )
         if args.baseline:
-            servers[BASELINE] = ServerProcess(serve_argv(), cwd=os.path.abspath(args.baseline))
+            baseline = os.path.abspath(args.baseline)
+            servers[BASELINE] = ServerProcess(serve_argv(), cwd=baseline, env=checkout_env(baseline))
         if args.triton:
             servers[TRITON] = Triton(args.triton)
         if args.uvicorn:

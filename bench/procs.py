@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 _LISTENING = re.compile(r"(HTTP|gRPC|Metrics) listening on (\S+):(\d+)")
 
@@ -98,6 +99,20 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def checkout_env(checkout: str) -> dict[str, str]:
+    """The environment that runs `checkout`'s own server (a --baseline): `tensorgate` is found in a link
+    tree inside it (build/bench/tensorgate/server -> its server/, ...), ahead of this tree's editable
+    install, whose finder would otherwise map `tensorgate.*` onto this tree's folders whatever the cwd."""
+    root = Path(checkout).resolve()
+    package = root / "build" / "bench" / "tensorgate"
+    package.mkdir(parents=True, exist_ok=True)
+    for name in ("server", "codec", "batcher", "proto", "perf"):
+        link = package / name
+        if not link.is_symlink() and (root / name).is_dir():
+            link.symlink_to(Path("../../..") / name)
+    return {**os.environ, "PYTHONPATH": str(package.parent)}
 
 
 def serve_argv(model_repository: str = "examples/model_repository") -> list[str]:

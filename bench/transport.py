@@ -41,7 +41,7 @@ import orjson
 
 from bench.crosscheck import _lua_string
 from bench.harness import JSON_BODY, JSON_PATH
-from bench.procs import ServerProcess, cpu_clock, memory_kib, reset_peak_rss, serve_argv
+from bench.procs import ServerProcess, checkout_env, cpu_clock, memory_kib, reset_peak_rss, serve_argv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCENARIOS = ("json-h1", "json-h2", "binary-h1", "binary-h2", "idle")
@@ -450,7 +450,11 @@ def main(argv: list[str] | None = None) -> int:
             files["binary"] = binary_body(args.binary_mib, directory)
         commands = SERVERS | ({BASELINE: SERVE} if args.baseline else {})
         servers = {
-            key: ServerProcess(command, cwd=args.baseline if key == BASELINE else ROOT)
+            key: ServerProcess(
+                command,
+                cwd=args.baseline if key == BASELINE else ROOT,
+                env=checkout_env(args.baseline) if key == BASELINE else None,
+            )
             for key, command in commands.items()
         }
         try:
