@@ -121,6 +121,7 @@ fuzz: $(STAMP)
 # (tests/test_docs.py): a broken link, a missing page or a dead anchor fails the suite.
 docs: $(STAMP)
 	$(BIN)/python docs/hooks/cli_reference.py
+	$(BIN)/python docs/hooks/triton_flags.py
 	$(BIN)/mkdocs build --strict
 
 # Regenerates the betterproto2 modules in proto/ from proto/*.proto (commit the result; a test checks it).

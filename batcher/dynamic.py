@@ -160,6 +160,7 @@ class DynamicBatcher(Scheduler):
             return await job.future
         except asyncio.CancelledError:
             if self.queues.remove(job):  # the caller went away before its batch was formed
+                self.stats.record_failure(1, self.clock.now_ns() - job.arrival_ns, "CANCELED")
                 self._unanswered.leave()
                 self._kick()
             raise
@@ -283,7 +284,7 @@ class DynamicBatcher(Scheduler):
         self._schedule()
 
     def _reject(self, jobs: list[Job], now: int) -> None:
-        self.stats.record_failure(len(jobs), sum(now - w.arrival_ns for w in jobs))
+        self.stats.record_failure(len(jobs), sum(now - w.arrival_ns for w in jobs), reason="REJECTED")
         for job in jobs:
             error: Any = InferError(ErrorKind.UNAVAILABLE, TIMED_OUT)
             if self.on_answer is not None:

@@ -263,14 +263,15 @@ class SequenceBatcher(Scheduler):
             if waiting.queue:
                 self.strategy.ready(waiting)
 
-    def _fail(self, sequence: Sequence, kind: ErrorKind, message: str) -> None:
-        """Refuses every request waiting in the sequence's queue."""
+    def _fail(self, sequence: Sequence, kind: ErrorKind, message: str, reason: str = "REJECTED") -> None:
+        """Refuses every request waiting in the sequence's queue (nv_inference_request_failure's `reason`:
+        REJECTED as Triton counts a sequence timed out, CANCELED for a cancelled sequence's)."""
         now = self.clock.now_ns()
         while sequence.queue:
             job = sequence.queue.popleft()
             self._queued -= 1
             self._requests.leave()
-            self.stats.record_failure(1, now - job.arrival_ns)
+            self.stats.record_failure(1, now - job.arrival_ns, reason)
             if not job.future.done():
                 job.future.set_exception(InferError(kind, message))
 
@@ -286,7 +287,7 @@ class SequenceBatcher(Scheduler):
         else:
             return
         self._requests.leave()
-        self.stats.record_failure(1, self.clock.now_ns() - job.arrival_ns)
+        self.stats.record_failure(1, self.clock.now_ns() - job.arrival_ns, "CANCELED")
         sequence.cancelled = True
         if self._live.get(sequence.id) is sequence:
             del self._live[sequence.id]  # a later request of this ID needs a START
@@ -295,6 +296,7 @@ class SequenceBatcher(Scheduler):
             ErrorKind.UNAVAILABLE,
             f"inference request for sequence {sequence.id} to model '{self.model}' was cancelled: an earlier "
             "request of the sequence was cancelled before it executed",
+            "CANCELED",
         )
         if not sequence.busy:
             self._end(sequence)

@@ -20,7 +20,7 @@ stay on the host. Each choice that leaves an asked-for GPU unused is logged as a
 """
 
 import logging
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -152,13 +152,36 @@ def gpu_group(groups: list[dict]) -> dict | None:
     return None
 
 
+class Placement(NamedTuple):
+    """One model instance as Triton creates it: its name, kind ("CPU", "GPU" or "MODEL") and device id."""
+
+    name: str
+    kind: str
+    device_id: int
+
+
+def placements(config: dict) -> list[Placement]:
+    """Every instance the instance groups ask for, in Triton's order (core backend_model.cc): each group,
+    `count` instances named <group>_<n>, and a KIND_GPU group's each on every GPU it lists (all of them
+    with the same name, as Triton names them). KIND_AUTO is the host's here."""
+    out = []
+    for group in config.get("instance_group") or [{}]:
+        kind = group.get("kind", "KIND_CPU")
+        for n in range(group.get("count", 1)):
+            name = f"{group.get('name') or config.get('name', '')}_{n}"
+            if kind == "KIND_GPU":
+                out += [Placement(name, "GPU", gpu) for gpu in group.get("gpus") or [0]]
+            else:
+                out.append(Placement(name, "MODEL" if kind == "KIND_MODEL" else "CPU", 0))
+    return out
+
+
 def instance_count(config: dict, device: str) -> int:
     """How many batches of the model execute at once (a worker thread each): on a GPU, the count of the
-    group that put it there; on the host, the counts of every group together."""
-    groups = config.get("instance_group") or [{}]
+    group that put it there; on the host, every instance of every group (`placements`)."""
     if device == "cpu":
-        return sum(g.get("count", 1) for g in groups)
-    return (gpu_group(groups) or {}).get("count", 1)
+        return len(placements(config))
+    return (gpu_group(config.get("instance_group") or [{}]) or {}).get("count", 1)
 
 
 def cuda_devices(module: str) -> tuple[int, str]:

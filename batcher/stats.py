@@ -8,9 +8,14 @@
 - batch_stats: per batch size, batches executed and the time of each phase.
 Each answered request's whole time is also kept, until the monitor takes it once a second for the
 latency CDF (server/monitor.py); at most LATENCIES_KEPT between two takes.
+- failures: failed requests by Triton's reason (REJECTED: its queue timeout expired; CANCELED: its caller
+  went away before it ran; BACKEND: the model failed; OTHER), for the metrics' `reason` label.
+- observer: None, or what the metrics' histograms and summaries observe each request with
+  (server/metrics.py, with --metrics-config): set by the server, never by a batcher.
 """
 
 import time
+from typing import Any
 
 
 class Duration:
@@ -46,7 +51,41 @@ class BatchStats:
         }
 
 
+RESPONSE_DURATIONS = ("compute_infer", "compute_output", "success", "fail", "empty_response", "cancel")
+
+
+class ResponseStats:
+    """Triton's response_stats of a decoupled model: per response index (its requests' first responses
+    under "0", their second under "1", ...), how the responses went (success: with outputs; fail: an
+    error; empty_response: the final flag alone; cancel: the client went away before it) and their time:
+    compute_infer from the previous response (or the start) until the model sent it, compute_output from
+    there until the server had it ready to send (core src/infer_stats.cc UpdateResponse*)."""
+
+    def __init__(self) -> None:
+        self.by_index: dict[int, dict[str, Duration]] = {}
+
+    def record(self, index: int, outcome: str, infer_ns: int, output_ns: int = 0) -> None:
+        """One response, number `index` of its request; `outcome` one of success, fail,
+        empty_response, cancel."""
+        entry = self.by_index.get(index)
+        if entry is None:
+            entry = self.by_index[index] = {name: Duration() for name in RESPONSE_DURATIONS}
+        if outcome != "cancel":
+            entry["compute_infer"].add(infer_ns)
+        if outcome == "success" or (outcome == "fail" and output_ns > 0):
+            entry["compute_output"].add(output_ns)
+        entry[outcome].add(infer_ns + output_ns)
+
+    def as_dict(self) -> dict:
+        """Triton's JSON: {"0": {"compute_infer": {"count", "ns"}, ...}, ...}."""
+        return {
+            str(index): {name: duration.as_dict() for name, duration in entry.items()}
+            for index, entry in sorted(self.by_index.items())
+        }
+
+
 LATENCIES_KEPT = 100_000
+REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")  # Triton's FailureReason (core src/infer_stats.h)
 DURATIONS = (  # ModelStats' Duration fields
     "success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss",
 )  # fmt: skip
@@ -67,6 +106,8 @@ class ModelStats:
         self.batch_stats: dict[int, BatchStats] = {}
         self.cache_hit = Duration()  # the response cache: requests answered from it, and their lookups
         self.cache_miss = Duration()  # requests it could not answer: their lookups and insertions
+        self.failures = dict.fromkeys(REASONS, 0)
+        self.observer: Any = None
 
     def record_batch(self, rows: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """One execution of `rows` rows (the requests in it are recorded apart)."""
@@ -97,6 +138,10 @@ class ModelStats:
         self.compute_input.add(input_ns * requests, requests)
         self.compute_infer.add(infer_ns * requests, requests)
         self.compute_output.add(output_ns * requests, requests)
+        if self.observer is not None:
+            queued = queue_ns // requests
+            for ns in each_ns if each_ns is not None else (total_ns // requests,) * requests:
+                self.observer.request(ns, queued, input_ns, infer_ns, output_ns)
 
     def record_alone(self, rows: int, ns: int) -> None:
         """One request executed alone with no queue and no staging: record_batch + record_success with
@@ -112,6 +157,8 @@ class ModelStats:
         self.compute_input.count += 1
         self.compute_infer.add(ns)
         self.compute_output.count += 1
+        if self.observer is not None:
+            self.observer.request(ns, 0, 0, ns, 0)
 
     def record_cache_hit(self, ns: int) -> None:
         """A request answered from the response cache: a success, nothing executed or inferred (as
@@ -122,12 +169,16 @@ class ModelStats:
         self.queue.count += 1
         self.cache_hit.add(ns)
         self.last_inference = time.time_ns() // 1_000_000
+        if self.observer is not None:
+            self.observer.cache_hit(ns)
 
     def record_cache_miss(self, ns: int) -> None:
         """A request the response cache could not answer, already recorded as executed: its lookup and
         insertion time, added to its duration too (Triton's UpdateSuccessCacheMiss)."""
         self.success.ns += ns
         self.cache_miss.add(ns)
+        if self.observer is not None:
+            self.observer.cache_miss(ns)
 
     def _execution(self, rows: int) -> BatchStats:
         """Counts one execution of `rows` rows; its batch size's stats."""
@@ -145,8 +196,10 @@ class ModelStats:
         latencies, self.latencies = self.latencies, []
         return latencies
 
-    def record_failure(self, requests: int, total_ns: int) -> None:
+    def record_failure(self, requests: int, total_ns: int, reason: str = "BACKEND") -> None:
+        """`requests` failed, for `reason` (one of REASONS; most failures are the model's)."""
         self.fail.add(total_ns, requests)
+        self.failures[reason] += requests
         self.last_inference = time.time_ns() // 1_000_000
 
     def absorb(self, earlier: "ModelStats") -> None:
@@ -156,6 +209,8 @@ class ModelStats:
         self.last_inference = max(self.last_inference, earlier.last_inference)
         for name in DURATIONS:
             getattr(self, name).add(getattr(earlier, name).ns, getattr(earlier, name).count)
+        for reason, count in earlier.failures.items():
+            self.failures[reason] += count
         for size, old in earlier.batch_stats.items():
             mine = self.batch_stats.setdefault(size, BatchStats(size))
             for phase in ("compute_input", "compute_infer", "compute_output"):

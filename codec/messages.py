@@ -33,6 +33,8 @@ REPLY = 19  # server -> a model's process: a BLS call's answer
 STOP = 20  # server -> a model's process: finalize and exit
 COMPLETE = 21  # server -> a model's process: auto_complete_config (answered by READY)
 METRIC = 22  # a model's process -> the server: a value for grps's app_monitor
+SAMPLED = 23  # engine -> worker: an inference call of its is traced (sent before its answer)
+STAMPS = 24  # worker -> engine: a traced call's front-end timestamps, once its answer is out
 AHEAD = 8  # a stream's messages in flight beyond those its reader took
 
 
@@ -141,7 +143,8 @@ class Release(msgspec.Struct, tag=RELEASE, array_like=True):
 
 
 class Event(msgspec.Struct, tag=EVENT, array_like=True):
-    """News for a worker ("models": the model table; "online"; "logs"), or its acks ("ack", "serving")."""
+    """News for a worker ("models": the model table; "online"; "logs"; "tracing": whether the engine
+    traces), or its acks ("ack", "serving")."""
 
     name: str
     payload: Any
@@ -170,8 +173,23 @@ class Error(msgspec.Struct, tag=ERROR, array_like=True):
     message: str
 
 
-TO_ENGINE = Infer | Stream | Http | Grpc | Message | End | Cancel | More | Release | Event
-TO_WORKER = Result | Answer | Error | Message | End | Release | Event
+class Sampled(msgspec.Struct, tag=SAMPLED, array_like=True):
+    """The engine traced this inference call (Infer or Stream); it writes the trace once the worker
+    sends the call's front-end timestamps (Stamps). Only traced calls have one."""
+
+    call: int
+
+
+class Stamps(msgspec.Struct, tag=STAMPS, array_like=True):
+    """A Sampled call's front-end timestamps, (name, ns) in the order taken: after its answer went out,
+    or at once, empty, when the worker did not time it (the call was over)."""
+
+    call: int
+    stamps: list[tuple[str, int]]
+
+
+TO_ENGINE = Infer | Stream | Http | Grpc | Message | End | Cancel | More | Release | Event | Stamps
+TO_WORKER = Result | Answer | Error | Message | End | Release | Event | Sampled
 
 
 # ------------------------------------------------------------------ the server and a model's process

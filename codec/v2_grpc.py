@@ -201,6 +201,10 @@ def model_statistics(name: str, version: str, stats: dict) -> pb.ModelStatistics
             )
             for batch in stats["batch_stats"]
         ],
+        response_stats={
+            key: pb.InferResponseStatistics(**{kind: _duration(value) for kind, value in entry.items()})
+            for key, entry in stats.get("response_stats", {}).items()
+        },
     )
 
 

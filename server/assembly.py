@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import gc
 import logging
 import socket
@@ -94,17 +95,38 @@ def build(
     return Parts(routers, services)
 
 
+class BindError(Exception):
+    """A port that cannot listen where asked; the message is Triton's."""
+
+
 def bind_ports(args: argparse.Namespace) -> dict[str, list[socket.socket]]:
-    """The listening sockets of each port (the metrics port only with --allow-metrics); with --workers,
-    bound so that the workers may listen on the same ports (SO_REUSEPORT). With --engine-front-end false
-    they are bound but do not listen: the port is held, and only the workers' sockets take connections."""
-    ports = {"gRPC": args.grpc_port, "Metrics": args.metrics_port, "HTTP": args.http_port}
-    shared = args.workers > 1
-    return {
-        name: bind(args.host, ports[name], shared, listen=args.engine_front_end)
-        for name in PORTS
-        if name != "Metrics" or args.allow_metrics
+    """The listening sockets of each port that is on (--allow-grpc, --allow-metrics, --allow-http), each
+    on its own address (Triton's --grpc-address, --metrics-address, --http-address; else --host); with
+    --workers, bound so that the workers may listen on the same ports (SO_REUSEPORT). With
+    --engine-front-end false they are bound but do not listen: only the workers' sockets take connections."""
+    http = args.http_address or args.host
+    ports = {
+        "gRPC": (args.allow_grpc, args.grpc_address or args.host, args.grpc_port),
+        "Metrics": (args.allow_metrics, args.metrics_address or http, args.metrics_port),
+        "HTTP": (args.allow_http, http, args.http_port),
     }
+    sockets: dict[str, list[socket.socket]] = {}
+    for name in PORTS:
+        allowed, address, port = ports[name]
+        if not allowed:
+            continue
+        try:
+            sockets[name] = bind(address, port, args.workers > 1, listen=args.engine_front_end)
+        except OSError as e:
+            for bound in sockets.values():
+                for sock in bound:
+                    sock.close()
+            why = "already in use" if e.errno == errno.EADDRINUSE else f"cannot be bound: {e.strerror or e}"
+            service = {"gRPC": "GRPC"}.get(name, name)  # Triton's words
+            raise BindError(
+                f"failed to start {service} service: Unavailable - Socket '{address}:{port}' {why}"
+            ) from e
+    return sockets
 
 
 def request_path() -> str:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from tensorgate.server import header_forwarding, log_settings, restricted
+from tensorgate.server import backends, header_forwarding, identity, log_settings, restricted
 from tensorgate.server.cloud_repository import is_cloud, unusable
 from tensorgate.server.endpoints.customized import PATH_FORMAT
 from tensorgate.server.engine import Engine
@@ -40,6 +40,52 @@ def make_tracer(entries: list[str]) -> Tracer:
     return Tracer(setting, otel, exporter)
 
 
+READ_BACKEND_SETTING = "default-max-batch-size"  # the one --backend-config setting a backend here reads
+
+
+def parse_backend_config(entries: list[str]) -> dict[str, dict[str, str]]:
+    """--backend-config's `[<backend>,]<setting>=<value>` entries by backend ("": every backend's), as
+    Triton parses them; ValueError with Triton's text for a malformed one."""
+    settings: dict[str, dict[str, str]] = {}
+    for entry in entries:
+        backend, comma, rest = entry.partition(",")
+        if not comma:
+            backend, rest = "", entry
+        elif not backend:
+            raise ValueError(
+                "No backend specified. --backend-config option format is <backend name>,<setting>=<value> "
+                f"or <setting>=<value>. Got {entry}"
+            )
+        setting, _, value = rest.partition("=")
+        if not setting or not value:
+            raise ValueError(
+                f"--backend-config option format is '<backend name>,<setting>=<value>'. Got {entry}"
+            )
+        if setting == READ_BACKEND_SETTING and not value.isdigit():
+            raise ValueError(f"--backend-config {entry}: {setting} must be a number >= 0")
+        settings.setdefault(backend, {})[setting] = value
+    return settings
+
+
+def port_collision(args: argparse.Namespace) -> str | None:
+    """Two open ports on the same address and port, in Triton's words (0 picks a free port: never one)."""
+    http = args.http_address or args.host
+    ports = [
+        ("HTTP", args.allow_http, http, args.http_port),
+        ("GRPC", args.allow_grpc, args.grpc_address or args.host, args.grpc_port),
+        ("metrics", args.allow_metrics, args.metrics_address or http, args.metrics_port),
+    ]
+    open_ports = [(name, address, port) for name, allowed, address, port in ports if allowed and port]
+    for i, (name, address, port) in enumerate(open_ports):
+        for other, other_address, other_port in open_ports[i + 1 :]:
+            if (address, port) == (other_address, other_port):
+                return (
+                    f"The server cannot listen to {name} requests and {other} requests at the same address "
+                    f"and port {address}:{port}"
+                )
+    return None
+
+
 def serve(arguments: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(arguments)
@@ -59,6 +105,15 @@ def serve(arguments: list[str]) -> int:
         args.grpc_forward = header_forwarding.compiled(args.grpc_header_forward_pattern)
     except ValueError as e:
         parser.error(str(e))
+    try:
+        backends.backend_config = parse_backend_config(args.backend_config)
+    except ValueError as e:
+        parser.error(str(e))
+    backends.load_retries = args.model_load_retry_count
+    identity.name = args.id
+    collision = port_collision(args)
+    if collision:
+        parser.error(collision)
     if (args.ssl_certfile is None) != (args.ssl_keyfile is None):
         parser.error("--ssl-certfile and --ssl-keyfile go together")
     if args.ssl_ca_certs is not None and args.ssl_certfile is None:
@@ -90,6 +145,14 @@ def serve(arguments: list[str]) -> int:
     except OSError as e:
         parser.error(f"cannot open --log-file {args.log_file}: {e.strerror}")
     log_control.install()
+    if args.worker_of is None:
+        for backend, settings in backends.backend_config.items():
+            for setting in settings.keys() - {READ_BACKEND_SETTING}:
+                log.warning(
+                    "--backend-config %s%s: no backend here reads it; ignored",
+                    backend and backend + ",",
+                    setting,
+                )
     try:
         tracer = make_tracer(args.trace_config)
     except ValueError as e:

@@ -28,7 +28,7 @@ import msgspec
 
 from tensorgate.batcher.rate_limiter import RateLimiter
 from tensorgate.codec import messages as msg
-from tensorgate.server import assembly
+from tensorgate.server import assembly, metrics
 from tensorgate.server.arena import Arena
 from tensorgate.server.http.listener import Offline, raise_fd_limit, rebind
 from tensorgate.server.log_settings import LogControl, LogSettings
@@ -105,6 +105,7 @@ class Engine:
         await repository.start(self.args.load_model)
         assembly.settle_memory()
         try:
+            metrics.configure(self.args)  # the metrics port's settings (server/metrics.py)
             self.parts = assembly.build(
                 self.args, repository, self.shared_memory, self.monitor, self.logs, self.tracer
             )
@@ -113,13 +114,19 @@ class Engine:
             await repository.unload_all()
             raise SystemExit(2) from None
         raise_fd_limit()
-        sockets = assembly.bind_ports(self.args)
+        try:
+            sockets = assembly.bind_ports(self.args)
+        except assembly.BindError as e:
+            log.error("%s", e)
+            await repository.unload_all()
+            raise SystemExit(1) from None
         self.monitor.start()
         repository.change_watchers.append(lambda: loop.create_task(self.sync()))
         offline = Offline()  # every port's connections leave at their next idle moment while offline
         repository.online_watchers.append(lambda online: offline.set(not online))
         repository.online_watchers.append(self._online)
         self.logs.watchers.append(self._logs)
+        self.tracer.watchers.append(self._tracing)
         poller = None
         if self.args.model_control_mode == "poll":
             poller = loop.create_task(repository.poll_forever(self.args.repository_poll_secs, stop))
@@ -193,6 +200,7 @@ class Engine:
             link = WorkerLink(self, index, engine_arena, worker_arena, self.args.worker_max_calls)
             await loop.create_unix_connection(lambda link=link: link.link, sock=ours)
             self.links.add(link)
+            link.link.send(msg.Event("tracing", self.tracer.on))  # known before it serves (the table's ack)
             link.send_table(model_table(self.repository), self.sequence)
             stopper = loop.create_task(self._stop_worker(process, sockets))
             code = await process.wait()
@@ -247,6 +255,11 @@ class Engine:
     def _online(self, online: bool) -> None:
         for link in self.links:
             link.link.send(msg.Event("online", online))
+
+    def _tracing(self, on: bool) -> None:
+        """Tracing turned on or off: the workers time their requests' front end while it is on."""
+        for link in self.links:
+            link.link.send(msg.Event("tracing", on))
 
     def _logs(self, settings: LogSettings) -> None:
         """The log settings a client changed: every worker's log follows."""

@@ -3,17 +3,21 @@ the inference endpoints on its own event loop and its own core, over listening s
 the other workers. The models, their batchers and statistics, client shared-memory regions and every
 other route are the engine's (server/engine.py), reached over a Unix socket (server/link.py).
 
-- Inference (v2 REST, ModelInfer and ModelStreamInfer, TF Serving predict / classify / regress, grps
-  predict) is decoded and answered here: the request crosses to the engine as tensors (codec/ipc.py),
-  its answer comes back as tensors, and a batch there mixes requests from every worker. Large tensors
-  cross in shared memory (server/arena.py): a body of a MiB or more is received straight into this
-  worker's arena, so its binary tensors reach the engine without a copy.
+- Inference (v2 REST infer and generate, ModelInfer and ModelStreamInfer, TF Serving predict / classify /
+  regress, grps predict) is decoded and answered here: the request crosses to the engine as tensors
+  (codec/ipc.py), its answer comes back as tensors, and a batch there mixes requests from every worker.
+  Large tensors cross in shared memory (server/arena.py): a body of a MiB or more is received straight
+  into this worker's arena, so its binary tensors reach the engine without a copy.
 - Every other route and gRPC method (metadata, health, statistics, the repository API, shared-memory
   registration, metrics, the monitor page, grps' customized HTTP, ...) is forwarded whole, its answer
   (streamed ones too) relayed: the engine answers it as the one server it is.
 - A worker resolves models in its copy of the engine's model table, which the engine sends at start and
   after every change (a repository call answers only once every worker has the change).
 - A client that goes away, or a gRPC deadline, cancels its call in the engine too.
+- Tracing: the engine samples and writes every trace (one count, one file). While its tracer is on, a
+  worker times the front end of each inference request it serves itself (WorkerTracer); when the
+  engine traced one (SAMPLED), the worker sends it the request's front-end timestamps once the answer
+  is out (STAMPS), and the engine writes them in the trace (server/worker_link.py).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from tensorgate.codec import messages as msg
 from tensorgate.codec.errors import ErrorKind, InferError
 from tensorgate.codec.framing import FrameReader
 from tensorgate.codec.tensor import InferRequest, InferResponse
+from tensorgate.codec.trace import TIMESTAMPS, Trace
 from tensorgate.server import assembly, kin
 from tensorgate.server.arena import Arena, LinkArenas
 from tensorgate.server.grpc.inference import RawMessage
@@ -49,8 +54,7 @@ from tensorgate.server.log_settings import LogControl
 from tensorgate.server.model import ModelState, ModelVersion
 from tensorgate.server.repository import Ambiguous, Model, find_model
 from tensorgate.server.router import HttpRequest, HttpResponse, Route, Router
-from tensorgate.server.tracing import config as trace_config
-from tensorgate.server.tracing.tracer import Tracer
+from tensorgate.server.tracing.frontend import Timing
 
 log = logging.getLogger("tensorgate.worker")
 _FROM_ENGINE = msgspec.msgpack.Decoder(msg.TO_WORKER)
@@ -94,6 +98,8 @@ class EngineClient:
         self.call_timeout = call_timeout  # 0: none
         self.next_id = 0
         self.repository = FrontEndRepository(self)
+        self.tracer = WorkerTracer(self)
+        self.timed: dict[int, Trace] = {}  # inference calls timed here (while tracing is on): their traces
         self.offline = Offline()
         self.loop = asyncio.get_running_loop()
         self.first_table = self.loop.create_future()  # set once the engine's model table is here
@@ -154,6 +160,9 @@ class EngineClient:
         message = ipc.request_out(request, self.arenas)  # raises when the shared memory is full
         future = self.loop.create_future()
         call_id = self._call(future)
+        trace = request.trace
+        if trace is not None:  # timed here: the engine may trace it (SAMPLED)
+            self.timed[call_id] = trace
         self.link.send(msg.Infer(call_id, message))
         try:
             return await future
@@ -162,6 +171,8 @@ class EngineClient:
             raise
         finally:
             self._forget(call_id)
+            if trace is not None:
+                del self.timed[call_id]
 
     async def infer_stream(
         self, version: ModelVersion, request: InferRequest
@@ -172,6 +183,9 @@ class EngineClient:
         message = ipc.request_out(request, self.arenas)
         inbox = Inbox()
         call_id = self._call(inbox)
+        trace = request.trace
+        if trace is not None:
+            self.timed[call_id] = trace
         self.link.send(msg.Stream(call_id, message))
         finished = False
         try:
@@ -190,6 +204,8 @@ class EngineClient:
             if not finished:  # closed early: the client left
                 self._cancel(call_id)
             self._forget(call_id)
+            if trace is not None:
+                del self.timed[call_id]
 
     # ---- forwarded routes and methods
 
@@ -281,6 +297,8 @@ class EngineClient:
                 self.arenas.mine.release(offset)  # type: ignore[union-attr]
             case msg.Event(name, payload):
                 self._event(name, payload)
+            case msg.Sampled(call_id):
+                self._sampled(call_id)
             case _:
                 call_id = message.call
                 target = self.calls.get(call_id)
@@ -302,6 +320,15 @@ class EngineClient:
                 else:
                     target.set_exception(_failure(message))
 
+    def _sampled(self, call_id: int) -> None:
+        """The engine traced this call: its front-end timestamps go to it once the answer is out (the
+        trace keeps the call as its key), or now, none, when the call is no longer here."""
+        trace = self.timed.get(call_id)
+        if trace is None:
+            self.link.send(msg.Stamps(call_id, []))
+        else:
+            trace.id = call_id
+
     def _event(self, name: str, payload: Any) -> None:
         if name == "models":
             table, sequence = payload
@@ -314,6 +341,8 @@ class EngineClient:
             self.offline.set(not payload)
         elif name == "logs" and self.logs is not None:
             self.logs.update(payload)
+        elif name == "tracing":
+            self.tracer.on = Timing.on = payload
 
     def _lost(self) -> None:
         for target in self.calls.values():
@@ -325,6 +354,29 @@ class EngineClient:
         self.calls.clear()
         self.heard.clear()
         self.gone.set()
+
+
+class WorkerTracer:
+    """What a worker's endpoints see as the tracer: `on` while the engine's is, and then a trace of
+    this worker's own for each inference request (its front end's timestamps go on it). The engine
+    samples: a call it traced gets the engine's SAMPLED, which keys the trace (`id`, 0 until then), and
+    finishing a keyed trace sends its front-end timestamps to the engine (STAMPS); the others are
+    dropped. Tracing off, no request gets one."""
+
+    otel = None  # the engine exports in OpenTelemetry mode (its sampling reads no traceparent from here)
+
+    def __init__(self, client: EngineClient) -> None:
+        self.client = client
+        self.on = False  # the engine's tracer's, as it said last (Event "tracing")
+
+    def sample(self, model: str, traceparent: Any = None, tracestate: Any = None) -> Trace:
+        return Trace(0, (TIMESTAMPS,))
+
+    def finish(self, trace: Trace | None) -> None:
+        if trace is None or not trace.id:
+            return
+        key, trace.id = trace.id, 0  # sent once
+        self.client.link.send(msg.Stamps(key, trace.front))
 
 
 class Relayed:
@@ -500,15 +552,14 @@ async def serve(args: argparse.Namespace, logs: LogControl) -> None:
     client.logs = logs
     await loop.create_unix_connection(lambda: client.link, sock=link_socket)
     await client.first_table
-    # The engine samples every request for tracing (one count, one file): this process traces none.
-    untraced = Tracer(trace_config.parse([])[0])
+    # The engine samples and writes every trace (one count, one file): this process times its requests.
     parts = assembly.build(
         args,
         client.repository,
         FrontEndSharedMemory(),
         None,
         logs,
-        untraced,  # type: ignore[arg-type]
+        client.tracer,  # type: ignore[arg-type]
     )
     for name, router in parts.routers.items():
         forward_routes(router, name, client)

@@ -584,16 +584,23 @@ def normalize_config(raw: dict, model_name: str) -> dict:
         raise ConfigError(f"model '{model_name}': {e}") from None
 
 
-def load_model_config(model_dir: Path, config_name: str = "") -> dict:
+def load_model_config(model_dir: Path, config_name: str = "", missing_ok: bool = False) -> dict:
     """Read model_dir/config.pbtxt (else config.json) and return the normalized config dict. With
     `config_name` (--model-config-name), model_dir/configs/<config_name>.pbtxt is read instead where it
-    exists, as Triton reads it."""
+    exists, as Triton reads it. `missing_ok` (auto-complete on): a folder without a config gets the
+    empty one, which its backend then completes, as Triton's auto-complete does."""
     model = model_dir.name
     pbtxt, config_json = model_dir / "config.pbtxt", model_dir / "config.json"
     if config_name and (model_dir / "configs" / f"{config_name}.pbtxt").is_file():
         pbtxt = model_dir / "configs" / f"{config_name}.pbtxt"
     path = pbtxt if pbtxt.is_file() else config_json
-    _require(path.is_file(), f"model '{model}': no config.pbtxt or config.json in {model_dir}")
+    if not path.is_file() and missing_ok:
+        return normalize_config({}, model)
+    _require(
+        path.is_file(),
+        f"model '{model}': no config.pbtxt or config.json in {model_dir} (failed to open text file for "
+        f"read {pbtxt}: No such file or directory)",
+    )
     try:
         text = path.read_text(encoding="utf-8")
         raw = parse_pbtxt(text) if path is pbtxt else json.loads(text)

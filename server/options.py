@@ -29,6 +29,26 @@ def build_parser() -> argparse.ArgumentParser:
         "Repeatable: the models of every repository are served together",
     )
     serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    for port, fallback in (("http", "--host"), ("grpc", "--host"), ("metrics", "--http-address")):
+        serve.add_argument(
+            f"--{port}-address",
+            default=None,
+            metavar="ADDRESS",
+            help=f"Triton's: the address the {port} port listens on (default {fallback})",
+        )
+    for port in ("http", "grpc"):
+        serve.add_argument(
+            f"--allow-{port}",
+            type=_boolean,
+            nargs="?",
+            const=True,
+            default=True,
+            metavar="true|false",
+            help=f"Triton's: open the {port} port (default true)",
+        )
+    serve.add_argument(
+        "--id", default="tensorgate", help="the server's name in the v2 server metadata (default tensorgate)"
+    )
     serve.add_argument(
         "--http-port", type=int, default=8000, help="HTTP port; 0 picks a free one (default 8000)"
     )
@@ -202,6 +222,63 @@ def build_parser() -> argparse.ArgumentParser:
         "(default %(default)s)",
     )
     serve.add_argument(
+        "--grpc-keepalive-time",
+        type=_positive_int,
+        default=7_200_000,
+        metavar="MS",
+        help="gRPC keepalive: milliseconds between the server's keepalive PINGs on a connection (default "
+        "%(default)s, Triton's)",
+    )
+    serve.add_argument(
+        "--grpc-keepalive-timeout",
+        type=_positive_int,
+        default=20_000,
+        metavar="MS",
+        help="gRPC keepalive: milliseconds a keepalive PING's ACK may take before the connection is closed "
+        "(default %(default)s)",
+    )
+    serve.add_argument(
+        "--grpc-keepalive-permit-without-calls",
+        type=_boolean,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="true|false",
+        help="gRPC keepalive: PINGs also on connections with no call in flight (default false)",
+    )
+    serve.add_argument(
+        "--grpc-http2-max-pings-without-data",
+        type=int,
+        default=2,
+        metavar="N",
+        help="gRPC keepalive: PINGs the server sends with no answer frame between them; more wait for one "
+        "(0: no limit; default %(default)s)",
+    )
+    serve.add_argument(
+        "--grpc-max-connection-age",
+        type=int,
+        default=0,
+        metavar="MS",
+        help="milliseconds (+-10%% jitter) after which a gRPC connection gets a graceful GOAWAY: its calls "
+        "finish, the client reconnects, and L4 load balancers rebalance (default 0: none)",
+    )
+    serve.add_argument(
+        "--grpc-max-connection-age-grace",
+        type=int,
+        default=0,
+        metavar="MS",
+        help="milliseconds the calls in flight have after the maximum age before the connection is closed "
+        "(default 0: as long as they take)",
+    )
+    serve.add_argument(
+        "--grpc-infer-response-compression-level",
+        type=str.lower,
+        choices=("none", "low", "medium", "high"),
+        default="none",
+        help="compression of ModelInfer and ModelStreamInfer answers, among the encodings the client accepts "
+        "(low gzip; medium and high deflate when accepted, as gRPC's core picks; default none)",
+    )
+    serve.add_argument(
         "--graceful-timeout",
         type=float,
         default=limits.graceful_timeout,
@@ -280,6 +357,41 @@ def build_parser() -> argparse.ArgumentParser:
         default=True,
         metavar="true|false",
         help="serve Prometheus metrics on --metrics-port (default true)",
+    )
+    serve.add_argument(
+        "--allow-cpu-metrics",
+        type=_boolean,
+        nargs="?",
+        const=True,
+        default=True,
+        metavar="true|false",
+        help="Triton's nv_cpu_utilization and nv_cpu_memory_* on /metrics, read from /proc (default true)",
+    )
+    serve.add_argument(
+        "--allow-gpu-metrics",
+        type=_boolean,
+        nargs="?",
+        const=True,
+        default=True,
+        metavar="true|false",
+        help="Triton's nv_gpu_* and nv_energy_consumption on /metrics, read through NVML (the gpu extra's "
+        "nvidia-ml-py); absent without a GPU (default true)",
+    )
+    serve.add_argument(
+        "--metrics-interval-ms",
+        type=float,
+        default=2000.0,
+        metavar="MS",
+        help="how often the CPU, GPU and pinned memory metrics are read again (default 2000)",
+    )
+    serve.add_argument(
+        "--metrics-config",
+        action="append",
+        default=[],
+        metavar="SETTING=VALUE",
+        help="Triton's metrics settings (repeatable): counter_latencies, histogram_latencies, "
+        "summary_latencies (true|false), summary_quantiles (q:error,...), summary_max_age (ms), "
+        "summary_age_buckets (docs/operations/metrics.md)",
     )
     serve.add_argument(
         "--allow-client-shm",
@@ -370,6 +482,23 @@ def build_parser() -> argparse.ArgumentParser:
         default=4,
         metavar="N",
         help="models loading at once, at most, each in a thread of its own (default 4, as Triton's)",
+    )
+    serve.add_argument(
+        "--model-load-retry-count",
+        type=_not_negative(int),
+        default=0,
+        metavar="N",
+        help="Triton's: a model version whose backend fails to load is tried again, up to N more times "
+        "(default 0)",
+    )
+    serve.add_argument(
+        "--backend-config",
+        action="append",
+        default=[],
+        metavar="[BACKEND,]SETTING=VALUE",
+        help="Triton's backend settings (repeatable): default-max-batch-size=N (default 4) is the "
+        "max_batch_size auto-complete gives an ONNX model whose graph batches; with BACKEND, for that "
+        "backend only. Other settings are accepted and ignored, with a warning",
     )
     serve.add_argument(
         "--model-namespacing",
@@ -519,7 +648,7 @@ def _boolean(text: str) -> bool:
 
 
 def http_settings(args: argparse.Namespace) -> HttpSettings:
-    return HttpSettings(
+    settings = HttpSettings(
         max_request_bytes=args.max_request_bytes,
         max_head_bytes=args.http_max_head_bytes,
         head_timeout=args.http_head_timeout,
@@ -533,3 +662,13 @@ def http_settings(args: argparse.Namespace) -> HttpSettings:
         h2_max_ping_strikes=args.grpc_http2_max_ping_strikes,
         graceful_timeout=args.graceful_timeout,
     )
+    # gRPC keepalive, age and compression (Triton's flags, in milliseconds) set after: a build of
+    # server/http older than them still starts (its transport ignores them)
+    settings.grpc_keepalive_time = args.grpc_keepalive_time / 1000
+    settings.grpc_keepalive_timeout = args.grpc_keepalive_timeout / 1000
+    settings.grpc_keepalive_permit_without_calls = args.grpc_keepalive_permit_without_calls
+    settings.grpc_max_pings_without_data = args.grpc_http2_max_pings_without_data
+    settings.grpc_max_connection_age = args.grpc_max_connection_age / 1000
+    settings.grpc_max_connection_age_grace = args.grpc_max_connection_age_grace / 1000
+    settings.grpc_infer_compression_level = args.grpc_infer_response_compression_level
+    return settings

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from tensorgate.codec.errors import ErrorKind, InferError, invalid
+from tensorgate.server import config_fields
 from tensorgate.server.app_monitor import app_monitor
 from tensorgate.server.backends import backend_from_files, complete_config
 from tensorgate.server.cloud_repository import CloudError, CloudMirror, is_cloud
@@ -94,7 +95,7 @@ class Model:
         try:
             self.signature = tree_signature(self.directory)
             if self.config is None:
-                self.config = load_model_config(self.directory, self.config_name)
+                self.config = load_model_config(self.directory, self.config_name, self.auto_complete)
             numbers = select_versions(self.directory, self.config["version_policy"])
         except (ConfigError, OSError) as e:
             self.reason = f"failed to load '{self.name}': {e}"
@@ -116,6 +117,7 @@ class Model:
             else:
                 config = self.config
             self.config = check_complete(config)
+            config_fields.log_warnings(self.config, self.directory)
         except Exception as e:  # a model's auto_complete_config may raise anything
             self.reason = f"failed to load '{self.name}': {type(e).__name__}: {e}"
             self.loading = False

@@ -46,13 +46,21 @@ def ready_versions(repository: Repository, name: str = "", version: str = "") ->
 
 def model_statistics(repository: Repository, name: str = "", version: str = "") -> dict:
     """`{"model_stats": [{"name", "version", "last_inference", "inference_count", "execution_count",
-    "inference_stats", "batch_stats"}, ...]}` as Triton answers GET .../stats; raises InferError."""
+    "inference_stats", "batch_stats", "response_stats"}, ...]}` as Triton answers GET .../stats; raises
+    InferError."""
     return {
         "model_stats": [
-            {"name": v.name, "version": v.version_str, **v.stats.as_dict(), **_restarts(v)}
+            {"name": v.name, "version": v.version_str, **v.stats.as_dict(), **_responses(v), **_restarts(v)}
             for v in ready_versions(repository, name, version)
         ]
     }
+
+
+def _responses(version: ModelVersion) -> dict:
+    """Triton's `response_stats`: per response index, for a decoupled model that counts its responses
+    (Triton's python API, server/backends/triton_python.py); empty for the others."""
+    counted = getattr(version.backend, "response_stats", None)
+    return {"response_stats": {} if counted is None else counted.as_dict()}
 
 
 def _restarts(version: ModelVersion) -> dict:

@@ -4,6 +4,11 @@ request that finishes without waiting is answered in the read callback, with no 
 under credit flow, and every other route and gRPC method forwarded whole, answered by the same routers and
 services one process serves. Every call ends with exactly one final message; past `max_waiting` calls
 waiting, the link stops reading.
+
+Tracing: the engine samples every worker's inference requests (one count, one file). A traced call is
+answered with SAMPLED ahead of its answer, and its trace is held until the worker sends the front end's
+timestamps (STAMPS: when it received the request and sent the answer), then written with them; a call
+the worker cancelled is written as it is, and so is every trace held when the link goes.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from tensorgate.codec import messages as msg
 from tensorgate.codec.errors import ErrorKind, InferError
 from tensorgate.codec.framing import FrameReader
 from tensorgate.codec.tensor import InferRequest
+from tensorgate.codec.trace import Trace
 from tensorgate.server import assembly
 from tensorgate.server.arena import Arena, LinkArenas
 from tensorgate.server.http import eager
@@ -66,6 +72,7 @@ class WorkerLink:
         self.inboxes: dict[int, Inbox] = {}  # forwarded gRPC calls: the client's messages
         self.credits: dict[int, Credit] = {}  # streamed answers: how far ahead of the worker they may go
         self.acks: dict[int, asyncio.Future] = {}
+        self.held: dict[int, Trace] = {}  # traced calls answered: their traces, until the worker's STAMPS
         self.loop = asyncio.get_running_loop()
 
     def send_table(self, table: list, sequence: int) -> asyncio.Future:
@@ -78,10 +85,12 @@ class WorkerLink:
             task.cancel()
         self.link.close()
         self.arenas.close()
+        self._write_held()
 
     def _lost(self) -> None:
         for task in list(self.tasks.values()):
             task.cancel()
+        self._write_held()
         for future in self.acks.values():
             if not future.done():
                 future.set_result(None)
@@ -114,6 +123,8 @@ class WorkerLink:
                     inbox.put(message)
             case msg.Release(offset):
                 self.arenas.mine.release(offset)
+            case msg.Stamps(call_id, stamps):
+                self._stamped(call_id, stamps)
             case msg.More(call_id, count):
                 credit = self.credits.get(call_id)
                 if credit is not None:
@@ -183,7 +194,7 @@ class WorkerLink:
             if engine.tracer.on:  # the engine samples every worker's requests: one count, one file
                 request.trace = engine.tracer.sample(request.model_name)
                 if request.trace is not None:
-                    work = _traced(work, engine.tracer, request.trace)
+                    work = self._traced(call_id, work, request.trace)
             finished, outcome = eager.step(work, self.loop)
         except InferError as e:
             return self._fail(call_id, e)
@@ -225,9 +236,52 @@ class WorkerLink:
     async def _stream(self, call_id: int, request: InferRequest) -> None:
         engine = self.engine
         version = engine.repository.resolve(request.model_name, request.model_version)
+        if engine.tracer.on:
+            request.trace = engine.tracer.sample(request.model_name)
+            if request.trace is not None:
+                await self._traced(call_id, self._stream_answers(call_id, version, request), request.trace)
+                self.link.send(msg.End(call_id))
+                return
+        await self._stream_answers(call_id, version, request)
+        self.link.send(msg.End(call_id))
+
+    async def _stream_answers(self, call_id: int, version: Any, request: InferRequest) -> None:
         async for response in version.infer_stream(request):
             await self._send_more(call_id, ipc.response_out(response, self.arenas))
-        self.link.send(msg.End(call_id))
+
+    # ---- traces
+
+    async def _traced(self, call_id: int, work: Any, trace: Trace) -> Any:
+        """A traced call's work. Answered (its error too), the trace is held for the worker's STAMPS,
+        which SAMPLED asks for ahead of the answer; cancelled (the worker forgot the call), it is written."""
+        try:
+            result = await work
+        except asyncio.CancelledError:
+            self.engine.tracer.finish(trace)
+            raise
+        except BaseException:
+            self._hold(call_id, trace)
+            raise
+        self._hold(call_id, trace)
+        return result
+
+    def _hold(self, call_id: int, trace: Trace) -> None:
+        self.held[call_id] = trace
+        self.link.send(msg.Sampled(call_id))
+
+    def _stamped(self, call_id: int, stamps: list[tuple[str, int]]) -> None:
+        """The worker's front-end timestamps of a traced call: its trace is written with them."""
+        trace = self.held.pop(call_id, None)
+        if trace is not None:
+            for name, ns in stamps:
+                trace.stamp_front(name, ns)
+            self.engine.tracer.finish(trace)
+
+    def _write_held(self) -> None:
+        """The worker is gone: the traces that waited for it are written as they are."""
+        held, self.held = self.held, {}
+        for trace in held.values():
+            self.engine.tracer.finish(trace)
 
     # ---- forwarded routes and methods
 
@@ -278,13 +332,6 @@ class WorkerLink:
 
 def _internal(error: BaseException) -> InferError:
     return InferError(ErrorKind.INTERNAL, f"internal error: {type(error).__name__}")
-
-
-async def _traced(work: Any, tracer: Tracer, trace: Any) -> Any:
-    try:
-        return await work
-    finally:
-        tracer.finish(trace)
 
 
 class RelayedCall:

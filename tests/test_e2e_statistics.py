@@ -270,7 +270,12 @@ def scrape(server: ServerProcess) -> tuple[httpx.Response, dict]:
 
 
 def per_version(family) -> dict[tuple[str, str], float]:
-    return {(s.labels["model"], s.labels["version"]): s.value for s in family.samples}
+    """Each version's total (nv_inference_request_failure has a sample per `reason`)."""
+    totals: dict[tuple[str, str], float] = {}
+    for s in family.samples:
+        key = (s.labels["model"], s.labels["version"])
+        totals[key] = totals.get(key, 0) + s.value
+    return totals
 
 
 def test_metrics_match_the_statistics(stats_server: tuple[ServerProcess, int, int]) -> None:

@@ -1,7 +1,8 @@
-"""Triton's front-end timestamps in our trace files, against a real server: REST over HTTP/1.1 and HTTP/2
-(httpx) and on hypercorn, gRPC ModelInfer (grpcio), each traced request's trace carries Triton's names in
-Triton's order; and a summary computed the way Triton's qa/common/trace_summary.py computes it finds each
-front end's requests with positive figures."""
+"""Triton's front-end timestamps in our trace files, against a real server: REST infer over HTTP/1.1 and
+HTTP/2 (httpx) and on hypercorn, generate and generate_stream, gRPC ModelInfer and ModelStreamInfer
+(grpcio), with and without --workers: each traced request's trace carries Triton's names in Triton's
+order; and a summary computed the way Triton's qa/common/trace_summary.py computes it finds each front
+end's requests with positive figures."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import grpc
 import httpx
 import numpy as np
 import pytest
-from e2e_helpers import ServerProcess, make_client
+from e2e_helpers import ServerProcess, make_client, write_model
 from grpc_helpers import tensor
-from trace_helpers import COMPUTE, infer, traces, write_trace_repository
+from trace_helpers import COMPUTE, infer, int32_model, traces, write_trace_repository
 
 import tensorgate.proto.inference as pb
 
@@ -224,17 +225,179 @@ def test_a_trace_summary_finds_each_front_ends_requests(start_server, repo: Path
     assert grpc_totals["GRPC_INFER"] >= grpc_totals["REQUEST"]
 
 
-def test_with_workers_the_engines_own_requests_carry_them(start_server, repo: Path, tmp_path: Path) -> None:
-    """--workers: the engine (front end 0) stamps what it receives; a worker's requests are sampled and
-    written by the engine, with the model's timestamps only (docs/operations/tracing.md)."""
+def test_with_workers_every_front_ends_requests_carry_them(start_server, repo: Path, tmp_path: Path) -> None:
+    """--workers: a worker's requests are sampled and written by the engine, with the timestamps the
+    worker took (it sends them once its answer is out); the engine's own carry them as before."""
     server = start_traced(start_server, repo, tmp_path, "--workers", "2")
     for value in range(12):  # new connections, which the kernel spreads over the two processes
         with httpx.Client(base_url=server.base_url) as client:
             assert infer(client, "double", [value], id=f"r{value}") == [2 * value]
+    for value in range(4):
+        assert grpcio_infer(server, [value]) == [2 * value]
     found = traces(written(server, tmp_path))
-    assert sorted(t["request_id"] for t in found.values()) == sorted(f"r{value}" for value in range(12))
-    for trace in found.values():
-        if "HTTP_RECV_START" in trace["timestamps"]:
-            assert_front_end(trace, HTTP_ORDER)
-        else:
-            assert list(trace["timestamps"]) == CORE
+    rest = [t for t in found.values() if "request_id" in t]
+    assert sorted(t["request_id"] for t in rest) == sorted(f"r{value}" for value in range(12))
+    for trace in rest:
+        assert_front_end(trace, HTTP_ORDER)
+    over_grpc = [t for t in found.values() if "request_id" not in t]
+    assert len(over_grpc) == 4
+    for trace in over_grpc:
+        assert_front_end(trace, GRPC_ORDER)
+
+
+# ------------------------------------------------------------------------ generate, ModelStreamInfer
+# A model that streams (ours: execute_stream): one answer per value of INPUT0.
+COUNTER = """
+import numpy as np
+
+class Model:
+    async def execute_stream(self, inputs):
+        for value in inputs["INPUT0"]:
+            yield {"OUTPUT0": np.array([value], np.int32)}
+"""
+FRONT = {
+    "HTTP_RECV_START",
+    "HTTP_RECV_END",
+    "HTTP_SEND_START",
+    "HTTP_SEND_END",
+    "GRPC_WAITREAD_START",
+    "GRPC_WAITREAD_END",
+    "GRPC_SEND_START",
+    "GRPC_SEND_END",
+    "INFER_RESPONSE_COMPLETE",
+}
+
+
+def start_with_counter(start_server, repo: Path, tmp_path: Path) -> ServerProcess:
+    write_model(repo, "counter", int32_model("counter"), {1: COUNTER})
+    return start_traced(start_server, repo, tmp_path)
+
+
+def front_stamps(path: Path) -> dict[int, list[tuple[str, int]]]:
+    """Per trace id, its front-end timestamps in the order written, repeated names kept (a streamed
+    answer's sends)."""
+    found: dict[int, list[tuple[str, int]]] = {}
+    for entry in json.loads(path.read_text()):
+        for stamp in entry.get("timestamps", []):
+            if stamp["name"] in FRONT:
+                found.setdefault(entry["id"], []).append((stamp["name"], stamp["ns"]))
+    return found
+
+
+def assert_stamps(stamps: list[tuple[str, int]], names: list[str]) -> None:
+    """Exactly these front-end timestamps, in this order, each no earlier than the one before."""
+    assert [name for name, _ in stamps] == names
+    times = [ns for _, ns in stamps]
+    assert times == sorted(times), stamps
+
+
+def test_generate_carries_tritons_http_timestamps(
+    start_server, repo: Path, tmp_path: Path, http_version: str
+) -> None:
+    server = start_with_counter(start_server, repo, tmp_path)
+    with make_client(server.base_url, http_version) as client:
+        response = client.post("/v2/models/double/generate", json={"INPUT0": [4, 5]})
+        assert response.status_code == 200, response.text
+        assert response.json()["OUTPUT0"] == [8, 10]
+    (trace,) = traces(written(server, tmp_path)).values()
+    assert trace["model_name"] == "double"
+    assert_front_end(trace, HTTP_ORDER)
+
+
+def test_generate_stream_stamps_each_event_as_triton_does(
+    start_server, repo: Path, tmp_path: Path, http_version: str
+) -> None:
+    """Triton's generate_stream: INFER_RESPONSE_COMPLETE, HTTP_SEND_START and HTTP_SEND_END for each
+    answer it streams, after the request's HTTP_RECV_START and HTTP_RECV_END."""
+    server = start_with_counter(start_server, repo, tmp_path)
+    with make_client(server.base_url, http_version) as client:
+        response = client.post("/v2/models/counter/generate_stream", json={"INPUT0": [1, 2, 3]})
+        assert response.status_code == 200, response.text
+        assert response.text.count("data: ") == 3
+        once = client.post("/v2/models/double/generate_stream", json={"INPUT0": [7]})
+        assert once.status_code == 200 and once.text.count("data: ") == 1, once.text
+    path = written(server, tmp_path)
+    names = {t["model_name"]: trace_id for trace_id, t in traces(path).items()}
+    stamps = front_stamps(path)
+    each = ["INFER_RESPONSE_COMPLETE", "HTTP_SEND_START", "HTTP_SEND_END"]
+    assert_stamps(stamps[names["counter"]], ["HTTP_RECV_START", "HTTP_RECV_END", *each * 3])
+    assert_stamps(stamps[names["double"]], ["HTTP_RECV_START", "HTTP_RECV_END", *each])
+    (trace,) = [t for t in traces(path).values() if t["model_name"] == "double"]
+    assert_front_end(trace, HTTP_ORDER)  # one event: the order of an infer's
+
+
+def stream_infer(server: ServerProcess, requests: list[tuple[str, list[int]]]) -> list[list[int]]:
+    """ModelStreamInfer over grpcio: the requests on one stream, each answer's OUTPUT0."""
+    messages = [
+        pb.ModelInferRequest(
+            model_name=model,
+            id=f"s{index}",
+            inputs=[tensor("INPUT0", "INT32", [len(values)])],
+            raw_input_contents=[np.array(values, "<i4").tobytes()],
+        )
+        for index, (model, values) in enumerate(requests)
+    ]
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        method = channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            request_serializer=bytes,
+            response_deserializer=pb.ModelStreamInferResponse.parse,
+        )
+        answers = list(method(iter(messages), timeout=30))
+    assert all(not answer.error_message for answer in answers), answers
+    return [np.frombuffer(a.infer_response.raw_output_contents[0], "<i4").tolist() for a in answers]
+
+
+def test_model_stream_infer_carries_tritons_stream_timestamps(
+    start_server, repo: Path, tmp_path: Path
+) -> None:
+    """Triton's stream handler: per request GRPC_WAITREAD_START (the stream waiting for its message),
+    GRPC_WAITREAD_END, INFER_RESPONSE_COMPLETE (its first answer), GRPC_SEND_START and GRPC_SEND_END
+    around each answer; a request's wait starts no earlier than the one before it was read."""
+    server = start_with_counter(start_server, repo, tmp_path)
+    answers = stream_infer(server, [("double", [1]), ("double", [2]), ("counter", [5, 6])])
+    assert answers == [[2], [4], [5], [6]]
+    path = written(server, tmp_path)
+    found = traces(path)
+    by_request = {t["request_id"]: trace_id for trace_id, t in found.items()}
+    assert set(by_request) == {"s0", "s1", "s2"}
+    first, second = found[by_request["s0"]], found[by_request["s1"]]
+    for trace in (first, second):
+        assert_front_end(trace, GRPC_ORDER)
+    assert second["timestamps"]["GRPC_WAITREAD_START"] >= first["timestamps"]["GRPC_WAITREAD_END"]
+    sends = ["GRPC_SEND_START", "GRPC_SEND_END"]
+    stamps = front_stamps(path)[by_request["s2"]]
+    assert_stamps(stamps, ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "INFER_RESPONSE_COMPLETE", *sends * 2])
+
+
+def test_with_workers_model_stream_infer_carries_them(start_server, repo: Path, tmp_path: Path) -> None:
+    """--workers with the engine taking no connections: every stream reaches a worker."""
+    write_model(repo, "counter", int32_model("counter"), {1: COUNTER})
+    server = start_traced(start_server, repo, tmp_path, "--workers", "2", "--engine-front-end", "false")
+    answers = stream_infer(server, [("double", [1]), ("counter", [5, 6])])
+    assert answers == [[2], [5], [6]]
+    path = written(server, tmp_path)
+    found = traces(path)
+    by_request = {t["request_id"]: trace_id for trace_id, t in found.items()}
+    assert_front_end(found[by_request["s0"]], GRPC_ORDER)
+    sends = ["GRPC_SEND_START", "GRPC_SEND_END"]
+    stamps = front_stamps(path)[by_request["s1"]]
+    assert_stamps(stamps, ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "INFER_RESPONSE_COMPLETE", *sends * 2])
+
+
+def test_with_workers_a_request_the_worker_does_not_time_is_written_too(
+    start_server, repo: Path, tmp_path: Path
+) -> None:
+    """TF Serving's predict is not traced at the front end (Triton has none): a worker's request is
+    traced by the engine all the same, with the model's timestamps, beside a timed one."""
+    server = start_traced(start_server, repo, tmp_path, "--workers", "2", "--engine-front-end", "false")
+    with httpx.Client(base_url=server.base_url) as client:
+        predicted = client.post("/v1/models/double:predict", json={"inputs": {"INPUT0": [3, 4]}})
+        assert predicted.status_code == 200, predicted.text
+        assert predicted.json()["outputs"] == [6, 8]
+        assert infer(client, "double", [5], id="timed") == [10]
+    found = traces(written(server, tmp_path))
+    (timed,) = [t for t in found.values() if t.get("request_id") == "timed"]
+    assert_front_end(timed, HTTP_ORDER)
+    (untimed,) = [t for t in found.values() if t.get("request_id") != "timed"]
+    assert list(untimed["timestamps"]) == CORE

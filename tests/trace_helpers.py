@@ -5,6 +5,7 @@ trace_summary.py reads them."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -103,11 +104,24 @@ def infer(client: httpx.Client, model: str, values: list[int], **fields: object)
     return response.json()["outputs"][0]["data"]
 
 
+def written_entries(path: Path, timeout: float = 10) -> list[dict]:
+    """A trace file's entries, once the server has written it. A trace is written once its answer is out,
+    so a client may have the answer a moment before (with --workers: until the worker's front-end
+    timestamps reach the engine)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return json.loads(path.read_bytes())
+        except (FileNotFoundError, json.JSONDecodeError):  # not yet, or being written
+            assert time.monotonic() < deadline, f"{path} was never written"
+            time.sleep(0.01)
+
+
 def traces(path: Path) -> dict[int, dict]:
     """A Triton JSON trace file by trace id: its model entry's fields, `timestamps` (name -> ns, in the
     order written) and `tensors` (the activity entries)."""
     found: dict[int, dict] = {}
-    for entry in json.loads(path.read_text()):
+    for entry in written_entries(path):
         one = found.setdefault(entry["id"], {"timestamps": {}, "tensors": []})
         if "model_name" in entry:
             one.update({k: v for k, v in entry.items() if k != "id"})

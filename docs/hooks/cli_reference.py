@@ -39,12 +39,19 @@ SERVE_TOPICS: list[tuple[str, tuple[str, ...]]] = [
             "--disable-auto-complete",
             "--exit-on-error",
             "--rate-limit",
+            "--backend-config",
         ),
     ),
     (
         "Ports and protocols",
         (
             "--host",
+            "--http-address",
+            "--grpc-address",
+            "--metrics-address",
+            "--allow-http",
+            "--allow-grpc",
+            "--id",
             "--http-port",
             "--grpc-port",
             "--grpc-max-message",
@@ -55,11 +62,24 @@ SERVE_TOPICS: list[tuple[str, tuple[str, ...]]] = [
     ),
     (
         "The transport and its limits",
-        ("--max-", "--http", "--ssl-", "--grpc-http2-", "--graceful-", "--exit-timeout-secs"),
+        (
+            "--max-",
+            "--http",
+            "--ssl-",
+            "--grpc-http2-",
+            "--grpc-keepalive-",
+            "--grpc-max-connection-age",
+            "--grpc-infer-response-compression-level",
+            "--graceful-",
+            "--exit-timeout-secs",
+        ),
     ),
     ("Workers", ("--workers", "--worker-", "--engine-front-end")),
     ("grps", ("--grps-", "--monitor-")),
-    ("Shared memory, metrics and the response cache", ("--allow-", "--cache-", "--response-cache-")),
+    (
+        "Shared memory, metrics and the response cache",
+        ("--allow-", "--metrics-", "--cache-", "--response-cache-"),
+    ),
     ("Logging and tracing", ("--log-", "--trace-")),
 ]
 

@@ -7,6 +7,7 @@ and `Host` (what a backend may use of the server, handed to it here at load).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,20 @@ if TYPE_CHECKING:
     from tensorgate.server.backends.base import Backend, Host
 
 SUPPORTED = ("python", "pytorch", "onnxruntime", "ensemble")
+log = logging.getLogger("tensorgate.backends")
+
+# Set by server/cli.py at startup: Triton's --backend-config settings by backend ("" holds those given
+# without a backend, which every backend gets), and --model-load-retry-count.
+backend_config: dict[str, dict[str, str]] = {}
+load_retries = 0
+
+
+def backend_setting(backend: str, setting: str, default: str) -> str:
+    """A --backend-config setting as `backend` sees it: its own, else the one given for every backend."""
+    for scope in (backend, ""):
+        if setting in backend_config.get(scope, {}):
+            return backend_config[scope][setting]
+    return default
 
 
 # Triton's auto-complete (core model_config_utils.cc AutoCompleteBackendFields): the model file that
@@ -72,8 +87,26 @@ def complete_config(version_dir: Path, config: dict, host: Host | None = None) -
 
 
 def load_backend(version_dir: Path, config: dict, version: int, host: Host | None = None) -> Backend:
-    """The backend named by the config, loaded for one version folder. Raises with the reason on failure.
-    `host`: the server loading it (None: a backend loaded alone, which then serves no ensemble nor BLS)."""
+    """The backend named by the config, loaded for one version folder. Raises with the reason on failure,
+    once --model-load-retry-count more tries failed too. `host`: the server loading it (None: a backend
+    loaded alone, which then serves no ensemble nor BLS)."""
+    for retry in range(load_retries):
+        try:
+            return _load_once(version_dir, config, version, host)
+        except Exception as e:  # a model's initialize may raise anything
+            log.warning(
+                "failed to load '%s' version %d (%s: %s): retry %d of %d",
+                config.get("name"),
+                version,
+                type(e).__name__,
+                e,
+                retry + 1,
+                load_retries,
+            )
+    return _load_once(version_dir, config, version, host)
+
+
+def _load_once(version_dir: Path, config: dict, version: int, host: Host | None) -> Backend:
     name = config.get("backend") or config.get("platform")
     if name == "python":
         from tensorgate.server.backends.python import load_python

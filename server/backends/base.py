@@ -80,6 +80,20 @@ class Host(Protocol):
         reaches; raises InferError (NOT_FOUND, UNAVAILABLE) as a request for it is answered."""
         ...
 
+    def model(self, name: str) -> Any:
+        """Model `name` (server/model.py Model: `is_ready(version)`); raises InferError NOT_FOUND."""
+        ...
+
+    async def load_model(
+        self, name: str, config: str | None = None, files: dict[str, bytes] | None = None
+    ) -> None:
+        """The repository API's load (pb_utils.load_model); raises InferError as that API answers."""
+        ...
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        """The repository API's unload (pb_utils.unload_model)."""
+        ...
+
 
 def stream_only_error(model: str) -> InferError:
     """The answer to a plain infer of a model that only streams its answers (`Backend.stream_only`)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from tensorgate.codec import messages as msg
@@ -27,6 +28,36 @@ from tensorgate.codec.datatypes import BY_NUMPY, BY_V2
 from tensorgate.server.arena import Region, aligned
 
 BYTES = "BYTES"
+EMPTY = "empty"  # a Triton model's stream End payload: its FINAL flag came alone (an empty response)
+
+
+# The kinds only this link has, beside codec/messages.py's (tags far above theirs).
+class Dropped(msgspec.Struct, tag=100, array_like=True):
+    """Server -> process: request `index` of batch `call` lost its client (request.is_cancelled())."""
+
+    call: int
+    index: int
+
+
+class Control(msgspec.Struct, tag=101, array_like=True):
+    """Process -> server: pb_utils.load_model ("load"), unload_model ("unload") or is_model_ready
+    ("ready"), with its arguments; answered by Controlled."""
+
+    call: int
+    operation: str
+    arguments: dict[str, Any]
+
+
+class Controlled(msgspec.Struct, tag=102, array_like=True):
+    """Server -> process: a Control's result, or (error not None) the server's error text."""
+
+    call: int
+    result: Any
+    error: str | None
+
+
+TO_MODEL = msg.TO_MODEL | Dropped | Controlled
+FROM_MODEL = msg.FROM_MODEL | Control
 
 
 def datatype_of(name: str, array: np.ndarray) -> str:

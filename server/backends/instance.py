@@ -26,6 +26,8 @@ from typing import Any, Protocol
 
 import msgspec
 
+import tensorgate.server.backends.channel as channel
+import tensorgate.server.backends.custom_metrics as custom_metrics
 import tensorgate.server.backends.pb_utils as pb_utils
 from tensorgate.codec import messages as msg
 from tensorgate.codec.errors import ErrorKind, InferError
@@ -35,7 +37,7 @@ from tensorgate.server.link import Link
 from tensorgate.server.model_config import parameter
 
 log = logging.getLogger("tensorgate.python")
-FROM_MODEL = msgspec.msgpack.Decoder(msg.FROM_MODEL)
+FROM_MODEL = msgspec.msgpack.Decoder(channel.FROM_MODEL)
 model_log = logging.getLogger("tensorgate.model")
 
 ARENA_SIZE = 1 << 20  # to start with: it grows to the largest batch
@@ -76,6 +78,12 @@ class Owner(Protocol):
 
     def bls(self, instance: Instance, message: list) -> None:
         """A BLS request from the model's process, to be answered over its socket."""
+
+    def control(self, instance: Instance, message: channel.Control) -> None:
+        """A model loading call from the model's process, to be answered over its socket."""
+
+    def control_now(self, message: channel.Control) -> channel.Controlled:
+        """Blocking, off the loop: a model loading call made by initialize."""
 
 
 def start_stub(python: str, arena_fd: int = -1) -> tuple[subprocess.Popen, socket.socket]:
@@ -139,8 +147,10 @@ class Instance:
         self.frames = FrameReader(FROM_MODEL)
         try:
             answer = receive(self.sock, self.frames)
-            while isinstance(answer, msg.Log | msg.Metric | msg.Call):
-                if isinstance(answer, msg.Call):  # from initialize: no loop serves this instance yet
+            while isinstance(answer, msg.Log | msg.Metric | msg.Call | channel.Control):
+                if isinstance(answer, channel.Control):  # load_model in initialize, as Triton's README
+                    self.sock.sendall(frame(self.owner.control_now(answer)))
+                elif isinstance(answer, msg.Call):  # from initialize: no loop serves this instance yet
                     refused = msg.Answered(
                         None, pb_utils.TritonError.UNAVAILABLE, "BLS is not available in initialize"
                     )
@@ -255,11 +265,20 @@ class Instance:
             case msg.Log(level, text):
                 model_log.log(level, "%s", text)
                 return
+            case msg.Metric(text, custom_metrics.OPERATION):
+                try:
+                    custom_metrics.apply_forwarded(text)
+                except Exception as e:  # checked in the process: a disagreement between processes
+                    log.warning("%s: custom metric: %s", self.owner.name, e)
+                return
             case msg.Metric(name, aggregation, value):
                 self.owner.record(name, aggregation, value)
                 return
             case msg.Call():
                 self.owner.bls(self, message)
+                return
+            case channel.Control():
+                self.owner.control(self, message)
                 return
         call = message.call
         target = self.calls.get(call)

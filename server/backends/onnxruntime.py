@@ -28,6 +28,7 @@ from tensorgate.batcher.sequence_inputs import added_inputs, state_outputs
 from tensorgate.batcher.staging import HostStaging, gpu_group
 from tensorgate.codec.datatypes import BY_CONFIG, BY_ONNX
 from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.server.backends import backend_setting
 from tensorgate.server.backends.base import Backend
 
 log = logging.getLogger("tensorgate.onnxruntime")
@@ -140,7 +141,7 @@ def complete(version_dir: Path, config: dict) -> dict:
     """The config with its inputs and outputs, left out, read from the graph, as Triton completes an
     ONNX model's config without strict checking: names, datatypes and dims; when every graph tensor's
     first dim is dynamic and the config sets no max_batch_size, that dim is the batch dim, with
-    max_batch_size 4 and dynamic batching (Triton's defaults)."""
+    max_batch_size 4 (--backend-config default-max-batch-size) and dynamic batching (Triton's defaults)."""
     import onnxruntime
 
     path = version_dir / (config.get("default_model_filename") or MODEL_FILE)
@@ -154,8 +155,11 @@ def complete(version_dir: Path, config: dict) -> dict:
         if args and all(
             arg.shape and not isinstance(arg.shape[0], int) or arg.shape[:1] == [-1] for arg in args
         ):
-            config["max_batch_size"] = DEFAULT_MAX_BATCH_SIZE
-            config.setdefault("dynamic_batching", {})
+            size = int(backend_setting("onnxruntime", "default-max-batch-size", str(DEFAULT_MAX_BATCH_SIZE)))
+            if size > 0:
+                config["max_batch_size"] = size
+            if size > 1:  # Triton's: a batch of one gains nothing from the dynamic batcher
+                config.setdefault("dynamic_batching", {})
     batched = config.get("max_batch_size", 0) > 0
     fed = set(added_inputs(config)) | set(state_outputs(config))  # the sequence batcher's, not clients'
     fed |= {t for entry in config.get("batch_input") or () for t in entry.get("target_name", ())}

@@ -4,7 +4,8 @@ that name before it runs a model.py).
 
 The names and behaviour follow Triton's python_backend README: Tensor, InferenceRequest (received by
 `execute`, or built by the model to call another model: BLS), InferenceResponse, TritonError,
-TritonModelException, the response sender of decoupled models, Logger, the config helpers and the flag
+TritonModelException, the response sender of decoupled models, the model loading calls (load_model,
+unload_model, is_model_ready: the server's repository API), Logger, the config helpers and the flag
 constants. What Triton spreads over shared memory and a stub process runs here in the server's process:
 tensors are numpy arrays, always on the CPU (`is_cpu()` is True; `to_dlpack`/`from_dlpack` exchange
 them with torch or CuPy), and a BLS call goes through the called model's own scheduler and batcher
@@ -29,6 +30,7 @@ from tensorgate.codec.tensor import InferRequest as _Request
 from tensorgate.codec.tensor import RequestedOutput as _RequestedOutput
 from tensorgate.codec.tensor import Tensor as _WireTensor
 from tensorgate.codec.tensor import custom_parameters
+from tensorgate.server.backends.custom_metrics import Metric, MetricFamily  # noqa: F401 (Triton's API)
 
 if TYPE_CHECKING:
     from tensorgate.server.backends.base import Host
@@ -58,6 +60,15 @@ class Caller(Protocol):
     def exec(self, request: "InferenceRequest", decoupled: bool) -> "list[InferenceResponse]": ...
 
     async def async_exec(self, request: "InferenceRequest", decoupled: bool) -> "list[InferenceResponse]": ...
+
+    def control(self, operation: str, arguments: dict) -> Any:
+        """A model loading call (load_model, unload_model, is_model_ready) run by the server: its
+        result, or raises TritonModelException with the server's error."""
+        ...
+
+    def watch_cancels(self) -> None:
+        """From now on, the server's word that a request's client went away reaches its request."""
+        ...
 
 
 _caller: Caller | None = None
@@ -297,6 +308,7 @@ class InferenceRequest:
         self._timeout = timeout
         self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters or {})
         self._sender: InferenceResponseSender | None = None
+        self._cancelled = False  # a non-decoupled request: its client went away (set by the server)
         self._trace = trace if trace is not None else InferenceTrace()
 
     # what a model reads of a request it received
@@ -340,7 +352,13 @@ class InferenceRequest:
         return self._sender
 
     def is_cancelled(self) -> bool:
-        return self._sender is not None and self._sender.is_cancelled()
+        """Whether the request's client went away (its call cancelled, its connection closed): a model
+        may stop working on it early."""
+        if self._sender is not None:
+            return self._sender.is_cancelled()
+        if not self._cancelled and _caller is not None:
+            _caller.watch_cancels()
+        return self._cancelled
 
     def set_release_flags(self, flags: int) -> None:
         """Accepted for compatibility: requests are released when their answers are sent."""
@@ -443,6 +461,80 @@ def received_request(
             request._requested = [o.name for o in served.outputs]
     request._sender = sender
     return request
+
+
+# ------------------------------------------------------------------------------------ model loading
+
+
+def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
+    """Loads (or reloads) a model of the server's repository, as the repository API's load does: it
+    needs --model-control-mode explicit. `config` (JSON) replaces the model's config; `files`
+    ("1/model.py" -> its bytes, Triton's "file:" parameters without the prefix) its folder."""
+    if files is not None and not isinstance(files, dict):
+        raise TritonModelException(
+            f"failed to load model '{model_name}', "
+            "files should be a dictionary of file paths and file contents"
+        )
+    _control("load", {"name": model_name, "config": config, "files": files or {}})
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    """Unloads a model of the server's repository (--model-control-mode explicit)."""
+    _control("unload", {"name": model_name, "unload_dependents": unload_dependents})
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    """Whether the model (`model_version` of it; "": any version) is ready, as the v2 ready endpoint
+    answers; False for a model the server does not know."""
+    return bool(_control("ready", {"name": model_name, "version": model_version}))
+
+
+CONTROL_FAILED = {"load": "Failed to load model: ", "unload": "Failed to unload model: ",
+                   "ready": "Failed to check model readiness: "}  # fmt: skip
+
+
+def _control(operation: str, arguments: dict) -> Any:
+    if _caller is not None:
+        return _caller.control(operation, arguments)
+    loop = None if _host is None else _host.loop
+    if _host is None or loop is None:
+        raise TritonModelException(CONTROL_FAILED[operation] + "the server is not running")
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        raise TritonModelException(
+            CONTROL_FAILED[operation] + f"{operation} would block the event loop: call it from a thread"
+        )
+    try:
+        return asyncio.run_coroutine_threadsafe(control(_host, operation, arguments), loop).result()
+    except InferError as e:
+        raise TritonModelException(CONTROL_FAILED[operation] + e.message) from None
+
+
+async def control(host: "Host", operation: str, arguments: dict) -> Any:
+    """A model loading call run on the server's loop (in a model's process too, through its Caller):
+    its result, or raises InferError with the repository's error."""
+    name = arguments["name"]
+    if operation == "load":
+        files = {path.removeprefix("file:"): bytes(data) for path, data in arguments["files"].items()}
+        await host.load_model(name, arguments["config"] or None, files or None)
+        return None
+    if operation == "unload":
+        await host.unload_model(name, unload_dependents=bool(arguments["unload_dependents"]))
+        return None
+    version = str(arguments["version"])
+    if version and not (version.isdigit() and int(version) > 0):
+        raise InferError(
+            ErrorKind.INVALID_ARGUMENT,
+            f"failed to get model version from specified version string '{version}', version should be "
+            "an integral value > 0",
+        )
+    try:
+        return host.model(name).is_ready(version)
+    except InferError:
+        return False  # an unknown model, or version: not ready
 
 
 # ------------------------------------------------------------------------------------------ helpers

@@ -33,16 +33,19 @@ import shutil
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
 import tensorgate.server.backends.channel as channel
 import tensorgate.server.backends.pb_utils as pb_utils
 from tensorgate.batcher.staging import HostStaging, instance_count
+from tensorgate.batcher.stats import ResponseStats
 from tensorgate.codec import messages as msg
 from tensorgate.codec.errors import ErrorKind, InferError
 from tensorgate.codec.tensor import custom_parameters
 from tensorgate.server.backends.base import Backend, stream_only_error
 from tensorgate.server.backends.instance import Instance, NotStarted, interpreter, on_loop
+from tensorgate.server.backends.triton_python import mark_cancelled
 from tensorgate.server.model_config import parameter
 
 if TYPE_CHECKING:
@@ -92,11 +95,13 @@ class ProcessBackend(Backend):
         self._watch()
         info = infos[0]
         self.per_request = info["triton"]
+        self.response_stats: ResponseStats | None = None
         if self.per_request:
             decoupled = bool((config.get("model_transaction_policy") or {}).get("decoupled", False))
             self.stream_only = decoupled
             self.execute = self._refuse if decoupled else self._execute_triton
             self.execute_stream = self._stream_triton if decoupled else None
+            self.response_stats = ResponseStats() if decoupled else None
         else:
             self.with_parameters = info["with_parameters"]
             self.stream_only = not info["execute"]
@@ -271,8 +276,24 @@ class ProcessBackend(Backend):
 
     async def _execute_triton(self, jobs: list[Job]) -> list:
         small = sum(array.nbytes for job in jobs for array in job.inputs.values()) <= INLINE_BYTES
+        sent: list[tuple[Instance, int]] = []  # where the batch went, for its requests' cancels
+        gone: set[int] = set()  # the requests whose callers went away
+
+        def cancel(index: int) -> None:
+            """A request's caller went away: its model's process is told (request.is_cancelled())."""
+            if index not in gone:
+                gone.add(index)
+                if sent:
+                    sent[-1][0].send(channel.Dropped(sent[-1][1], index))
+
+        for index, job in enumerate(jobs):
+            mark_cancelled(getattr(job, "future", None), lambda index=index: cancel(index))
 
         def build(instance: Instance, call: int) -> msg.Execute:
+            sent.append((instance, call))
+            loop = asyncio.get_running_loop()
+            for index in gone:  # cancelled while it waited for an instance: told once the batch is sent
+                loop.call_soon(instance.send, channel.Dropped(call, index))
             if small:
                 requests = [msg.Batched(channel.inline_all(job.inputs), _meta(job.request)) for job in jobs]
                 return msg.Execute(call, instance.arena.size, requests, -1, None)
@@ -295,7 +316,12 @@ class ProcessBackend(Backend):
             ]
 
         with self._tracing([job.request.trace for job in jobs if job.request is not None]):
-            return await self._run(small, build, read)
+            try:
+                return await self._run(small, build, read)
+            except asyncio.CancelledError:
+                for index in range(len(jobs)):
+                    cancel(index)
+                raise
 
     @contextlib.contextmanager
     def _tracing(self, traces: list[Any]) -> Iterator[None]:
@@ -316,7 +342,7 @@ class ProcessBackend(Backend):
     async def _stream_triton(self, inputs: dict[str, Any], request: Any = None) -> AsyncIterator[dict]:
         tensors = [channel.inline(name, array) for name, array in inputs.items()]
         with self._tracing([request.trace if request is not None else None]):
-            async for outputs in self._stream(tensors, _meta(request), None):
+            async for outputs in self._stream(tensors, _meta(request), None, self.response_stats):
                 yield outputs
 
     # ---------------------------------------------------------------------------------- our API
@@ -352,10 +378,17 @@ class ProcessBackend(Backend):
     # ---------------------------------------------------------------------------------- streams
 
     async def _stream(
-        self, tensors: list[msg.Tensor], meta: msg.Meta | None, parameters: dict | None
+        self,
+        tensors: list[msg.Tensor],
+        meta: msg.Meta | None,
+        parameters: dict | None,
+        counted: ResponseStats | None = None,
     ) -> AsyncIterator[dict]:
         """One streamed request on an instance (streams share instances with batches: their tensors
-        travel in the messages, not in the arena)."""
+        travel in the messages, not in the arena); its responses `counted` (Triton's response_stats):
+        each one's compute_infer from the previous one until its arrival, its compute_output the reading
+        of its outputs here (the process made them)."""
+        start, index = perf_counter_ns(), 0
         instance = await self._take(True)
         self._give(instance)  # not held: a stream does not occupy the instance between its answers
         call = instance.new_call()
@@ -369,20 +402,32 @@ class ProcessBackend(Backend):
                 if taken == msg.AHEAD // 2:
                     instance.send(msg.More(call, taken))
                     taken = 0
+                now = perf_counter_ns()
                 match message:
                     case msg.Part(answer=msg.Answered(outputs=None) as failed):  # a response with an error
                         finished = True
+                        if counted is not None:
+                            counted.record(index, "fail", now - start)
                         raise pb_utils.as_infer_error(pb_utils.TritonError(failed.message, failed.code))
                     case msg.Part(answer=answer):
-                        yield {t.name: channel.inline_array(t) for t in answer.outputs}
-                    case msg.End():
+                        outputs = {t.name: channel.inline_array(t) for t in answer.outputs}
+                        if counted is not None:
+                            ready = perf_counter_ns()
+                            counted.record(index, "success", now - start, ready - now)
+                            start, index = ready, index + 1
+                        yield outputs
+                    case msg.End(payload=payload):
                         finished = True
+                        if counted is not None and payload == channel.EMPTY:
+                            counted.record(index, "empty_response", now - start)
                         return
                     case _:
                         finished = True
                         raise self._failed(message)
         finally:
             if not finished:
+                if counted is not None:
+                    counted.record(index, "cancel", perf_counter_ns() - start)
                 instance.calls.pop(call, None)
                 instance.send(msg.Cancel(call))
 
@@ -401,6 +446,27 @@ class ProcessBackend(Backend):
         """A BLS request from a model's process: answered through the server's schedulers."""
         instance.bls.add(message.call)
         asyncio.get_running_loop().create_task(_answer_bls(self, instance, message))
+
+    def control(self, instance: Instance, message: channel.Control) -> None:
+        """load_model, unload_model or is_model_ready from a model's process: run on this server."""
+
+        async def answer() -> None:
+            instance.send(await _controlled(self.host, message))
+
+        asyncio.get_running_loop().create_task(answer())
+
+    def control_now(self, message: channel.Control) -> channel.Controlled:
+        """The same from initialize, on a loading thread: run on the server's loop, waited for here."""
+        loop = self.host.loop if self.host is not None else None
+        if self.host is None or loop is None or not loop.is_running():
+            return channel.Controlled(message.call, None, "the server is not running")
+        try:
+            on_the_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_the_loop = False
+        if on_the_loop:  # waiting here would block the loop that runs the call
+            return channel.Controlled(message.call, None, "not available while the server loads this model")
+        return asyncio.run_coroutine_threadsafe(_controlled(self.host, message), loop).result()
 
     def close(self) -> None:
         self._closed = True
@@ -423,6 +489,18 @@ def _meta(request: Any) -> msg.Meta:
     return msg.Meta(
         request.id or "", request.sequence_id, request.sequence_flags, parameters, requested, traced
     )
+
+
+async def _controlled(host: Host | None, message: channel.Control) -> channel.Controlled:
+    if host is None:
+        return channel.Controlled(message.call, None, "the server is not running")
+    try:
+        result = await pb_utils.control(host, message.operation, message.arguments)
+    except InferError as e:
+        return channel.Controlled(message.call, None, e.message)
+    except Exception as e:  # noqa: BLE001 (a bad call from the model: its call fails, not the server)
+        return channel.Controlled(message.call, None, f"{type(e).__name__}: {e}")
+    return channel.Controlled(message.call, result, None)
 
 
 async def _answer_bls(owner: ProcessBackend, instance: Instance, call: msg.Call) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 import msgspec
 
 import tensorgate.server.backends.channel as channel
+import tensorgate.server.backends.custom_metrics as custom_metrics
 import tensorgate.server.backends.pb_utils as pb_utils
 from tensorgate.codec import messages as msg
 from tensorgate.codec.datatypes import BY_CONFIG
@@ -36,7 +37,7 @@ from tensorgate.server.app_monitor import AppMonitor
 from tensorgate.server.backends.channel import BatchArena
 from tensorgate.server.backends.module import ModelModule, use_app_monitor
 
-_FROM_SERVER = msgspec.msgpack.Decoder(msg.TO_MODEL)
+_FROM_SERVER = msgspec.msgpack.Decoder(channel.TO_MODEL)
 
 
 class Link:
@@ -59,6 +60,7 @@ class Link:
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.on_cancel: Callable[[int], None] = lambda call: None
         self.on_more: Callable[[int, int], None] = lambda call, count: None
+        self.on_drop: Callable[[int, int], None] = lambda call, index: None
 
     def send(self, message: Any) -> None:
         data = frame(message)
@@ -108,7 +110,7 @@ class Link:
         """A BLS answer, a cancel or a stream's credit taken care of here; any other message returned for
         the main thread."""
         match message:
-            case msg.Reply(call):
+            case msg.Reply(call) | channel.Controlled(call):
                 with self._lock:
                     deliver = self._replies.pop(call, None)
                 if deliver is not None:
@@ -117,6 +119,8 @@ class Link:
                 self.on_cancel(call)
             case msg.More(call, count):
                 self.on_more(call, count)
+            case channel.Dropped(call, index):
+                self.on_drop(call, index)
             case _:
                 return message
         return None
@@ -129,8 +133,9 @@ class Link:
             gone = msg.Answered(None, pb_utils.TritonError.UNAVAILABLE, "the server went away")
             deliver(msg.Reply(call, [gone]))
 
-    def call(self, message: msg.Call, deliver: Callable[[msg.Reply], None]) -> None:
-        """Sends a BLS request (its call number set here); its answer goes to `deliver`."""
+    def call(self, message: msg.Call | channel.Control, deliver: Callable[[Any], None]) -> None:
+        """Sends a BLS request or a model loading call (its call number set here); its answer goes to
+        `deliver`."""
         self.start_reader()
         with self._lock:
             self._next += 1
@@ -167,6 +172,25 @@ class Calls:
             lambda message: loop.call_soon_threadsafe(answer.set_result, message),
         )
         return _bls_responses(await answer)
+
+    def control(self, operation: str, arguments: dict) -> Any:
+        done, answer = threading.Event(), []
+
+        def deliver(message: Any) -> None:
+            answer.append(message)
+            done.set()
+
+        self.link.call(channel.Control(0, operation, arguments), deliver)
+        done.wait()
+        reply = answer[0]
+        if not isinstance(reply, channel.Controlled):  # a Reply: the server went away
+            raise pb_utils.TritonModelException(pb_utils.CONTROL_FAILED[operation] + "the server went away")
+        if reply.error is not None:
+            raise pb_utils.TritonModelException(pb_utils.CONTROL_FAILED[operation] + reply.error)
+        return reply.result
+
+    def watch_cancels(self) -> None:
+        self.link.start_reader()  # a Dropped must arrive while the main thread runs execute
 
 
 def _bls_message(request: pb_utils.InferenceRequest, decoupled: bool) -> msg.Call:
@@ -259,6 +283,8 @@ class Stub:
         self.credits: dict[int, Credit] = {}  # call -> its stream's credit
         link.on_more = self.grant
         self.loop: asyncio.AbstractEventLoop | None = None  # for `async def execute`, made when needed
+        self.executing: tuple[int, list[pb_utils.InferenceRequest]] = (0, [])  # a Triton batch's
+        link.on_drop = self.drop
 
     # ------------------------------------------------------------------------------------- loading
 
@@ -343,7 +369,11 @@ class Stub:
         if self.triton:
             answers = []
             requests = [self._request(batched.inputs, batched.meta, None) for batched in message.requests]
-            responses = self._call(self.model.execute, requests)
+            self.executing = (call, requests)
+            try:
+                responses = self._call(self.model.execute, requests)
+            finally:
+                self.executing = (0, [])
             for outputs in _checked(self.name, len(requests), responses):
                 if isinstance(outputs, dict):
                     if end < 0:  # a small batch: its answers in the message too
@@ -401,7 +431,7 @@ class Stub:
                 if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
                     self.streams.pop(call, None)
                     self.credits.pop(call, None)
-                    link.send(msg.End(call))
+                    link.send(msg.End(call, channel.EMPTY if response is None else None))
 
             sender = pb_utils.InferenceResponseSender(deliver)
             self.streams[call] = sender
@@ -457,6 +487,12 @@ class Stub:
         credit = self.credits.get(call)
         if credit is not None:
             credit.grant(count)
+
+    def drop(self, call: int, index: int) -> None:
+        """Request `index` of batch `call` lost its client (called by the reader thread)."""
+        executing, requests = self.executing
+        if executing == call and index < len(requests):
+            requests[index]._cancelled = True
 
     def cancel(self, call: int) -> None:
         """The client of a streamed request went away (called by the reader thread)."""
@@ -519,6 +555,9 @@ def main(argv: list[str]) -> int:
     logging.getLogger("tensorgate.model").propagate = False
     pb_utils.attach_caller(Calls(link))
     use_app_monitor(_Monitor(link))
+    custom_metrics.forward = lambda operation: link.send(
+        msg.Metric(json.dumps(operation), custom_metrics.OPERATION, 0.0)
+    )
     if isinstance(first, msg.Complete):
         return _complete(link, first.config, first.version_dir)
     if not isinstance(first, msg.Load):

@@ -28,15 +28,20 @@ plain infer is refused as for those.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import inspect
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
 import tensorgate.server.backends.pb_utils as pb_utils
 from tensorgate.batcher.sequence_inputs import added_inputs
+from tensorgate.batcher.staging import instance_count
+from tensorgate.batcher.stats import ResponseStats
 from tensorgate.codec.datatypes import BY_CONFIG
 from tensorgate.codec.errors import ErrorKind, InferError
 from tensorgate.server.backends.base import Backend, stream_only_error
@@ -65,6 +70,7 @@ class TritonPythonBackend(Backend):
             raise TypeError(f"{module.path}: TritonPythonModel must define execute(self, requests)")
         self.is_async = inspect.iscoroutinefunction(execute)
         self.in_thread = not self.is_async
+        self._threads: ThreadPoolExecutor | None = None
         decoupled = bool((config.get("model_transaction_policy") or {}).get("decoupled", False))
         self.stream_only = decoupled
         if decoupled:
@@ -72,8 +78,13 @@ class TritonPythonBackend(Backend):
         elif self.is_async:
             self.execute = self._execute_async
         else:
+            # Its threads awaited on the loop, not the batcher's: a caller that goes away while execute
+            # runs is seen here, and reaches the model as request.is_cancelled().
+            self.is_async, self.in_thread = True, False
+            self._threads = ThreadPoolExecutor(instance_count(config, "cpu"), f"{self.name}-execute")
             self.execute = self._execute
         self.execute_stream = self._execute_decoupled if decoupled else None
+        self.response_stats = ResponseStats()  # its decoupled responses' (response_stats)
         if hasattr(self.model, "initialize"):
             self.model.initialize(initialize_args(config, version, module.path))
 
@@ -81,13 +92,15 @@ class TritonPythonBackend(Backend):
         name, version, dtypes = self.name, self.version, self.dtypes
         return [pb_utils.received_request(name, version, job.inputs, dtypes, job.request) for job in jobs]
 
-    def _execute(self, jobs: list[Job]) -> list:
+    async def _execute(self, jobs: list[Job]) -> list:
         requests = self._requests(jobs)
-        return self._answers(len(requests), self.model.execute(requests))
+        work = asyncio.get_running_loop().run_in_executor(self._threads, self.model.execute, requests)
+        return self._answers(len(requests), await returned(work, jobs, requests))
 
     async def _execute_async(self, jobs: list[Job]) -> list:
         requests = self._requests(jobs)
-        return self._answers(len(requests), await self.model.execute(requests))
+        work = asyncio.ensure_future(self.model.execute(requests))
+        return self._answers(len(requests), await returned(work, jobs, requests))
 
     def _refuse(self, jobs: list[Job]) -> list:
         raise stream_only_error(self.name)
@@ -124,7 +137,7 @@ class TritonPythonBackend(Backend):
         sent: asyncio.Queue = asyncio.Queue()
 
         def deliver(response: pb_utils.InferenceResponse | BaseException | None, flags: int) -> None:
-            loop.call_soon_threadsafe(sent.put_nowait, (response, flags))
+            loop.call_soon_threadsafe(sent.put_nowait, (response, flags, perf_counter_ns()))
 
         sender = pb_utils.InferenceResponseSender(deliver)
         received = pb_utils.received_request(self.name, self.version, inputs, self.dtypes, request, sender)
@@ -135,26 +148,65 @@ class TritonPythonBackend(Backend):
 
         def finished(future: asyncio.Future) -> None:
             if not future.cancelled() and future.exception() is not None:
-                sent.put_nowait((future.exception(), FINAL))
+                sent.put_nowait((future.exception(), FINAL, 0))
 
         running.add_done_callback(finished)
+        # Triton's response_stats: each response's compute_infer from the previous send() (or the start)
+        # to its own, its compute_output from there to its outputs ready here
+        counted, start, index, over = self.response_stats, perf_counter_ns(), 0, False
         try:
             while True:
-                response, flags = await sent.get()
+                response, flags, sent_ns = await sent.get()
                 if isinstance(response, BaseException):
+                    over = True
                     raise response
                 if response is not None:
                     outputs = self._outputs(response)
+                    ready = perf_counter_ns()
                     if isinstance(outputs, InferError):
+                        over = True
+                        counted.record(index, "fail", max(0, sent_ns - start))  # no outputs to compute
                         raise outputs
+                    counted.record(index, "success", max(0, sent_ns - start), ready - sent_ns)
+                    start, index = max(start, sent_ns), index + 1
                     yield outputs
+                elif flags & FINAL:
+                    counted.record(index, "empty_response", max(0, sent_ns - start))
                 if flags & FINAL:
+                    over = True
                     return
         finally:
+            if not over:  # the client went away
+                counted.record(index, "cancel", perf_counter_ns() - start)
             sender._cancelled = True  # the client went away, or the answers are over
 
     def close(self) -> None:
+        if self._threads is not None:
+            self._threads.shutdown(wait=False)
         self._module.unload(self.model)
+
+
+async def returned(work: asyncio.Future, jobs: list[Job], requests: list[pb_utils.InferenceRequest]) -> Any:
+    """What the model's execute returns. A request whose caller goes away meanwhile (its job's future
+    cancelled, in the dynamic batcher's batch; or this call cancelled) is marked cancelled for
+    `is_cancelled()`, and the model runs on until it returns: its instance is busy until then."""
+    for job, request in zip(jobs, requests, strict=True):
+        future = getattr(job, "future", None)
+        mark_cancelled(future, lambda request=request: setattr(request, "_cancelled", True))
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        for request in requests:
+            request._cancelled = True
+        with contextlib.suppress(Exception):
+            await work
+        raise
+
+
+def mark_cancelled(future: asyncio.Future | None, mark: Callable[[], None]) -> None:
+    """`mark()` once `future` (a job's, as its caller awaits it) is cancelled."""
+    if future is not None:
+        future.add_done_callback(lambda done: mark() if done.cancelled() else None)
 
 
 def complete(version_dir: Path, config: dict, host: Host | None = None) -> dict:
@@ -173,16 +225,18 @@ def complete(version_dir: Path, config: dict, host: Host | None = None) -> dict:
 
 
 def initialize_args(config: dict, version: int, model_path: Path, instance: int = 0) -> dict[str, str]:
-    """initialize's `args`, as Triton gives them, for instance number `instance` of the model."""
-    groups = config.get("instance_group") or [{}]
-    kind = groups[0].get("kind", "KIND_CPU")
-    gpus = groups[0].get("gpus") or [0]
+    """initialize's `args`, as Triton gives them, for instance number `instance` of the model (its kind
+    and device: those its instance group places it on, batcher/staging.py placements)."""
+    from tensorgate.batcher.staging import placements
+
+    every = placements(config)
+    placed = every[instance % len(every)]
     return {
         "model_config": json.dumps(config),
         "model_name": config["name"],
         "model_version": str(version),
         "model_repository": str(model_path.parent.parent),
-        "model_instance_kind": "GPU" if kind == "KIND_GPU" else "CPU",
+        "model_instance_kind": placed.kind,
         "model_instance_name": f"{config['name']}_{instance}",
-        "model_instance_device_id": str(gpus[0]) if kind == "KIND_GPU" else "0",
+        "model_instance_device_id": str(placed.device_id),
     }

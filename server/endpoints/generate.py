@@ -12,13 +12,20 @@ is codec/generate.py.
   after an answer, an error event ends the stream, its status already sent as 200.
 - A client that goes away cancels its request: a queued one leaves its queue, a streaming model's
   generator is closed (the transport closes the event stream, which closes it).
+- A traced request gets Triton's front-end timestamps (server/tracing/frontend.py): /generate as an
+  infer; /generate_stream a pair of send timestamps per event, as Triton's (TimedEvents).
+- With --workers a worker serves both itself (`front_end`), its model in the engine. There, a streaming
+  model's request that decodes but that the engine refuses before the model runs is an error event,
+  not the JSON error: the worker cannot tell that refusal from a failure as the first answer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from time import perf_counter_ns
 from typing import TYPE_CHECKING
 
 from tensorgate.codec.errors import ErrorKind, InferError, http_status, parse_version
@@ -32,7 +39,13 @@ from tensorgate.codec.generate import (
 )
 from tensorgate.codec.v2_http import MAX_INPUT_SIZE
 from tensorgate.server.endpoints.v2 import error_response, json_response, sample
-from tensorgate.server.router import HttpRequest, HttpResponse, Router, body_response
+from tensorgate.server.router import HttpRequest, HttpResponse, Router, body_response, front_end
+from tensorgate.server.tracing.frontend import (
+    HTTP_SEND_END,
+    HTTP_SEND_START,
+    INFER_RESPONSE_COMPLETE,
+    http_received,
+)
 
 if TYPE_CHECKING:
     from tensorgate.codec.tensor import InferRequest, InferResponse
@@ -69,8 +82,12 @@ class GenerateEndpoints:
             infer_request.trace = sample(self.tracer, name, request.headers)
         return found, infer_request
 
+    @front_end
     async def generate(self, request: HttpRequest) -> HttpResponse:
         model_version, infer_request = self._request(request)
+        trace = infer_request.trace
+        # a traced request's transport stamps its answer's sending (its error's too), then finishes it
+        handed = trace is not None and http_received(self.tracer, trace, request)
         try:
             if model_version.stream_only:
                 responses = await _collect(model_version.infer_stream(infer_request))
@@ -79,53 +96,114 @@ class GenerateEndpoints:
                 response = responses[0]
             else:
                 response = await model_version.infer(infer_request)
+        except asyncio.CancelledError:
+            self.tracer.finish(trace)  # the client left: no answer goes out
+            raise
         finally:
-            self.tracer.finish(infer_request.trace)
-        return body_response(generate_json(response), JSON_CONTENT_TYPE)
+            if not handed:
+                self.tracer.finish(trace)
+        body = generate_json(response)
+        if trace is not None:
+            trace.stamp_front(INFER_RESPONSE_COMPLETE, perf_counter_ns())
+        return body_response(body, JSON_CONTENT_TYPE)
 
+    @front_end
     async def generate_stream(self, request: HttpRequest) -> HttpResponse:
         model_version, infer_request = self._request(request)
         trace = infer_request.trace
-        if not model_version.streams:
-            try:
-                response = await model_version.infer(infer_request)
-            except InferError as e:
-                if e.kind is not ErrorKind.INTERNAL:  # refused before it ran
-                    raise
-                return _error_event(e)  # it ran and failed
-            finally:
+        if trace is None:
+            return await _answer_stream(model_version, infer_request)
+        # an error's answer: its transport stamps the sending and finishes the trace
+        handed = http_received(self.tracer, trace, request)
+        try:
+            response = await _answer_stream(model_version, infer_request)
+        except asyncio.CancelledError:
+            self.tracer.finish(trace)
+            raise
+        except BaseException:
+            if not handed:
                 self.tracer.finish(trace)
-            return _events(_once(response))
-        try:  # bad requests are refused here, before the model runs
-            stream = model_version.infer_stream(infer_request)
-        except BaseException:
-            self.tracer.finish(trace)
             raise
-        try:
-            first = await anext(stream)
-        except StopAsyncIteration:
-            first = None
-        except InferError as e:
-            await stream.aclose()
-            self.tracer.finish(trace)
-            return _error_event(e)
-        except BaseException:
-            await stream.aclose()
-            self.tracer.finish(trace)
-            raise
-        return _events(self._rest(first, stream, trace))
+        if isinstance(response.chunks, list):  # an error event
+            if not handed:
+                self.tracer.finish(trace)
+            return response
+        # events: each one stamped as it goes out (Triton's stamps of a streamed answer), the trace
+        # finished when the stream ends
+        if handed:
+            request.answer = None  # type: ignore[attr-defined]  # a TimedRequest (http_received)
+        response.chunks = TimedEvents(response.chunks, self.tracer, trace, handed)  # type: ignore[arg-type]
+        return response
 
-    async def _rest(
-        self, first: InferResponse | None, stream: AsyncIterator[InferResponse], trace: Trace | None
-    ) -> AsyncIterator[InferResponse]:
+
+async def _answer_stream(model_version: ModelVersion, infer_request: InferRequest) -> HttpResponse:
+    """The answer of /generate_stream: its events, or a first failure's error event."""
+    if not model_version.streams:
         try:
-            async with aclosing(stream):  # closing the events closes the model's generator
-                if first is not None:
-                    yield first
-                async for response in stream:
-                    yield response
+            response = await model_version.infer(infer_request)
+        except InferError as e:
+            if e.kind is not ErrorKind.INTERNAL:  # refused before it ran
+                raise
+            return _error_event(e)  # it ran and failed
+        return _events(_once(response))
+    stream = model_version.infer_stream(infer_request)  # bad requests are refused here, before it runs
+    try:
+        first = await anext(stream)
+    except StopAsyncIteration:
+        first = None
+    except InferError as e:
+        await stream.aclose()
+        return _error_event(e)
+    except BaseException:
+        await stream.aclose()
+        raise
+    return _events(_rest(first, stream))
+
+
+async def _rest(
+    first: InferResponse | None, stream: AsyncIterator[InferResponse]
+) -> AsyncIterator[InferResponse]:
+    async with aclosing(stream):  # closing the events closes the model's generator
+        if first is not None:
+            yield first
+        async for response in stream:
+            yield response
+
+
+class TimedEvents:
+    """A traced request's events. Triton's generate_stream stamps each answer of the model as it goes
+    out: INFER_RESPONSE_COMPLETE (encoded), HTTP_SEND_START and HTTP_SEND_END (around its chunk's
+    sending, here from the event handed to the transport to its asking for the next), when `stamping`
+    (a request our transport received). Closing it (the transports always do) finishes the trace."""
+
+    def __init__(self, events: AsyncIterator[bytes], tracer: Tracer, trace: Trace, stamping: bool) -> None:
+        self.events = events
+        self.tracer = tracer
+        self.trace = trace
+        self.stamping = stamping
+        self.sending = False  # an event was handed out: its sending ends at the next call
+
+    def __aiter__(self) -> TimedEvents:
+        return self
+
+    async def __anext__(self) -> bytes:
+        trace = self.trace
+        if self.sending:
+            self.sending = False
+            trace.stamp_front(HTTP_SEND_END, perf_counter_ns())
+        event = await anext(self.events)
+        if self.stamping:
+            now = perf_counter_ns()
+            trace.stamp_front(INFER_RESPONSE_COMPLETE, now)
+            trace.stamp_front(HTTP_SEND_START, now)
+            self.sending = True
+        return event
+
+    async def aclose(self) -> None:
+        try:
+            await self.events.aclose()  # type: ignore[attr-defined]  # _sse: an async generator
         finally:
-            self.tracer.finish(trace)
+            self.tracer.finish(self.trace)
 
 
 def _events(responses: AsyncIterator[InferResponse]) -> HttpResponse:

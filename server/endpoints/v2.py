@@ -13,7 +13,7 @@ import orjson
 
 from tensorgate.codec import v2_http
 from tensorgate.codec.errors import InferError, http_status, invalid, parse_version
-from tensorgate.server import __version__, header_forwarding
+from tensorgate.server import __version__, header_forwarding, identity
 from tensorgate.server.router import HttpRequest, HttpResponse, Router, body_response, front_end
 from tensorgate.server.shared_memory import CUDA, SYSTEM, decode_handle
 from tensorgate.server.statistics import model_statistics
@@ -102,7 +102,7 @@ class V2Endpoints:
                 router.add(method, template, functools.partial(handler, kind), error_response)
 
     async def server_metadata(self, request: HttpRequest) -> HttpResponse:
-        return json_response({"name": "tensorgate", "version": __version__, "extensions": EXTENSIONS})
+        return json_response({"name": identity.name, "version": __version__, "extensions": EXTENSIONS})
 
     async def live(self, request: HttpRequest) -> HttpResponse:
         return json_response({"live": True})

@@ -20,7 +20,7 @@ from grpclib.const import Cardinality, Handler, Status
 import tensorgate.proto.inference as pb
 from tensorgate.codec import v2_grpc, v2_grpc_request
 from tensorgate.codec.errors import ErrorKind, InferError, parse_version
-from tensorgate.server import __version__, header_forwarding
+from tensorgate.server import __version__, header_forwarding, identity
 from tensorgate.server.endpoints.repository import check_overrides
 from tensorgate.server.endpoints.v2 import EXTENSIONS
 from tensorgate.server.grpc.stream_infer import SHUTTING_DOWN, StreamInfer
@@ -149,7 +149,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
 
     @rpc
     async def server_metadata(self, message: pb.ServerMetadataRequest) -> pb.ServerMetadataResponse:
-        return pb.ServerMetadataResponse(name="tensorgate", version=__version__, extensions=list(EXTENSIONS))
+        return pb.ServerMetadataResponse(name=identity.name, version=__version__, extensions=list(EXTENSIONS))
 
     @rpc
     async def model_metadata(self, message: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:

@@ -14,6 +14,12 @@ streaming model, and, with the request parameter `triton_enable_empty_final_resp
 Triton's clients send it for decoupled models), true on an answer with no outputs after the last yield.
 Triton's C++ client takes an answer without it as final. At shutdown a stream takes no more requests,
 answers those it has, and ends UNAVAILABLE.
+
+A traced request's trace gets Triton's stream timestamps (its stream_infer_handler.cc): GRPC_WAITREAD_START
+(the stream began waiting for its message: the call opened, or the message before it was in) and
+GRPC_WAITREAD_END (its message in), INFER_RESPONSE_COMPLETE (its first answer encoded), GRPC_SEND_START
+and GRPC_SEND_END around each of its answers' sending; it is written once answered. The call reads the
+clock for what it receives only while tracing is on (server/tracing/frontend.py Timing).
 """
 
 import asyncio
@@ -22,6 +28,7 @@ import logging
 import re
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from time import perf_counter_ns
 from typing import Any
 
 from grpclib import GRPCError
@@ -36,6 +43,14 @@ from tensorgate.server.http import eager
 from tensorgate.server.http.grpc_call import GrpcCall
 from tensorgate.server.repository import Repository
 from tensorgate.server.shared_memory import SharedMemory
+from tensorgate.server.tracing.frontend import (
+    GRPC_SEND_END,
+    GRPC_SEND_START,
+    GRPC_WAITREAD_END,
+    GRPC_WAITREAD_START,
+    INFER_RESPONSE_COMPLETE,
+    ns,
+)
 from tensorgate.server.tracing.tracer import Tracer, sample_grpc
 
 log = logging.getLogger("tensorgate.grpc")
@@ -66,6 +81,8 @@ class StreamInfer:
         self.answering: asyncio.Task | None = None
         self.ended = False  # no more requests are taken
         self.end_error: GRPCError | None = None  # the status the call ends with, once answered
+        # while the call is timed (tracing on): when the stream began waiting for the next message
+        self.waiting = call.started
         # Kept: asyncio.get_running_loop() costs a getpid() system call a time on Python 3.11.
         self.loop = asyncio.get_running_loop()
         self.done = self.loop.create_future()  # the call's end: None, or its error
@@ -94,7 +111,10 @@ class StreamInfer:
         """A request as it arrives: started, its answer queued. False: hold the rest."""
         if self.ended:
             return False
-        self.pending.append(self._start(message.data))
+        since = self.waiting
+        if since:  # timed: the next message's wait begins as this one is in
+            self.waiting = self.call.read
+        self.pending.append(self._start(message.data, since))
         if self.answering is None:
             self.answering = self.loop.create_task(self._answer_pending())
         return len(self.pending) < STREAM_WINDOW
@@ -114,7 +134,10 @@ class StreamInfer:
             while self.pending:
                 item = self.pending[0]
                 if item.response is not None or item.error is not None:  # the usual: known already
-                    await self.call.send_message(self.raw_message(item.answer()))
+                    if item.trace is None:
+                        await self.call.send_message(self.raw_message(item.answer()))
+                    else:
+                        await self._send_traced(item, item.answer(), True)
                 else:
                     await self._answer(item)
                 self.pending.popleft()
@@ -130,7 +153,17 @@ class StreamInfer:
         if self.ended and not self.done.done():
             self.done.set_result(self.end_error)
 
-    def _start(self, data: bytes) -> "_Pending":
+    async def _send_traced(self, item: "_Pending", body: bytes, first: bool) -> None:
+        """One answer of a traced request, its sending stamped (its first answer's encoding too)."""
+        trace = item.trace
+        now = perf_counter_ns()
+        if first:
+            trace.stamp_front(INFER_RESPONSE_COMPLETE, now)  # type: ignore[union-attr]  # traced
+        trace.stamp_front(GRPC_SEND_START, now)  # type: ignore[union-attr]
+        await self.call.send_message(self.raw_message(body))
+        trace.stamp_front(GRPC_SEND_END, perf_counter_ns())  # type: ignore[union-attr]
+
+    def _start(self, data: bytes, since: float = 0.0) -> "_Pending":
         """Starts one request: its answer in the making (a future for a plain infer, already done when
         the model ran inline), an iterator (started when its turn to answer comes) for a streaming model,
         or the error that answers it."""
@@ -144,6 +177,9 @@ class StreamInfer:
             version = self.repository.resolve(request.model_name, parse_version(request.model_version))
             if self.tracer.on:
                 request.trace = sample_grpc(self.tracer, request.model_name, self.call.metadata)
+                if request.trace is not None and since:
+                    request.trace.stamp_front(GRPC_WAITREAD_START, ns(since))
+                    request.trace.stamp_front(GRPC_WAITREAD_END, ns(self.call.read))
             if version.streams:
                 iterator = version.infer_stream(request)
                 return _Pending(request_id, final, iterator=iterator, trace=request.trace)
@@ -165,11 +201,19 @@ class StreamInfer:
         if item.iterator is None:
             if item.task is not None and not item.task.done():
                 await asyncio.wait((item.task,))
-            await self.call.send_message(self.raw_message(item.answer()))  # rarely waits
+            if item.trace is None:
+                await self.call.send_message(self.raw_message(item.answer()))  # rarely waits
+            else:
+                await self._send_traced(item, item.answer(), True)
             return
+        first = True
         async with aclosing(_streamed_answers(item)) as answers:
             async for body in answers:
-                await self.call.send_message(self.raw_message(body))
+                if item.trace is None:
+                    await self.call.send_message(self.raw_message(body))
+                else:
+                    await self._send_traced(item, body, first)
+                    first = False
 
 
 async def _streamed_answers(item: "_Pending") -> AsyncIterator[bytes]:

@@ -36,6 +36,15 @@ class HttpSettings:
     h2_min_ping_interval: float = 300.0
     h2_max_ping_strikes: int = 2
     graceful_timeout: float = 30.0
+    # HTTP/2 connections of ports that serve gRPC: grpc-core's server keepalive and connection age (Triton's
+    # --grpc-keepalive-* and --grpc-max-connection-age* flags; seconds, an age or grace of 0 is none).
+    grpc_keepalive_time: float = 7200.0
+    grpc_keepalive_timeout: float = 20.0
+    grpc_keepalive_permit_without_calls: bool = False
+    grpc_max_pings_without_data: int = 2  # keepalive PINGs sent with no answer frame between; 0: any
+    grpc_max_connection_age: float = 0.0
+    grpc_max_connection_age_grace: float = 0.0
+    grpc_infer_compression_level: str = "none"  # none, low, medium, high: ModelInfer's answers
 
 
 class Connection(Protocol):

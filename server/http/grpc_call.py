@@ -43,6 +43,7 @@ from tensorgate.server.http.grpc_wire import (
     compress,
     content_subtype,
     decompress,
+    encoding_for_level,
     is_grpc,
     metadata,
     parse_timeout,
@@ -59,6 +60,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tensorgate.grpc")
 
+# The calls --grpc-infer-response-compression-level compresses the answers of (as Triton: its infer handlers)
+INFER_PATHS = frozenset(
+    ("/inference.GRPCInferenceService/ModelInfer", "/inference.GRPCInferenceService/ModelStreamInfer")
+)
 SMALL_MESSAGE = 16 << 10  # messages up to this go out as one DATA frame with no task, when they fit
 
 ANSWER_HEAD = [(b"content-type", CONTENT_TYPE), (b"grpc-accept-encoding", ACCEPT_ENCODING)]
@@ -127,6 +132,7 @@ class GrpcCall:
         "told_end",
         "headers_sent",
         "encoding",
+        "answer_encoding",
         "metadata",
         "task",
         "started",
@@ -153,7 +159,8 @@ class GrpcCall:
         self.held = False  # the consumer wants no more messages for now
         self.told_end = False
         self.headers_sent = False
-        self.encoding: bytes | None = None  # the request's grpc-encoding, and so the answer's
+        self.encoding: bytes | None = None  # the request's grpc-encoding
+        self.answer_encoding: bytes | None = None  # the answer's: the request's, or the compression level's
         self.metadata: dict[str, str | bytes] = {}
         self.task: asyncio.Task | None = None  # the handler's
         self.started = monotonic() if Timing.on else 0.0  # opened (time.monotonic(), while timed)
@@ -301,15 +308,16 @@ class GrpcCall:
         size = len(parts[0]) if len(parts) == 1 else sum(map(len, parts))
         if size > self.max_bytes:
             raise too_large("response", size, self.max_bytes)
-        if self.encoding is not None:
-            parts = [compress(self.encoding, b"".join(parts))]
+        encoding = self.answer_encoding
+        if encoding is not None:
+            parts = [compress(encoding, b"".join(parts))]
             size = len(parts[0])
         if self.stream.reset:
             raise StreamReset
         if not self.headers_sent:
             self.headers_sent = True
-            self.connection.send_headers(self.stream, _HEAD_BLOCKS[self.encoding])
-        return prefix(self.encoding is not None, size), parts, size
+            self.connection.send_headers(self.stream, _HEAD_BLOCKS[encoding])
+        return prefix(encoding is not None, size), parts, size
 
     # ------------------------------------------------------------------------------ the call's life
 
@@ -335,7 +343,10 @@ class GrpcCall:
                     f"grpc-encoding {encoding.decode('latin-1')} is not supported "
                     f"(grpc-accept-encoding: {ACCEPT_ENCODING.decode()})",
                 )
-            self.encoding = encoding
+            self.encoding = self.answer_encoding = encoding
+        level = self.connection.settings.grpc_infer_compression_level
+        if level != "none" and self.stream.path in INFER_PATHS:
+            self.answer_encoding = encoding_for_level(level, headers.get(b"grpc-accept-encoding"))
         try:
             self.metadata = metadata(headers)
             timeout = headers.get(b"grpc-timeout")

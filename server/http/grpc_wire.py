@@ -88,6 +88,24 @@ def too_large(what: str, size: int, limit: int) -> GRPCError:
     )
 
 
+COMPRESSION_LEVELS = ("none", "low", "medium", "high")
+# grpc-core's ranking of the algorithms a level picks from, least compressing first
+_RANKED = (b"gzip", b"deflate")
+
+
+def encoding_for_level(level: str, accepted: bytes | None) -> bytes | None:
+    """The encoding an answer gets at a compression level, as grpc-core picks it among those the client
+    accepts (grpc-accept-encoding; without it, none): low the first of gzip and deflate, medium the middle
+    one, high the last; None for none, or when the client accepts neither."""
+    if level == "none" or accepted is None:
+        return None
+    offered = {name.strip() for name in accepted.split(b",")}
+    ranked = [name for name in _RANKED if name in offered]
+    if not ranked:
+        return None
+    return ranked[{"low": 0, "medium": len(ranked) // 2}.get(level, -1)]
+
+
 def compress(encoding: bytes, data: bytes | memoryview) -> bytes:
     packer = zlib.compressobj(6, zlib.DEFLATED, ENCODINGS[encoding])
     return packer.compress(data) + packer.flush()

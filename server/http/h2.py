@@ -22,10 +22,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import random
 from typing import TYPE_CHECKING
 
 from tensorgate.server.http.connection import BaseConnection
 from tensorgate.server.http.h2_frames import (
+    AGE_JITTER,
     BULK_READ,
     CLOSED_KEPT,
     CONTINUATION,
@@ -38,12 +40,17 @@ from tensorgate.server.http.h2_frames import (
     FRAME_SIZE_ERROR,
     GOAWAY,
     GOAWAY_DELAY,
+    GOAWAY_PING,
+    GOAWAY_PING_WAIT,
     HEADERS,
+    KEEPALIVE_PING,
     LINGER_SECONDS,
+    MAX_STREAM_ID,
     NO_ERROR,
     OUR_CONNECTION_WINDOW,
     OUR_MAX_FRAME,
     OUR_STREAM_WINDOW,
+    PING,
     PREFACE,
     PROTOCOL_ERROR,
     READ_BUFFER,
@@ -97,6 +104,12 @@ class H2Connection(FrameReceiver, BaseConnection):
         self.shutting_down = False
         self.closing = False
         self.since = self.loop.time()
+        # gRPC keepalive and connection age (ports that serve gRPC): one timer handle each, per connection
+        self.keepalive: asyncio.TimerHandle | None = None  # the next PING, or the wait for its ACK
+        self.awaiting_ack = False
+        self.draining = False  # the graceful GOAWAY's first half is out
+        self.age: asyncio.TimerHandle | None = None  # the maximum age, then the final GOAWAY's fallback
+        self.grace: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------------------ asyncio protocol
 
@@ -114,9 +127,14 @@ class H2Connection(FrameReceiver, BaseConnection):
             frame(SETTINGS, 0, 0, ours)
             + frame(WINDOW_UPDATE, 0, 0, (OUR_CONNECTION_WINDOW - DEFAULT_WINDOW).to_bytes(4, "big"))
         )
+        if self.calls is not None:
+            self._start_timers()
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        for timer in (self.keepalive, self.age, self.grace):
+            if timer is not None:
+                timer.cancel()
         for stream in list(self.streams.values()):
             self._drop(stream)
         self.streams.clear()
@@ -406,18 +424,19 @@ class H2Connection(FrameReceiver, BaseConnection):
             self.transport.write_eof()
         self.loop.call_later(LINGER_SECONDS, self.abort)
 
-    def _goaway(self) -> None:
+    def _goaway(self, debug: bytes = b"") -> None:
         if self.goaway_sent or self.transport is None:
             return
         self.goaway_sent = True
         self._flush()
         self.transport.write(
-            frame(GOAWAY, 0, 0, self.last_stream_id.to_bytes(4, "big") + NO_ERROR.to_bytes(4, "big"))
+            frame(GOAWAY, 0, 0, self.last_stream_id.to_bytes(4, "big") + NO_ERROR.to_bytes(4, "big") + debug)
         )
 
     def _close(self) -> None:
         self.closing = True
         if self.transport is not None:
+            self._flush()  # the last answer's frames, queued for this pass
             self.transport.close()
 
     def sweep(self, now: float) -> None:
@@ -430,6 +449,78 @@ class H2Connection(FrameReceiver, BaseConnection):
         elif not self.streams and elapsed > self.settings.keep_alive_timeout:
             self._goaway()
             self._close()
+
+    # ------------------------------------------------------------------------------ gRPC keepalive, age
+    # As grpc-core's chttp2 server transport does with Triton's --grpc-keepalive-* and
+    # --grpc-max-connection-age* flags (its GRPC_ARG_KEEPALIVE_* and GRPC_ARG_MAX_CONNECTION_AGE_* args).
+
+    def _start_timers(self) -> None:
+        settings = self.settings
+        self.keepalive = self.loop.call_later(settings.grpc_keepalive_time, self._keepalive_ping)
+        if settings.grpc_max_connection_age > 0:
+            age = settings.grpc_max_connection_age * random.uniform(1 - AGE_JITTER, 1 + AGE_JITTER)
+            self.age = self.loop.call_later(age, self._max_age)
+
+    def _keepalive_ping(self) -> None:
+        """Every keepalive time: a PING, when a call is open (or pings without calls are permitted) and
+        fewer than --grpc-http2-max-pings-without-data were sent since the last answer frame (else the
+        next period tries again); its ACK must come within the keepalive timeout."""
+        settings = self.settings
+        if self.transport is None or self.closing:
+            return
+        most = settings.grpc_max_pings_without_data
+        if (self.streams or settings.grpc_keepalive_permit_without_calls) and (
+            most <= 0 or self.pings_without_data < most
+        ):
+            self.pings_without_data += 1
+            self.awaiting_ack = True
+            self._send(frame(PING, 0, 0, KEEPALIVE_PING))
+            self.keepalive = self.loop.call_later(settings.grpc_keepalive_timeout, self._keepalive_timeout)
+        else:
+            self.keepalive = self.loop.call_later(settings.grpc_keepalive_time, self._keepalive_ping)
+
+    def _keepalive_timeout(self) -> None:
+        """The peer did not ACK our keepalive PING in time: it is gone (GOAWAY, close; its calls end)."""
+        self._fail(NO_ERROR, "keepalive watchdog timeout")
+
+    def _ping_acked(self, payload: bytes) -> None:
+        """An ACK of one of our PINGs (h2_receive.py)."""
+        if payload == KEEPALIVE_PING and self.awaiting_ack:
+            self.awaiting_ack = False
+            self.keepalive.cancel()  # type: ignore[union-attr]  # set with awaiting_ack
+            self.keepalive = self.loop.call_later(self.settings.grpc_keepalive_time, self._keepalive_ping)
+        elif payload == GOAWAY_PING and self.draining:
+            self._final_goaway()
+
+    def _max_age(self) -> None:
+        """The connection's maximum age: grpc-core's graceful GOAWAY. First a GOAWAY with the largest
+        stream id and a PING: streams the client opened meanwhile are still ours. Once the PING's ACK is
+        back (the client has seen the GOAWAY), the final GOAWAY with the last stream id; the calls in
+        flight finish, then the connection closes (at the latest when the grace is over)."""
+        if self.transport is None or self.closing or self.goaway_sent:
+            return
+        peer = self.transport.get_extra_info("peername")
+        log.debug("gRPC connection from %s at its maximum age: GOAWAY", peer)
+        self.draining = True
+        self._send(
+            frame(GOAWAY, 0, 0, MAX_STREAM_ID.to_bytes(4, "big") + NO_ERROR.to_bytes(4, "big"))
+            + frame(PING, 0, 0, GOAWAY_PING)
+        )
+        self.age = self.loop.call_later(GOAWAY_PING_WAIT, self._final_goaway)
+        if self.settings.grpc_max_connection_age_grace > 0:
+            self.grace = self.loop.call_later(self.settings.grpc_max_connection_age_grace, self._grace_over)
+
+    def _final_goaway(self) -> None:
+        if self.transport is None or self.closing or self.goaway_sent:
+            return
+        self.age.cancel()  # type: ignore[union-attr]  # the fallback _max_age set (draining)
+        self._goaway(b"max_age")
+        if not self.streams:
+            self._close()
+
+    def _grace_over(self) -> None:
+        if self.transport is not None and not self.closing:
+            self._fail(NO_ERROR, "max_age")
 
     def shutdown(self) -> None:
         """New streams are refused from now on; GOAWAY and close once the open ones are answered.

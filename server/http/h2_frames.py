@@ -39,6 +39,12 @@ SMALL_DATA = 16 << 10  # DATA up to this is copied into the queued frames; large
 SEND_BATCH = 1 << 20  # the most bytes of DATA frames (views) one writev takes
 GOAWAY_DELAY = 0.1  # at shutdown, from the last answer to GOAWAY and close
 LINGER_SECONDS = 2.0  # after a connection error, how long what the client still sends is read and dropped
+# gRPC keepalive and connection age (grpc-core's chttp2 server): our PINGs' payloads, tell their ACKs apart
+KEEPALIVE_PING = b"keepaliv"
+GOAWAY_PING = b"goaway!!"
+GOAWAY_PING_WAIT = 20.0  # the graceful GOAWAY's PING unanswered this long: the final GOAWAY anyway
+AGE_JITTER = 0.1  # a connection's maximum age is drawn within +-10% of the flag's, as grpc-core does
+MAX_STREAM_ID = (1 << 31) - 1
 CLOSED_KEPT = 256  # ids of recently closed streams remembered (a frame on one is STREAM_CLOSED)
 CONNECTION_SPECIFIC = frozenset(
     (b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade")

@@ -83,6 +83,7 @@ class FrameReceiver:
     def _drop(self, stream: Stream) -> None: ...  # the stream forgotten, its handler told
     def _wake(self, stream: Stream) -> None: ...  # a writer waiting for the stream's window
     def close(self, stream: Stream) -> None: ...  # the stream's exchange is over
+    def _ping_acked(self, payload: bytes) -> None: ...  # an ACK of one of our PINGs (gRPC keepalive)
 
     def __init__(self) -> None:
         self.decoder = Decoder(self.settings.max_head_bytes)
@@ -94,6 +95,7 @@ class FrameReceiver:
         self.answer_writes = 0  # this second's writes of answer frames (HEADERS, DATA, trailers)
         self.last_ping = float("-inf")
         self.ping_strikes = 0
+        self.pings_without_data = 0  # our keepalive PINGs since the last answer frame
 
     def _answered(self, writes: int) -> None:
         """Frames of answers went out: they forgive PINGs (as grpc-core servers do) and allow the control
@@ -101,6 +103,7 @@ class FrameReceiver:
         self.answer_writes += writes
         self.ping_strikes = 0
         self.last_ping = float("-inf")
+        self.pings_without_data = 0
 
     def _frame(self, kind: int, flags: int, stream_id: int, payload: memoryview) -> None:
         if self.continuing is not None and kind != CONTINUATION:
@@ -124,6 +127,8 @@ class FrameReceiver:
                 self._calm()
                 self._ping_strike()
                 self.out.append(frame(PING, ACK, 0, payload))
+            else:
+                self._ping_acked(bytes(payload))
         elif kind == RST_STREAM:
             self._rst_stream(stream_id, payload)
         elif kind == PRIORITY:

@@ -17,6 +17,7 @@ traces on the same way.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -70,6 +71,7 @@ class Tracer:
         self._unindexed: dict[str, list[dict[str, Any]]] = {}  # trace file -> entries for it at shutdown
         self._indexes: dict[str, int] = {}  # trace file -> the next index of its numbered files
         self.on = False
+        self.watchers: list[Callable[[bool], None]] = []  # told when `on` changes (the engine's workers)
         self._refresh()
 
     # --------------------------------------------------------------------------------- sampling
@@ -177,8 +179,11 @@ class Tracer:
 
     def _refresh(self) -> None:
         states = [self.global_state, *self.models.values()]
-        self.on = any(s.setting.level and (s.setting.rate or self.otel) for s in states)
+        was, self.on = self.on, any(s.setting.level and (s.setting.rate or self.otel) for s in states)
         Timing.on = self.on  # the transports time what they receive while a request may be traced
+        if self.on != was:
+            for watcher in self.watchers:
+                watcher(self.on)
 
     # --------------------------------------------------------------------------------- files
 
