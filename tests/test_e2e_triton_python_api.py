@@ -145,8 +145,10 @@ class TritonPythonModel:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not all(r.is_cancelled() for r in requests):
             time.sleep(0.01)
-        if all(r.is_cancelled() for r in requests):
-            self.marker.write_text("cancelled")
+        if all(r.is_cancelled() for r in requests):  # written whole, then named: a reader never sees it empty
+            partial = Path(str(self.marker) + ".partial")
+            partial.write_text("cancelled")
+            partial.replace(self.marker)
         error = pb_utils.TritonError("the client went away", pb_utils.TritonError.CANCELLED)
         return [pb_utils.InferenceResponse(error=error) for _ in requests]
 """

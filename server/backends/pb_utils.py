@@ -373,11 +373,7 @@ class InferenceRequest:
         loop = None if _host is None else _host.loop
         if loop is None:
             raise TritonModelException("BLS needs the server running: no repository is bound")
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
+        if _runs_on(loop):
             raise TritonModelException(
                 "exec() would block the event loop: "
                 "in an `async def execute`, use `await request.async_exec()`"
@@ -499,11 +495,7 @@ def _control(operation: str, arguments: dict) -> Any:
     loop = None if _host is None else _host.loop
     if _host is None or loop is None:
         raise TritonModelException(CONTROL_FAILED[operation] + "the server is not running")
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is loop:
+    if _runs_on(loop):
         raise TritonModelException(
             CONTROL_FAILED[operation] + f"{operation} would block the event loop: call it from a thread"
         )
@@ -675,3 +667,11 @@ class ModelConfig:
                 existing.setdefault(key, value)
             return
         tensors.append(dict(entry))
+
+
+def _runs_on(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether this thread runs `loop` (a blocking wait for it here would never end)."""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
