@@ -32,13 +32,18 @@ serve: compile
 # (hypercorn): a difference between the two is a failing test; then the end-to-end tests again with
 # `--workers 2` (front-end workers beside the engine). Tests marked `ours` cover our transport's own
 # limits (counted per process) and are not run in those two passes.
-# Neither pass repeats what runs behind the transport alone (the backends, model processes, warmup).
-BACKEND_ONLY = python_process triton_python triton_examples pytorch gpu warmup
+# Neither pass repeats what runs behind the transport alone (the backends, model processes, warmup, the
+# repositories and their config fields, the rate limiter and ragged batches, the metrics), nor the gRPC
+# port's connection management (our transport in both).
+BACKEND_ONLY = python_process triton_python triton_python_api triton_examples pytorch gpu warmup \
+  cloud_repository exit_on_error config_fields rate_limiter ragged_optional metrics_triton metrics_dashboards \
+  grpc_connection
 HTTP_E2E = $(filter-out %grpc.py %grpc_stream.py $(BACKEND_ONLY:%=tests/test_e2e_%.py),$(wildcard tests/test_e2e_*.py))
 # With --workers 2 --engine-front-end false: every protocol and API through a worker, python models in
 # processes of their own included; not the transport's own parsing (the same code in every process), nor
 # what runs behind the engine alone.
-ENGINE_ONLY = malformed security scale_out $(filter-out python_process triton_python,$(BACKEND_ONLY))
+ENGINE_ONLY = malformed security scale_out \
+  $(filter-out python_process triton_python triton_python_api metrics_triton,$(BACKEND_ONLY))
 WORKERS_E2E = $(filter-out $(ENGINE_ONLY:%=tests/test_e2e_%.py),$(wildcard tests/test_e2e_*.py))
 
 # Then the unit tests and the v2 end-to-end tests once more on the pure-Python sources
