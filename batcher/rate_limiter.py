@@ -29,6 +29,8 @@ import threading
 from collections import deque
 from itertools import count
 
+from tensorgate.batcher.staging import placements
+
 GLOBAL = -2  # the device of a global resource
 PER_DEVICE = -1  # --rate-limit-resource without a device: every device
 
@@ -102,19 +104,16 @@ class Limited:
 
 
 def instances_of(config: dict) -> list[tuple[dict[ResourceKey, int], int]]:
-    """Each instance of a model config: the resources it asks for and its priority (instance groups with
-    `gpus` have `count` instances on each)."""
+    """Each instance of a model config (as its instance groups place them, batcher/staging.py): the
+    resources it asks for on its device, and its priority."""
     out = []
-    for group in config.get("instance_group") or ():
-        limiter = group.get("rate_limiter") or {}
-        gpus = group.get("gpus") or [0]
-        devices = gpus if group.get("kind") == "KIND_GPU" else [0]
-        for device in devices:
-            needs = {
-                (GLOBAL if r.get("global") else int(device), r["name"]): int(r.get("count", 0))
-                for r in limiter.get("resources", ())
-            }
-            out.extend([(needs, int(limiter.get("priority", 0)))] * int(group.get("count", 1)))
+    for placed in placements(config):
+        limiter = placed.group.get("rate_limiter") or {}
+        needs = {
+            (GLOBAL if r.get("global") else placed.device_id, r["name"]): int(r.get("count", 0))
+            for r in limiter.get("resources", ())
+        }
+        out.append((needs, int(limiter.get("priority", 0))))
     return out
 
 

@@ -153,11 +153,13 @@ def gpu_group(groups: list[dict]) -> dict | None:
 
 
 class Placement(NamedTuple):
-    """One model instance as Triton creates it: its name, kind ("CPU", "GPU" or "MODEL") and device id."""
+    """One model instance as Triton creates it: its name, kind ("CPU", "GPU" or "MODEL"), device id, and
+    the instance group it comes from."""
 
     name: str
     kind: str
     device_id: int
+    group: dict
 
 
 def placements(config: dict) -> list[Placement]:
@@ -170,9 +172,9 @@ def placements(config: dict) -> list[Placement]:
         for n in range(group.get("count", 1)):
             name = f"{group.get('name') or config.get('name', '')}_{n}"
             if kind == "KIND_GPU":
-                out += [Placement(name, "GPU", gpu) for gpu in group.get("gpus") or [0]]
+                out += [Placement(name, "GPU", gpu, group) for gpu in group.get("gpus") or [0]]
             else:
-                out.append(Placement(name, "MODEL" if kind == "KIND_MODEL" else "CPU", 0))
+                out.append(Placement(name, "MODEL" if kind == "KIND_MODEL" else "CPU", 0, group))
     return out
 
 

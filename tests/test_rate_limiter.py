@@ -73,7 +73,8 @@ def test_bad_flag_values(text: str) -> None:
 def test_instances_of_groups() -> None:
     gpus = group([("R", 1, False)], count=2, kind="KIND_GPU", gpus=[0, 1])
     found = instances_of(config(gpus, {"kind": "KIND_CPU", "count": 1}))
-    assert found == [({(0, "R"): 1}, 0)] * 2 + [({(1, "R"): 1}, 0)] * 2 + [({}, 0)]
+    # Triton's order (core backend_model.cc): each of a group's `count`, on each of its GPUs
+    assert found == [({(0, "R"): 1}, 0), ({(1, "R"): 1}, 0)] * 2 + [({}, 0)]
 
 
 def test_waiting_instances_go_by_executions_times_priority() -> None:
