@@ -38,7 +38,6 @@ from tensorgate.server.http.h2_frames import (
     END_HEADERS,
     END_STREAM,
     FRAME_SIZE_ERROR,
-    GOAWAY,
     GOAWAY_DELAY,
     GOAWAY_PING,
     GOAWAY_PING_WAIT,
@@ -69,6 +68,7 @@ from tensorgate.server.http.h2_frames import (
     StreamReset,
     frame,
     frame_head,
+    goaway,
     settings_payload,
 )
 from tensorgate.server.http.h2_receive import FrameReceiver
@@ -409,9 +409,7 @@ class H2Connection(FrameReceiver, BaseConnection):
         if self.transport is None or self.closing:
             return
         debug = message.encode()[:256]
-        self.out.append(
-            frame(GOAWAY, 0, 0, self.last_stream_id.to_bytes(4, "big") + code.to_bytes(4, "big") + debug)
-        )
+        self.out.append(goaway(self.last_stream_id, code, debug))
         self.goaway_sent = True
         self._flush()
         # Close after a lingering read: closing with the client's bytes unread would reset the
@@ -429,9 +427,7 @@ class H2Connection(FrameReceiver, BaseConnection):
             return
         self.goaway_sent = True
         self._flush()
-        self.transport.write(
-            frame(GOAWAY, 0, 0, self.last_stream_id.to_bytes(4, "big") + NO_ERROR.to_bytes(4, "big") + debug)
-        )
+        self.transport.write(goaway(self.last_stream_id, NO_ERROR, debug))
 
     def _close(self) -> None:
         self.closing = True
@@ -502,10 +498,7 @@ class H2Connection(FrameReceiver, BaseConnection):
         peer = self.transport.get_extra_info("peername")
         log.debug("gRPC connection from %s at its maximum age: GOAWAY", peer)
         self.draining = True
-        self._send(
-            frame(GOAWAY, 0, 0, MAX_STREAM_ID.to_bytes(4, "big") + NO_ERROR.to_bytes(4, "big"))
-            + frame(PING, 0, 0, GOAWAY_PING)
-        )
+        self._send(goaway(MAX_STREAM_ID, NO_ERROR) + frame(PING, 0, 0, GOAWAY_PING))
         self.age = self.loop.call_later(GOAWAY_PING_WAIT, self._final_goaway)
         if self.settings.grpc_max_connection_age_grace > 0:
             self.grace = self.loop.call_later(self.settings.grpc_max_connection_age_grace, self._grace_over)

@@ -58,6 +58,11 @@ def frame(kind: int, flags: int, stream_id: int, payload: bytes | memoryview = b
     )
 
 
+def goaway(last_stream_id: int, code: int, debug: bytes = b"") -> bytes:
+    """A GOAWAY frame: the last stream the sender may still answer, the error code, debug data."""
+    return frame(GOAWAY, 0, 0, last_stream_id.to_bytes(4, "big") + code.to_bytes(4, "big") + debug)
+
+
 def frame_head(kind: int, flags: int, stream_id: int, length: int) -> bytes:
     return length.to_bytes(3, "big") + bytes((kind, flags)) + stream_id.to_bytes(4, "big")
 
