@@ -12,13 +12,11 @@ tests/test_tritonserver_cli.py checks the page).
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from tensorgate.server import cli
-from tensorgate.server.options import build_parser
 
 NONE, BOOL, INT, FLOAT, TEXT = "none", "boolean", "integer", "float", "string"  # Triton's value kinds
 
@@ -36,6 +34,10 @@ class Flag:
     convert: Callable[[str], str] | None = None  # the value as `serve` takes it, where it differs
     instead: str = ""  # with no `serve` flag: what we do instead (the warning); else where we differ
 
+    def serve_flag(self, name: str) -> str:
+        """The `tensorgate serve` flag `--NAME` becomes ("": none, a warning)."""
+        return f"--{name}" if self.serve == SAME else self.serve
+
     def action(self, name: str) -> str:
         """For the docs: the kind of translation."""
         if name == "help":
@@ -44,7 +46,7 @@ class Flag:
             return "warning"
         if self.convert is not None:
             return "converted"
-        return "same" if self.serve == f"--{name}" else "renamed"
+        return "same" if self.serve_flag(name) == f"--{name}" else "renamed"
 
 
 class ParseError(Exception):
@@ -178,20 +180,6 @@ FLAGS: dict[str, Flag] = {
 }
 
 
-def serve_flags() -> set[str]:
-    """Every flag `tensorgate serve` takes today."""
-    return {name for action in build_parser()._actions for name in action.option_strings}
-
-
-def resolved(name: str, known: set[str]) -> Flag:
-    """FLAGS[name] with its `tensorgate serve` flag named; a flag FLAGS gives no serve flag is passed on as
-    it is once `tensorgate serve` has one of that name (`known`: serve_flags())."""
-    flag = FLAGS[name]
-    if flag.serve == SAME or not flag.serve and f"--{name}" in known and flag.value != NONE:
-        return dataclasses.replace(flag, serve=f"--{name}", instead=flag.instead if flag.serve else "")
-    return flag
-
-
 def _check(name: str, flag: Flag, value: str) -> None:
     """The value as Triton's parser checks it (ParseOption), with its texts."""
     try:
@@ -219,10 +207,10 @@ def _find(given: str) -> str:
     raise ParseError(f"tritonserver: unrecognized option '--{given}'")  # getopt's words
 
 
-def translate(argv: list[str], known: set[str]) -> tuple[list[str], list[str]]:
+def translate(argv: list[str]) -> tuple[list[str], list[str]]:
     """Triton's arguments (after the program's name) as `tensorgate serve` arguments, and one warning line
-    for each flag accepted without effect. `known`: the flags `tensorgate serve` takes (serve_flags()).
-    ParseError: what Triton's parser refuses; ["--help"] alone for --help."""
+    for each flag accepted without effect. ParseError: what Triton's parser refuses; ["--help"] alone for
+    --help."""
     serve = list(TRITON_DEFAULTS)
     warnings: list[str] = []
     warned: set[str] = set()
@@ -242,7 +230,7 @@ def translate(argv: list[str], known: set[str]) -> tuple[list[str], list[str]]:
             name = _find(given)
         except ParseError as e:
             raise ParseError(str(e).replace(f"'--{given}'", f"'{argument}'")) from None
-        flag = resolved(name, known)
+        flag = FLAGS[name]
         if flag.value == NONE:
             if equals:
                 raise ParseError(f"tritonserver: option '--{name}' doesn't allow an argument")
@@ -257,9 +245,9 @@ def translate(argv: list[str], known: set[str]) -> tuple[list[str], list[str]]:
             _check(name, flag, value)
         if flag.serve:
             if flag.value == NONE:
-                serve.append(flag.serve)
+                serve.append(flag.serve_flag(name))
             else:
-                serve.append(f"{flag.serve}={flag.convert(value) if flag.convert else value}")
+                serve.append(f"{flag.serve_flag(name)}={flag.convert(value) if flag.convert else value}")
         elif name not in warned:
             warned.add(name)
             warnings.append(f"tritonserver: --{name} is accepted and has no effect here: {flag.instead}")
@@ -269,24 +257,21 @@ def translate(argv: list[str], known: set[str]) -> tuple[list[str], list[str]]:
 def _usage() -> int:
     print("Usage: tritonserver [options]\n")
     print("Triton's flags, run as `tensorgate serve` (docs/operations/triton-flags.md):\n")
-    known = serve_flags()
     for name in list(FLAGS)[1:]:  # --help's own line aside
-        flag = resolved(name, known)
-        what = flag.serve or f"accepted, no effect: {flag.instead}"
+        flag = FLAGS[name]
+        what = flag.serve_flag(name) or f"accepted, no effect: {flag.instead}"
         print(f"  --{name}{'' if flag.value == NONE else '=<' + flag.value + '>'}  ->  {what}")
     return 0
 
 
 def markdown_table() -> str:
     """The table of docs/operations/triton-flags.md, one row a flag."""
-    known = serve_flags()
     rows = [
         "| Triton's flag | Value | What tensorgate does | `tensorgate serve` flag | Notes |",
         "| --- | --- | --- | --- | --- |",
     ]
-    for name in FLAGS:
-        flag = resolved(name, known)
-        serve = f"`{flag.serve}`" if flag.serve else ""
+    for name, flag in FLAGS.items():
+        serve = f"`{flag.serve_flag(name)}`" if flag.serve else ""
         rows.append(f"| `--{name}` | {flag.value} | {flag.action(name)} | {serve} | {flag.instead} |")
     return "\n".join(rows) + "\n"
 
@@ -294,7 +279,7 @@ def markdown_table() -> str:
 def main(argv: list[str] | None = None) -> int:
     arguments = sys.argv[1:] if argv is None else argv
     try:
-        serve, warnings = translate(arguments, serve_flags())
+        serve, warnings = translate(arguments)
     except ParseError as e:
         usage = "Usage: tritonserver [options]\n(tritonserver --help lists them)\n"
         # getopt's own complaints come before the usage, Triton's after it (as Triton writes them)

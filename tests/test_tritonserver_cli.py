@@ -25,7 +25,7 @@ from grpc_helpers import DIFFS, SUMS, call, outputs, simple_request
 import tensorgate.proto.inference as pb
 from tensorgate.server.cli import parse_backend_config
 from tensorgate.server.options import build_parser
-from tensorgate.server.tritonserver import FLAGS, ParseError, markdown_table, serve_flags, translate
+from tensorgate.server.tritonserver import FLAGS, ParseError, markdown_table, translate
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "operations" / "triton-flags.md"
@@ -103,15 +103,25 @@ def test_every_flag_of_tritons_parser_is_in_the_table_with_its_value_kind() -> N
     assert {name: flag.value for name, flag in FLAGS.items()} == triton_flags()
 
 
+def serve_flags() -> set[str]:
+    """Every flag `tensorgate serve` takes."""
+    return {name for action in build_parser()._actions for name in action.option_strings}
+
+
+def test_no_flag_warns_that_tensorgate_serve_takes() -> None:
+    """A flag the table warns about would be honoured if passed on: the table must say so."""
+    warned = [name for name, flag in FLAGS.items() if not flag.serve and name != "help"]
+    assert [name for name in warned if f"--{name}" in serve_flags()] == []
+
+
 def test_every_flag_works_or_is_accepted_with_one_warning_naming_what_we_do() -> None:
-    known = serve_flags()
     for name, kind in triton_flags().items():
         if name == "help":
             continue
         value = SAMPLES[kind] if kind in SAMPLES else TEXT_SAMPLES.get(name, "/tmp/somewhere")
         argv = [f"--{name}"] if value is None else [f"--{name}={value}"]
-        serve, warnings = translate(["--model-repository=/models", *argv], known)
-        extra = serve[len(translate(["--model-repository=/models"], known)[0]) :]
+        serve, warnings = translate(["--model-repository=/models", *argv])
+        extra = serve[len(translate(["--model-repository=/models"])[0]) :]
         if warnings:
             assert extra == [], name
             assert len(warnings) == 1 and "\n" not in warnings[0], name
@@ -132,8 +142,7 @@ def test_helm_chart_arguments_translate_to_serve_arguments() -> None:
             "--trace-file",
             "/tmp/trace.json",
             "--trace-rate=100",
-        ],
-        serve_flags(),
+        ]
     )
     assert serve == [
         "--id=triton",  # Triton's defaults where ours differ
@@ -141,17 +150,16 @@ def test_helm_chart_arguments_translate_to_serve_arguments() -> None:
         "--model-repository=/models",
         "--strict-model-config=false",
         "--log-verbose=1",
-        *(["--allow-gpu-metrics=false"] if "--allow-gpu-metrics" in serve_flags() else []),
+        "--allow-gpu-metrics=false",
         "--trace-config=triton,file=/tmp/trace.json",
         "--trace-config=rate=100",
     ]
-    assert len(warnings) == (0 if "--allow-gpu-metrics" in serve_flags() else 1)
+    assert warnings == []
     args = parse_serve(serve)
     assert args.model_repository == ["/models"] and args.id == "triton" and args.exit_on_error
 
 
 def test_flags_repeat_take_prefixes_and_tritons_boolean_spellings() -> None:
-    known = serve_flags()
     serve, _ = translate(
         [
             "--model-repository",
@@ -160,16 +168,14 @@ def test_flags_repeat_take_prefixes_and_tritons_boolean_spellings() -> None:
             "--model-repo=/c",
             "--allow-grpc=OFF",
             "--log-info=On",
-        ],
-        known,
+        ]
     )
     args = parse_serve(serve)
     assert args.model_repository == ["/a", "/b", "/c"]
     assert args.allow_grpc is False and args.log_info is True
     for spelling, meaning in (("true", True), ("1", True), ("TRUE", True), ("false", False), ("0", False)):
         assert (
-            parse_serve(translate([f"--allow-http={spelling}", "--model-store=/m"], known)[0]).allow_http
-            is meaning
+            parse_serve(translate([f"--allow-http={spelling}", "--model-store=/m"])[0]).allow_http is meaning
         )
 
 
@@ -187,7 +193,7 @@ def test_flags_repeat_take_prefixes_and_tritons_boolean_spellings() -> None:
 )
 def test_what_tritons_parser_refuses_is_refused_with_its_words(argv: list[str], message: str) -> None:
     with pytest.raises(ParseError) as refused:
-        translate(argv, serve_flags())
+        translate(argv)
     assert message in str(refused.value)
 
 

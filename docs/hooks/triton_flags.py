@@ -1,9 +1,7 @@
 """The table of docs/operations/triton-flags.md, written from server/tritonserver.py's FLAGS.
 
 `python docs/hooks/triton_flags.py` rewrites the page's table (everything from its header row on) as
-`tritonserver` translates today: a flag the table warns about is passed on once `tensorgate serve` takes a
-flag of that name, so the page changes when such a flag is added. tests/test_tritonserver_cli.py fails while
-the page is stale.
+`tritonserver` translates. tests/test_tritonserver_cli.py fails while the page is stale.
 """
 
 from __future__ import annotations
