@@ -11,7 +11,7 @@ latency CDF (server/monitor.py); at most LATENCIES_KEPT between two takes.
 - failures: failed requests by Triton's reason (REJECTED: its queue timeout expired; CANCELED: its caller
   went away before it ran; BACKEND: the model failed; OTHER), for the metrics' `reason` label.
 - observer: None, or what the metrics' histograms and summaries observe each request with
-  (server/metrics.py, with --metrics-config): set by the server, never by a batcher.
+  (server/metrics_latency.py, with --metrics-config): set by the server, never by a batcher.
 """
 
 import time

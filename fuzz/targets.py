@@ -28,10 +28,12 @@ from tensorgate.codec import grps as grps_wire
 from tensorgate.codec import tfserving, tfserving_grpc, v2_grpc_request, v2_http
 from tensorgate.codec.errors import InferError, invalid
 from tensorgate.codec.tensor import Tensor
+from tensorgate.server.config_error import ConfigError
 from tensorgate.server.endpoints import repository as repository_api
 from tensorgate.server.http.grpc_wire import MessageReader
 from tensorgate.server.http.hpack_decode import Decoder, HeaderListTooLarge, HpackError
-from tensorgate.server.model_config import ConfigError, normalize_config, parse_pbtxt
+from tensorgate.server.model_config import normalize_config
+from tensorgate.server.pbtxt import parse_pbtxt
 from tensorgate.server.repository_files import override_path
 from tensorgate.server.router import HttpRequest
 from tensorgate.server.shared_memory import SharedMemory

@@ -27,7 +27,7 @@ from tensorgate.server.endpoints.tfserving import TFServingEndpoints
 from tensorgate.server.endpoints.v2 import V2Endpoints, error_response
 from tensorgate.server.http.listener import Listener, Offline, TlsFiles, address_of, bind, tls_context
 from tensorgate.server.metrics import metrics_router
-from tensorgate.server.options import http_settings
+from tensorgate.server.options_transport import http_settings
 from tensorgate.server.router import Router
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 Every field is implemented, warned (the model loads, and its load logs what we do instead) or refused
 (ignoring it would change answers: the load fails with the reason). The loader consults `check` once
-per load; docs/models/config-fields.md shows `markdown_table()` (tests/test_config_fields.py checks it).
+per load; docs/models/config-fields.md shows `markdown_table()` (tests/test_e2e_config_fields.py checks it).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from tensorgate.server.model_config import ConfigError
+from tensorgate.server.config_error import ConfigError
 
 log = logging.getLogger("tensorgate.repository")
 

@@ -28,12 +28,13 @@ import msgspec
 
 from tensorgate.batcher.rate_limiter import RateLimiter
 from tensorgate.codec import messages as msg
-from tensorgate.server import assembly, metrics
+from tensorgate.server import assembly, metrics_settings
 from tensorgate.server.arena import Arena
 from tensorgate.server.http.listener import Offline, raise_fd_limit, rebind
 from tensorgate.server.log_settings import LogControl, LogSettings
 from tensorgate.server.monitor import Monitor
-from tensorgate.server.repository import Ambiguous, Repository
+from tensorgate.server.repository import Repository
+from tensorgate.server.repository_model import Ambiguous
 from tensorgate.server.response_cache import ResponseCache
 from tensorgate.server.shared_memory import SharedMemory
 from tensorgate.server.tracing.tracer import Tracer
@@ -105,7 +106,7 @@ class Engine:
         await repository.start(self.args.load_model)
         assembly.settle_memory()
         try:
-            metrics.configure(self.args)  # the metrics port's settings (server/metrics.py)
+            metrics_settings.configure(self.args)  # the metrics port's settings (server/metrics.py)
             self.parts = assembly.build(
                 self.args, repository, self.shared_memory, self.monitor, self.logs, self.tracer
             )

@@ -52,7 +52,7 @@ from tensorgate.server.http.listener import Offline, raise_fd_limit
 from tensorgate.server.link import Inbox, Link
 from tensorgate.server.log_settings import LogControl
 from tensorgate.server.model import ModelState, ModelVersion
-from tensorgate.server.repository import Ambiguous, Model, find_model
+from tensorgate.server.repository_model import Ambiguous, Model, find_model
 from tensorgate.server.router import HttpRequest, HttpResponse, Route, Router
 from tensorgate.server.tracing.frontend import Timing
 

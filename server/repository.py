@@ -1,5 +1,6 @@
-"""The model repositories: directories of `<model>/config.pbtxt|config.json` and `<model>/<version>/`
-folders, local or in object storage (copied into a local folder: server/cloud_repository.py).
+"""The lifecycle of the models of the model repositories: directories of `<model>/config.pbtxt|config.json`
+and `<model>/<version>/` folders, local or in object storage (server/repository_sources.py). What is in
+service, and what a request reaches, is server/served_models.py's; one model, server/repository_model.py.
 
 Loading happens off the event loop; a model whose config or code fails is kept UNAVAILABLE with its
 reason while the others serve. Models are loaded, reloaded and unloaded at run time as Triton's model
@@ -20,12 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from tensorgate.codec.errors import ErrorKind, InferError, invalid
-from tensorgate.server import config_fields
 from tensorgate.server.app_monitor import app_monitor
-from tensorgate.server.backends import backend_from_files, complete_config
-from tensorgate.server.cloud_repository import CloudError, CloudMirror, is_cloud
-from tensorgate.server.model import UNLOADED, ModelVersion
-from tensorgate.server.model_config import ConfigError, check_complete, load_model_config
+from tensorgate.server.cloud_repository import CloudError
+from tensorgate.server.model import UNLOADED
 from tensorgate.server.repository_files import (
     Key,
     Signature,
@@ -34,10 +32,12 @@ from tensorgate.server.repository_files import (
     composing_models,
     parse_config,
     parsed_steps,
-    select_versions,
     tree_signature,
     write_override,
 )
+from tensorgate.server.repository_model import Model
+from tensorgate.server.repository_sources import Source, find_folders, model_folders, step_key
+from tensorgate.server.served_models import ScopedHost, ServedModels
 
 if TYPE_CHECKING:
     from tensorgate.batcher.rate_limiter import RateLimiter
@@ -49,216 +49,14 @@ log = logging.getLogger("tensorgate.repository")
 T = TypeVar("T")
 
 CONTROL_MODES = ("none", "explicit", "poll")
-UNKNOWN = "Request for unknown model: "  # how Triton's texts for a model it cannot serve begin
 DUPLICATE = "model appears in two or more repositories"  # Triton's MODEL_READY_REASON_DUPLICATE
 
 
-class Model:
-    """A model name with the versions its version_policy selects, loaded from one directory."""
-
-    def __init__(
-        self,
-        name: str,
-        directory: Path,
-        config: dict | None = None,
-        owned_dir: Path | None = None,
-        config_name: str = "",
-        auto_complete: bool = True,
-    ) -> None:
-        self.name = name
-        self.config_name = config_name  # --model-config-name
-        self.auto_complete = auto_complete  # off: --disable-auto-complete-config
-        self.directory = directory
-        self.config: dict | None = config  # given: a config override; else read from the directory
-        self.owned_dir = owned_dir  # a file override's folder, removed when the model is retired
-        self.versions: dict[int, ModelVersion] = {}
-        self.newest_first: list[ModelVersion] = []  # a request without a version takes the first ready
-        self.reason = ""  # why the model, or some of its versions, failed to load
-        self.loading = False
-        self.unloaded = False  # unloaded through the API: it no longer counts for server readiness
-        self.signature: Signature | None = None  # the directory as it was when loading started
-
-    @property
-    def ready(self) -> bool:
-        return any(v.ready for v in self.versions.values())
-
-    @property
-    def fully_ready(self) -> bool:
-        """Every version its policy selects is ready (what strict server readiness asks of a model)."""
-        return bool(self.versions) and all(v.ready for v in self.versions.values())
-
-    def load(self, host: Host | None = None, cache: ResponseCache | None = None) -> None:
-        """Blocking: reads the config (unless given) and loads every selected version for `host` (what
-        its backends may use of the server: server/backends/base.py), with the server's response
-        `cache` for versions whose config enables it."""
-        self.loading = True
-        try:
-            self.signature = tree_signature(self.directory)
-            if self.config is None:
-                self.config = load_model_config(self.directory, self.config_name, self.auto_complete)
-            numbers = select_versions(self.directory, self.config["version_policy"])
-        except (ConfigError, OSError) as e:
-            self.reason = f"failed to load '{self.name}': {e}"
-            self.loading = False
-            return
-        if not numbers:
-            self.reason = f"failed to load '{self.name}': no version folder matches its version_policy"
-            self.loading = False
-            return
-        try:  # from the newest version's model, as Triton completes a config
-            newest = self.directory / str(max(numbers))
-            if self.auto_complete:
-                config = complete_config(newest, backend_from_files(newest, self.config), host)
-            elif not (self.config.get("backend") or self.config.get("platform")):
-                raise ConfigError(
-                    "must specify 'backend' or 'platform' (--disable-auto-complete-config: configs are "
-                    "not completed)"
-                )
-            else:
-                config = self.config
-            self.config = check_complete(config)
-            config_fields.log_warnings(self.config, self.directory)
-        except Exception as e:  # a model's auto_complete_config may raise anything
-            self.reason = f"failed to load '{self.name}': {type(e).__name__}: {e}"
-            self.loading = False
-            return
-        self.versions = {n: ModelVersion(self.directory, self.config, n) for n in numbers}
-        self.newest_first = [self.versions[n] for n in sorted(numbers, reverse=True)]
-        for version in self.versions.values():
-            version.load(host, cache)
-        failed = [v.reason for v in self.versions.values() if not v.ready]
-        self.reason = "; ".join(failed)
-        self.loading = False
-
-    async def retire(self) -> None:
-        """Unloads every ready version (requests in flight are answered first) and the override folder."""
-        await asyncio.gather(*(v.unload() for v in self.versions.values() if v.ready))
-        if self.owned_dir is not None:
-            await asyncio.to_thread(shutil.rmtree, self.owned_dir, True)
-
-    def metadata(self, version: str = "") -> dict:
-        """v2 model metadata: of `version`, else of the newest ready version, listing every ready one."""
-        chosen = self.resolve(version)
-        listed = [version] if version else [v.version_str for v in reversed(self.newest_first) if v.ready]
-        return chosen.metadata(listed)
-
-    def config_of(self, version: str = "") -> dict:
-        """The model configuration: of `version`, else the model's."""
-        if version:
-            return self.resolve(version).config
-        if self.config is None:
-            raise InferError(ErrorKind.UNAVAILABLE, f"{UNKNOWN}'{self.name}' is not ready: {self.reason}")
-        return self.config
-
-    def is_ready(self, version: str = "") -> bool:
-        """Whether `version` (else the model) is ready; a version that does not exist raises NOT_FOUND."""
-        try:
-            self.resolve(version)  # only a ready version is resolved
-        except InferError as e:
-            if e.kind is not ErrorKind.UNAVAILABLE:
-                raise
-            return False
-        return True
-
-    def resolve(self, version: str) -> ModelVersion:
-        """The version a request names, or the highest ready one for ""."""
-        if not version:
-            for candidate in self.newest_first:
-                if candidate.ready:
-                    return candidate
-            why = self.reason or ("loading" if self.loading else "no ready version")
-            why = f"{UNKNOWN}'{self.name}' has no available versions: {why}"
-            raise InferError(ErrorKind.UNAVAILABLE, why)
-        try:
-            found = self.versions[int(version)]
-        except (ValueError, KeyError):
-            missing = f"{UNKNOWN}'{self.name}' version {version} is not found"
-            raise InferError(ErrorKind.NOT_FOUND, missing) from None
-        if not found.ready:
-            raise InferError(ErrorKind.UNAVAILABLE, found.not_ready())
-        return found
-
-    def index(self, ready_only: bool) -> list[dict]:
-        """Triton's repository index entries: one per version, or one for the model when it has none."""
-        if self.versions:
-            return [
-                {"name": self.name, "version": str(n), "state": v.state.value, "reason": v.reason}
-                for n, v in sorted(self.versions.items())
-                if v.ready or not ready_only
-            ]
-        if ready_only:
-            return []
-        state = "LOADING" if self.loading else "UNAVAILABLE"
-        return [{"name": self.name, "version": "", "state": state, "reason": self.reason}]
-
-
-def find_model(models: dict[str, Model], name: str) -> Model:
-    try:
-        return models[name]
-    except KeyError:
-        raise InferError(ErrorKind.NOT_FOUND, f"{UNKNOWN}'{name}' is not found") from None
-
-
-class Ambiguous(Model):
-    """What a request reaches that names a model of two or more repositories (--model-namespacing):
-    Triton's error (core model_repository_manager.cc, FindModelIdentifier). A front-end worker builds
-    its own from the engine's model table (server/engine.py), and answers the same."""
-
-    def __init__(self, name: str, reason: str) -> None:
-        super().__init__(name, Path())
-        self.reason = reason
-
-    @classmethod
-    def of(cls, name: str, count: int) -> Ambiguous:
-        return cls(
-            name,
-            f"There are {count} identifiers of model '{name}' in global map, model namespace must be "
-            "provided to resolve ambiguity.",
-        )
-
-    def resolve(self, version: str) -> ModelVersion:
-        raise invalid(self.reason)
-
-    def config_of(self, version: str = "") -> dict:
-        raise invalid(self.reason)
-
-
-class Source:
-    """One --model-repository: a local folder, or a bucket (server/cloud_repository.py) copied into one."""
-
-    def __init__(self, location: str | Path, namespace: str) -> None:
-        self.location = str(location)
-        self.namespace = namespace  # "" without --model-namespacing: every repository shares one
-        self.mirror = CloudMirror(self.location) if is_cloud(self.location) else None
-        self.path = self.mirror.local if self.mirror is not None else Path(location)
-
-
-class ScopedHost:
-    """With --model-namespacing, the Host of the models of one repository: the models their ensemble steps
-    (and BLS calls) name are those of their own repository first, else the one model of that name, as
-    Triton resolves them. Everything else is the repository's."""
-
-    def __init__(self, repository: Repository, namespace: str) -> None:
-        self.repository = repository
-        self.namespace = namespace
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.repository, name)
-
-    def resolve(self, name: str, version: str = "") -> ModelVersion:
-        own = self.repository.namespaced.get((self.namespace, name))
-        return (own or self.repository.model(name)).resolve(version)
-
-
-class Repository:
-    """The models of one server, from one or more model repositories. It is also the `Host`
-    (server/backends/base.py) it hands each backend it loads: `resolve` for the models a model calls
-    (BLS, ensembles), the event loop they serve on, and the app_monitor models record their own metrics in.
-
-    Models are kept by key, (namespace, name): the namespace is the repository's location with
-    --model-namespacing, else "" for all, and a name in two repositories is then in none (Triton's
-    "not unique across all model repositories"). `models` holds what a request naming a name reaches:
-    the model of that name, or (two of that name, with namespacing) an Ambiguous one."""
+class Repository(ServedModels):
+    """The models of one server, from one or more model repositories, kept in service as ServedModels
+    (server/served_models.py) says. It is also the `Host` (server/backends/base.py) it hands each backend
+    it loads: `resolve` for the models a model calls (BLS, ensembles), the event loop they serve on, and
+    the app_monitor models record their own metrics in."""
 
     def __init__(
         self,
@@ -277,6 +75,7 @@ class Repository:
     ) -> None:
         if control_mode not in CONTROL_MODES:
             raise ValueError(f"unknown model control mode {control_mode!r}")
+        super().__init__(strict_readiness)
         self.app_monitor = app_monitor
         self.response_cache = response_cache  # --cache-config: shared by the models that enable it
         self.python_execution_mode = python_execution_mode  # --python-execution-mode
@@ -291,32 +90,13 @@ class Repository:
         locations = list(dict.fromkeys(map(str, paths))) if isinstance(paths, list) else [str(paths)]
         self.sources = [Source(p, str(p) if namespacing else "") for p in locations]
         self.control_mode = control_mode
-        self.strict_readiness = strict_readiness
-        self.namespaced: dict[Key, Model] = {}  # every model, by key
-        self.models: dict[str, Model] = {}  # what a request naming each name reaches (see _set)
         self._duplicates: set[str] = set()  # without namespacing: names in two or more repositories
-        self._online = True
-        self.online_watchers: list[Callable[[bool], None]] = []  # told of each change (the transport's)
-        self.generation = 0  # counts the changes of what is loaded
-        self.change_watchers: list[Callable[[], None]] = []  # told after each (the engine's workers)
         self._locks: dict[Key, asyncio.Lock] = {}  # one per model: its loads and unloads take turns
         self._failed: dict[Key, Signature | None] = {}  # poll mode: a failed reload is not retried as is
         self._overrides: Path | None = None  # the server's folder for file overrides, made on first use
         self._lifecycle: set[asyncio.Task] = set()  # loads and unloads under way for API callers
         self._starting = False  # within start(): errors are counted for --exit-on-error
         self._startup_errors: list[str] = []  # what --exit-on-error true exits on
-
-    @property
-    def online(self) -> bool:
-        """grps Offline clears it: every protocol's readiness probe then says not ready (so load balancers
-        drain the server) while requests are still served; Online sets it again."""
-        return self._online
-
-    @online.setter
-    def online(self, online: bool) -> None:
-        self._online = online
-        for watcher in self.online_watchers:
-            watcher(online)
 
     # ---------------------------------------------------------------------------------------- startup
 
@@ -361,7 +141,7 @@ class Repository:
     async def _load_in_order(self, wanted: dict[Key, Path], on_disk: dict[Key, Path]) -> None:
         """Loads `wanted` concurrently, ensembles after the models their steps call (which load with
         them when they are on disk and not loaded yet)."""
-        find = functools.partial(self._step_key, on_disk=on_disk)
+        find = functools.partial(step_key, on_disk=on_disk)
         steps = await asyncio.to_thread(composing_all, wanted, on_disk, find, self.config_name)
         for key in [k for calls in steps.values() for k in calls]:
             if key not in wanted and key in on_disk and not self._serving(key):
@@ -374,19 +154,6 @@ class Repository:
             await asyncio.gather(*(self._load_locked(k, d) for k, d in ready.items()))
             remaining = {k: d for k, d in remaining.items() if k not in ready}
 
-    @staticmethod
-    def _step_key(key: Key, name: str, on_disk: dict[Key, Path]) -> Key | None:
-        """The model an ensemble step naming `name` calls: the one of the ensemble's own repository,
-        else the only one of that name."""
-        if (key[0], name) in on_disk:
-            return (key[0], name)
-        found = [k for k in on_disk if k[1] == name]
-        return found[0] if len(found) == 1 else None
-
-    def _serving(self, key: Key) -> bool:
-        model = self.namespaced.get(key)
-        return model is not None and model.ready
-
     async def unload_all(self) -> None:
         if self._lifecycle:
             await asyncio.gather(*self._lifecycle, return_exceptions=True)
@@ -398,22 +165,7 @@ class Repository:
             if source.mirror is not None:
                 await asyncio.to_thread(source.mirror.close)
 
-    # ------------------------------------------------------------------------------- lookups, health
-
-    def model(self, name: str) -> Model:
-        return find_model(self.models, name)
-
-    def resolve(self, name: str, version: str = "") -> ModelVersion:
-        return self.model(name).resolve(version)
-
-    @property
-    def ready(self) -> bool:
-        """Strict (Triton's default): every model loaded and not unloaded has all its versions ready."""
-        if not self.online:
-            return False
-        if not self.strict_readiness:
-            return True
-        return all(m.fully_ready for m in self.namespaced.values() if not m.unloaded)
+    # ------------------------------------------------------------------------------------------ index
 
     def index(self, ready_only: bool = False) -> list[dict]:
         """Every model in the repositories, loaded or not, as Triton's index lists them: one entry per
@@ -454,7 +206,7 @@ class Repository:
             found = {("", name): owned}
         else:
             owned = None
-            found = await self._find_folders(name)
+            found = await find_folders(self.sources, name)
         reasons = []
         for key, directory in found.items():
             calls = (
@@ -464,44 +216,13 @@ class Repository:
             )
             if calls:  # an ensemble: the models its steps call load first, as Triton loads them
                 on_disk = self._listed()
-                steps = [self._step_key(key, n, on_disk) for n in calls]
+                steps = [step_key(key, n, on_disk) for n in calls]
                 wanted = {k: on_disk[k] for k in steps if k is not None and not self._serving(k)}
                 if wanted:
                     await self._owned(self._load_in_order(wanted, on_disk))
             reasons.append(await self._owned(self._load_locked(key, directory, parsed, owned)))
         if any(reasons):
             raise invalid("; ".join(r for r in reasons if r))
-
-    async def _find_folders(self, name: str) -> dict[Key, Path]:
-        """The folders of model `name` in the repositories (a bucket's copied afresh first); raises the
-        load's error when there is none, or (without namespacing) more than one: INTERNAL, as Triton's core
-        answers a failed poll."""
-        found: dict[Key, Path] = {}
-        problems = []
-        for source in self.sources:
-            if source.mirror is not None:
-                try:
-                    await asyncio.to_thread(source.mirror.sync, name)
-                except CloudError as e:
-                    log.error("%s", e)
-                    problems.append(str(e))
-                    continue
-            directory = source.path / name
-            if directory.is_dir():
-                if (source.namespace, name) in found:
-                    log.error("failed to poll model '%s': not unique across all model repositories", name)
-                    raise InferError(
-                        ErrorKind.INTERNAL,
-                        f"failed to load '{name}', failed to poll from model repository: not unique across "
-                        "all model repositories",
-                    )
-                found[(source.namespace, name)] = directory
-        if not found:
-            why = "; ".join(problems) or "no such model"
-            raise InferError(
-                ErrorKind.INTERNAL, f"failed to load '{name}', failed to poll from model repository: {why}"
-            )
-        return found
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         """Unloads a model (explicit mode), every model of that name with --model-namespacing; requests
@@ -624,40 +345,11 @@ class Repository:
     def _lock(self, key: Key) -> asyncio.Lock:
         return self._locks.setdefault(key, asyncio.Lock())
 
-    def _set(self, key: Key, model: Model | None) -> None:
-        """Puts `model` in service under `key` (None: takes it out), and republishes `models`."""
-        if model is None:
-            self.namespaced.pop(key, None)
-        else:
-            self.namespaced[key] = model
-        by_name: dict[str, list[Model]] = {}
-        for (_, name), each in self.namespaced.items():
-            by_name.setdefault(name, []).append(each)
-        self.models = {
-            name: found[0] if len(found) == 1 else Ambiguous.of(name, len(found))
-            for name, found in by_name.items()
-        }
-
     def _disk_models(self) -> tuple[dict[Key, Path], set[Path]]:
         """The model folders of every repository, by key, and the repositories that cannot be listed
         (logged). Without namespacing, a name in two repositories is left out (logged once)."""
-        found: dict[Key, list[Path]] = {}
-        unlisted: set[Path] = set()
-        for source in self.sources:
-            try:
-                entries = sorted(source.path.iterdir())
-            except OSError as e:
-                log.error("cannot list the model repository %s: %s", source.location, e)
-                unlisted.add(source.path)
-                continue
-            for entry in entries:
-                if entry.is_dir() and not entry.name.startswith("."):
-                    found.setdefault((source.namespace, entry.name), []).append(entry)
-        duplicates = {key[1] for key, paths in found.items() if len(paths) > 1}
-        for name in sorted(duplicates - self._duplicates):
-            log.error("failed to poll model '%s': not unique across all model repositories", name)
-        self._duplicates = duplicates
-        return {key: paths[0] for key, paths in found.items() if len(paths) == 1}, unlisted
+        folders, unlisted, self._duplicates = model_folders(self.sources, self._duplicates)
+        return folders, unlisted
 
     def _listed(self) -> dict[Key, Path]:
         """The model folders (those of the repositories that can be listed)."""
@@ -671,11 +363,6 @@ class Repository:
                 return await self._load(key, directory, config, owned)
             finally:
                 self._changed()
-
-    def _changed(self) -> None:
-        self.generation += 1
-        for watcher in self.change_watchers:
-            watcher()
 
     def _owned(self, work: Coroutine[Any, Any, T]) -> Awaitable[T]:
         """Runs a load or unload as a task of the repository's own: a caller that goes away (a gRPC call

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from tensorgate.codec.errors import InferError, invalid
-from tensorgate.server.model_config import ConfigError, load_model_config, normalize_config
+from tensorgate.server.config_error import ConfigError
+from tensorgate.server.model_config import load_model_config, normalize_config
 
 Signature = frozenset[tuple[str, int, int]]
 Key = tuple[str, str]  # a model: (namespace, name); the namespace is "" without --model-namespacing

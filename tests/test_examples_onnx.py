@@ -10,7 +10,8 @@ from e2e_helpers import need_module
 onnx = need_module("onnx", "the test extra (make test installs it)")
 from onnx import TensorProto, numpy_helper  # noqa: E402
 
-from tensorgate.server.model_config import normalize_config, parse_pbtxt  # noqa: E402
+from tensorgate.server.model_config import normalize_config  # noqa: E402
+from tensorgate.server.pbtxt import parse_pbtxt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "build_onnx_models.py"

@@ -25,10 +25,12 @@ from fuzz.readback import Mismatch, http1_answers, http2_answers
 from fuzz.targets import REFUSED, TARGETS, run_one, seeds
 from tensorgate.codec.errors import InferError
 from tensorgate.codec.grps import payload_from_message
+from tensorgate.server.config_error import ConfigError
 from tensorgate.server.endpoints.v2 import error_response
 from tensorgate.server.http.grpc_wire import MessageReader
 from tensorgate.server.http.hpack_decode import Decoder
-from tensorgate.server.model_config import ConfigError, normalize_config, parse_pbtxt
+from tensorgate.server.model_config import normalize_config
+from tensorgate.server.pbtxt import parse_pbtxt
 from tensorgate.server.router import HttpRequest, HttpResponse, Router
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -6,13 +6,9 @@ from pathlib import Path
 import pytest
 
 from tensorgate.server.backends import backend_from_files
-from tensorgate.server.model_config import (
-    ConfigError,
-    check_complete,
-    load_model_config,
-    normalize_config,
-    parse_pbtxt,
-)
+from tensorgate.server.config_error import ConfigError
+from tensorgate.server.model_config import check_complete, load_model_config, normalize_config
+from tensorgate.server.pbtxt import parse_pbtxt
 
 # Triton's own docs/examples/model_repository/simple/config.pbtxt.
 SIMPLE_PBTXT = """

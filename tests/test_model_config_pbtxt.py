@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tensorgate.server.model_config import ConfigError, parse_pbtxt
+from tensorgate.server.config_error import ConfigError
+from tensorgate.server.pbtxt import parse_pbtxt
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,9 @@
 
 import pytest
 
-from tensorgate.server.model_config import ConfigError, normalize_config, parse_pbtxt
+from tensorgate.server.config_error import ConfigError
+from tensorgate.server.model_config import normalize_config
+from tensorgate.server.pbtxt import parse_pbtxt
 
 PBTXT = """
 name: "m"

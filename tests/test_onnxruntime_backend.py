@@ -227,7 +227,8 @@ output [ {{ name: "y" data_type: TYPE_{v2} dims: [ 2 ] }} ]
 
 def test_missing_onnxruntime_is_a_clear_load_failure(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from tensorgate.server.backends import load_backend
-    from tensorgate.server.model_config import normalize_config, parse_pbtxt
+    from tensorgate.server.model_config import normalize_config
+    from tensorgate.server.pbtxt import parse_pbtxt
 
     monkeypatch.setitem(__import__("sys").modules, "onnxruntime", None)
     config = normalize_config(parse_pbtxt(add_sub_config("m")), "m")
@@ -309,7 +310,8 @@ WITHOUT_CUDA = ["AzureExecutionProvider", CPU]  # what the CPU build offers
 
 
 def normalized(groups: str) -> dict:
-    from tensorgate.server.model_config import normalize_config, parse_pbtxt
+    from tensorgate.server.model_config import normalize_config
+    from tensorgate.server.pbtxt import parse_pbtxt
 
     return normalize_config(parse_pbtxt(add_sub_config("m", extra=groups)), "m")
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tensorgate.server.options import available_cpus, build_parser
+from tensorgate.server.options import build_parser
+from tensorgate.server.options_workers import available_cpus
 
 SERVE = ["--model-repository", "."]
 

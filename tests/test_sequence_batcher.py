@@ -19,7 +19,8 @@ from tensorgate.batcher.stats import ModelStats
 from tensorgate.codec.errors import ErrorKind, InferError
 from tensorgate.codec.sequence import END, START
 from tensorgate.codec.tensor import InferRequest
-from tensorgate.server.model_config import normalize_config, parse_pbtxt
+from tensorgate.server.model_config import normalize_config
+from tensorgate.server.pbtxt import parse_pbtxt
 from tensorgate.server.sequence_config import initial_states
 
 MS = 1_000_000  # ns

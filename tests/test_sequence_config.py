@@ -6,7 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tensorgate.server.model_config import ConfigError, check_complete, normalize_config, parse_pbtxt
+from tensorgate.server.config_error import ConfigError
+from tensorgate.server.model_config import check_complete, normalize_config
+from tensorgate.server.pbtxt import parse_pbtxt
 from tensorgate.server.sequence_config import initial_states
 
 BASE = """

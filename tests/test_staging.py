@@ -24,7 +24,8 @@ from tensorgate.batcher.staging import (
 )
 from tensorgate.codec.datatypes import bf16_bits
 from tensorgate.codec.errors import InferError
-from tensorgate.server.model_config import normalize_config, parse_pbtxt
+from tensorgate.server.model_config import normalize_config
+from tensorgate.server.pbtxt import parse_pbtxt
 
 
 def config(

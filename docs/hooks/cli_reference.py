@@ -1,7 +1,7 @@
 """The CLI reference page (docs/getting-started/cli.md), generated from the argument parsers.
 
 - `python docs/hooks/cli_reference.py` (`make docs` runs it) writes the page from `tensorgate serve`'s
-  parser (server/options.py) and `tensorgate perf`'s (perf/cli.py).
+  parser (server/options.py, its flags in server/options_*.py) and `tensorgate perf`'s (perf/cli.py).
 - As an MkDocs hook (mkdocs.yml `hooks:`), it fails the build when the committed page is not what the
   parsers give today: a flag added without `make docs` fails `mkdocs build --strict` and the suite.
 """
@@ -134,7 +134,7 @@ def markdown() -> str:
         "# CLI reference",
         "",
         "<!-- Generated from the argument parsers by docs/hooks/cli_reference.py (`make docs`): edit the",
-        "     flags' help in server/options.py or perf/cli.py, not this page. -->",
+        "     flags' help in server/options_*.py or perf/cli.py, not this page. -->",
         "",
         "`tensorgate` has one subcommand for each job:",
         "",

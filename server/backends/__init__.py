@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tensorgate.server.model_config import ConfigError
+from tensorgate.server.config_error import ConfigError
 
 if TYPE_CHECKING:
     from tensorgate.server.backends.base import Backend, Host

@@ -24,6 +24,8 @@ import re
 import threading
 from collections.abc import Callable
 
+from tensorgate.server.backends.pb_errors import TritonModelException
+
 COUNTER, GAUGE, HISTOGRAM = 0, 1, 2  # TRITONSERVER_MetricKind
 KIND_NAMES = {COUNTER: "counter", GAUGE: "gauge", HISTOGRAM: "histogram"}
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
@@ -34,8 +36,6 @@ OPERATION = "triton_custom_metric"  # the msg.Metric aggregation that carries a 
 
 
 def _error(message: str) -> Exception:
-    from tensorgate.server.backends.pb_utils import TritonModelException  # pb_utils imports this module
-
     return TritonModelException(message)
 
 

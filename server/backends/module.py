@@ -52,7 +52,7 @@ class ModelModule:
             raise
         self.module = module
         self.uses_triton_api = any(  # `import ... as pb_utils`, or `from ... import InferenceResponse`
-            value is pb_utils or getattr(value, "__module__", None) == pb_utils.__name__
+            value is pb_utils or getattr(value, "__module__", None) in pb_utils.API_MODULES
             for value in vars(module).values()
         )
         self.model_class = _model_class(module, path)

@@ -1,54 +1,73 @@
 """`triton_python_backend_utils`, ours: what a model.py written for Triton's python backend imports as
 `pb_utils` (no file of Triton's is needed; the python backend puts this module in `sys.modules` under
-that name before it runs a model.py).
+that name before it runs a model.py). Its job: Triton's API as a model sees it, every name of it found
+here, and the requests that cross between a model and the server.
 
-The names and behaviour follow Triton's python_backend README: Tensor, InferenceRequest (received by
-`execute`, or built by the model to call another model: BLS), InferenceResponse, TritonError,
-TritonModelException, the response sender of decoupled models, the model loading calls (load_model,
-unload_model, is_model_ready: the server's repository API), Logger, the config helpers and the flag
-constants. What Triton spreads over shared memory and a stub process runs here in the server's process:
-tensors are numpy arrays, always on the CPU (`is_cpu()` is True; `to_dlpack`/`from_dlpack` exchange
-them with torch or CuPy), and a BLS call goes through the called model's own scheduler and batcher
-without serializing anything: the server the calls go to is the host the python backend loaded the
-model for (`attach_host`, at load; one per process, as Triton's stub serves one server). In a model's
-own process (`EXECUTION_MODE process`), BLS calls go to the server through the `Caller` the process
-attaches (server/backends/stub.py).
+The names and behaviour follow Triton's python_backend README. Defined beside this module, and imported
+here as the API: Tensor and the datatype helpers (pb_tensors.py), InferenceResponse and the response
+sender of decoupled models (pb_responses.py), TritonError and TritonModelException (pb_errors.py),
+ModelConfig and the config helpers (pb_model_config.py), Logger (pb_logger.py), MetricFamily
+(custom_metrics.py). Defined here, as they share where a model's calls go: InferenceRequest (received
+by `execute`, or built by the model to call another model: BLS), the model loading calls (load_model,
+unload_model, is_model_ready: the server's repository API) and the flag constants of requests.
+
+What Triton spreads over shared memory and a stub process runs here in the server's process: tensors
+are numpy arrays, always on the CPU, and a BLS call goes through the called model's own scheduler and
+batcher without serializing anything: the server the calls go to is the host the python backend loaded
+the model for (`attach_host`, at load; one per process, as Triton's stub serves one server). In a
+model's own process (`EXECUTION_MODE process`), BLS calls go to the server through the `Caller` the
+process attaches (server/backends/stub.py).
 """
 
 import asyncio
 import json
-import logging
-import struct
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from tensorgate.codec.datatypes import BY_CONFIG, BY_NUMPY, BY_V2
 from tensorgate.codec.errors import ErrorKind, InferError
 from tensorgate.codec.tensor import InferRequest as _Request
 from tensorgate.codec.tensor import RequestedOutput as _RequestedOutput
 from tensorgate.codec.tensor import Tensor as _WireTensor
 from tensorgate.codec.tensor import custom_parameters
+from tensorgate.server.backends import pb_errors, pb_logger, pb_model_config, pb_responses, pb_tensors
 from tensorgate.server.backends.custom_metrics import Metric, MetricFamily  # noqa: F401 (Triton's API)
+from tensorgate.server.backends.pb_errors import TritonError, TritonModelException
+from tensorgate.server.backends.pb_logger import Logger, LogLevel  # noqa: F401 (Triton's API)
+from tensorgate.server.backends.pb_model_config import (  # noqa: F401 (Triton's API)
+    ModelConfig,
+    get_input_config_by_name,
+    get_output_config_by_name,
+)
+from tensorgate.server.backends.pb_responses import (  # noqa: F401 (Triton's API)
+    TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+    InferenceResponse,
+    InferenceResponseSender,
+    get_output_tensor_by_name,
+)
+from tensorgate.server.backends.pb_tensors import (  # noqa: F401 (Triton's API)
+    Tensor,
+    deserialize_bytes_tensor,
+    numpy_to_triton_type,
+    serialize_byte_tensor,
+    triton_string_to_numpy,
+    triton_to_numpy_type,
+)
 
 if TYPE_CHECKING:
     from tensorgate.server.backends.base import Host
 
-TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+# The modules that define Triton's API: a model.py that imported a name of one uses Triton's API
+# (server/backends/module.py).
+API_MODULES = frozenset(
+    module.__name__ for module in (pb_errors, pb_logger, pb_model_config, pb_responses, pb_tensors)
+) | {__name__}
+
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
-
-# TRITONSERVER_DataType numbers, as Tensor.triton_dtype() answers them
-_TRITON_TYPE_NUMBERS = {
-    "BOOL": 1, "UINT8": 2, "UINT16": 3, "UINT32": 4, "UINT64": 5, "INT8": 6, "INT16": 7, "INT32": 8,
-    "INT64": 9, "FP16": 10, "FP32": 11, "FP64": 12, "BYTES": 13, "BF16": 14,
-}  # fmt: skip
-_V2_OF_NUMBER = {number: v2 for v2, number in _TRITON_TYPE_NUMBERS.items()}
-
-log = logging.getLogger("tensorgate.model")
 
 _host: "Host | None" = None  # where BLS calls go: the server's models and event loop
 
@@ -90,28 +109,6 @@ def attach_host(host: "Host") -> None:
 # ------------------------------------------------------------------------------------------- errors
 
 
-class TritonError:
-    """An error a model answers for one request (`InferenceResponse(error=...)`), with Triton's codes."""
-
-    UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS, CANCELLED = range(8)
-
-    def __init__(self, message: str, code: int = INTERNAL) -> None:
-        self._message = message
-        self._code = code
-
-    def message(self) -> str:
-        return self._message
-
-    def code(self) -> int:
-        return self._code
-
-    def __str__(self) -> str:
-        return self._message
-
-    def __repr__(self) -> str:
-        return f"TritonError({self._message!r}, code={self._code})"
-
-
 _KIND_OF_CODE = {
     TritonError.INVALID_ARG: ErrorKind.INVALID_ARGUMENT,
     TritonError.NOT_FOUND: ErrorKind.NOT_FOUND,
@@ -125,142 +122,6 @@ _CODE_OF_KIND = {kind: code for code, kind in _KIND_OF_CODE.items() if code != T
 def as_infer_error(error: "TritonError") -> InferError:
     """A model's TritonError as the error every protocol answers."""
     return InferError(_KIND_OF_CODE.get(error.code(), ErrorKind.INTERNAL), error.message())
-
-
-class TritonModelException(Exception):
-    """Raised to a model by a failed call of ours (a BLS call's transport, a wrong argument)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self._message = message
-
-    def message(self) -> str:
-        return self._message
-
-
-# ------------------------------------------------------------------------------------------- tensors
-
-
-class Tensor:
-    """A named tensor: a numpy array (BYTES: an object array of bytes)."""
-
-    def __init__(self, name: str, numpy_array: Any, triton_dtype: int | None = None) -> None:
-        array = numpy_array if isinstance(numpy_array, np.ndarray) else np.asarray(numpy_array)
-        if array.dtype.kind == "U" or array.dtype.kind == "V":
-            raise TritonModelException(
-                "Tensor dtype used for numpy_array is not supported by the python backend: "
-                "use np.object_ (of bytes) instead"
-            )
-        if triton_dtype is not None:
-            v2 = _V2_OF_NUMBER.get(triton_dtype)
-            if v2 is None:
-                raise TritonModelException(f"unknown triton_dtype {triton_dtype}")
-        else:
-            found = BY_NUMPY.get(array.dtype) or BY_NUMPY.get(np.dtype(array.dtype.kind))
-            if found is None:
-                raise TritonModelException(f"numpy dtype {array.dtype} has no Triton datatype")
-            v2 = found.v2
-        self._name = name
-        self._array = array
-        self._v2 = v2
-
-    @staticmethod
-    def _of(name: str, array: np.ndarray, v2: str) -> "Tensor":
-        tensor = Tensor.__new__(Tensor)
-        tensor._name, tensor._array, tensor._v2 = name, array, v2
-        return tensor
-
-    def name(self) -> str:
-        return self._name
-
-    def as_numpy(self) -> np.ndarray:
-        return self._array
-
-    def triton_dtype(self) -> int:
-        return _TRITON_TYPE_NUMBERS[self._v2]
-
-    def shape(self) -> list[int]:
-        return list(self._array.shape)
-
-    def is_cpu(self) -> bool:
-        return True
-
-    def to_dlpack(self) -> Any:
-        """A DLPack capsule of the array (torch.from_dlpack / cupy.from_dlpack take it)."""
-        if self._array.dtype == object:
-            raise TritonModelException(f"tensor '{self._name}': BYTES tensors have no DLPack form")
-        return self._array.__dlpack__()
-
-    @staticmethod
-    def from_dlpack(name: str, capsule: Any) -> "Tensor":
-        """A tensor from a DLPack capsule or an object with `__dlpack__` (a torch tensor, a CuPy array);
-        device memory is copied to the host."""
-        if hasattr(capsule, "__dlpack__"):
-            if hasattr(capsule, "detach"):  # torch: no autograd, on the host
-                return Tensor(name, capsule.detach().cpu().numpy())
-            if hasattr(capsule, "get") and not isinstance(capsule, np.ndarray):  # CuPy
-                return Tensor(name, capsule.get())
-            return Tensor(name, np.from_dlpack(capsule))
-        try:
-            import torch.utils.dlpack
-        except ImportError:
-            raise TritonModelException("from_dlpack of a raw capsule needs torch installed") from None
-        return Tensor(name, torch.utils.dlpack.from_dlpack(capsule).cpu().numpy())
-
-    def __repr__(self) -> str:
-        return f"Tensor({self._name!r}, {self._v2}, shape={list(self._array.shape)})"
-
-
-# ----------------------------------------------------------------------------------------- responses
-
-
-class InferenceResponse:
-    def __init__(
-        self,
-        output_tensors: list[Tensor] | None = None,
-        error: TritonError | None = None,
-        parameters: dict | str | None = None,
-    ) -> None:
-        if output_tensors is None:
-            output_tensors = []
-        if not isinstance(output_tensors, list):
-            raise TritonModelException('"output_tensors" must be a list')
-        self._outputs = output_tensors
-        self._error = error
-        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters or {})
-
-    def output_tensors(self) -> list[Tensor]:
-        return self._outputs
-
-    def has_error(self) -> bool:
-        return self._error is not None
-
-    def error(self) -> TritonError | None:
-        return self._error
-
-    def parameters(self) -> str:
-        return self._parameters
-
-
-class InferenceResponseSender:
-    """How a decoupled model answers a request: any number of responses, from any thread, then FINAL."""
-
-    def __init__(self, deliver: Callable[[InferenceResponse | None, int], None]) -> None:
-        self._deliver = deliver
-        self._closed = False
-        self._cancelled = False
-
-    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
-        if self._closed:
-            raise TritonModelException("the response sender is closed: FINAL was sent already")
-        if response is not None and not isinstance(response, InferenceResponse):
-            raise TritonModelException("send() takes an InferenceResponse")
-        if flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL:
-            self._closed = True
-        self._deliver(response, flags)
-
-    def is_cancelled(self) -> bool:
-        return self._cancelled
 
 
 # ------------------------------------------------------------------------------------------- requests
@@ -459,6 +320,13 @@ def received_request(
     return request
 
 
+def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
+    for tensor in inference_request.inputs():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
 # ------------------------------------------------------------------------------------ model loading
 
 
@@ -527,146 +395,6 @@ async def control(host: "Host", operation: str, arguments: dict) -> Any:
         return host.model(name).is_ready(version)
     except InferError:
         return False  # an unknown model, or version: not ready
-
-
-# ------------------------------------------------------------------------------------------ helpers
-
-
-def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
-    for tensor in inference_request.inputs():
-        if tensor.name() == name:
-            return tensor
-    return None
-
-
-def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
-    for tensor in inference_response.output_tensors():
-        if tensor.name() == name:
-            return tensor
-    return None
-
-
-def get_input_config_by_name(model_config: dict, name: str) -> dict | None:
-    return next((entry for entry in model_config.get("input", ()) if entry["name"] == name), None)
-
-
-def get_output_config_by_name(model_config: dict, name: str) -> dict | None:
-    return next((entry for entry in model_config.get("output", ()) if entry["name"] == name), None)
-
-
-def triton_string_to_numpy(triton_type_string: str) -> Any:
-    """TYPE_FP32 -> np.float32 (TYPE_STRING -> np.object_)."""
-    dtype = BY_CONFIG[triton_type_string].numpy
-    return np.object_ if dtype.kind == "O" else dtype.type
-
-
-def triton_to_numpy_type(data_type: int) -> Any:
-    return triton_string_to_numpy(BY_V2[_V2_OF_NUMBER[data_type]].config)
-
-
-def numpy_to_triton_type(data_type: Any) -> int | None:
-    found = BY_NUMPY.get(np.dtype(data_type))
-    return None if found is None else _TRITON_TYPE_NUMBERS[found.v2]
-
-
-def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray | None:
-    """BYTES elements as Triton lays them out: each a 4-byte little-endian length and its bytes."""
-    if input_tensor.size == 0:
-        return None
-    chunks = []
-    for item in input_tensor.reshape(-1):
-        data = item if isinstance(item, bytes) else str(item).encode("utf-8")
-        chunks.append(struct.pack("<I", len(data)) + data)
-    return np.frombuffer(b"".join(chunks), dtype=np.uint8)
-
-
-def deserialize_bytes_tensor(encoded_tensor: bytes) -> np.ndarray:
-    items, offset = [], 0
-    while offset < len(encoded_tensor):
-        (length,) = struct.unpack_from("<I", encoded_tensor, offset)
-        offset += 4
-        items.append(bytes(encoded_tensor[offset : offset + length]))
-        offset += length
-    return np.array(items, dtype=np.object_)
-
-
-class LogLevel:
-    INFO, WARNING, ERROR, VERBOSE = range(4)
-
-
-_LEVELS = {LogLevel.INFO: logging.INFO, LogLevel.WARNING: logging.WARNING, LogLevel.ERROR: logging.ERROR,
-           LogLevel.VERBOSE: logging.DEBUG}  # fmt: skip
-
-
-class Logger:
-    """Triton's model logger: messages go to the server's log (logger `tensorgate.model`)."""
-
-    @staticmethod
-    def log(message: str, level: int = LogLevel.INFO) -> None:
-        log.log(_LEVELS.get(level, logging.INFO), "%s", message)
-
-    @staticmethod
-    def log_info(message: str) -> None:
-        log.info("%s", message)
-
-    @staticmethod
-    def log_warn(message: str) -> None:
-        log.warning("%s", message)
-
-    @staticmethod
-    def log_error(message: str) -> None:
-        log.error("%s", message)
-
-    @staticmethod
-    def log_verbose(message: str) -> None:
-        log.debug("%s", message)
-
-
-class ModelConfig:
-    """What `auto_complete_config(auto_complete_model_config)` receives: the config to complete."""
-
-    def __init__(self, config: dict) -> None:
-        self._config = config
-
-    def as_dict(self) -> dict:
-        return self._config
-
-    def set_max_batch_size(self, max_batch_size: int) -> None:
-        current = self._config.get("max_batch_size", 0)
-        if current and current != max_batch_size:
-            raise ValueError(
-                f"configuration specified max_batch_size {current}, but auto-complete wants {max_batch_size}"
-            )
-        self._config["max_batch_size"] = max_batch_size
-
-    def set_dynamic_batching(self) -> None:
-        self._config.setdefault("dynamic_batching", {})
-
-    def set_model_transaction_policy(self, transaction_policy: dict) -> None:
-        self._config["model_transaction_policy"] = dict(transaction_policy)
-
-    def add_input(self, input: dict) -> None:  # noqa: A002 (Triton's argument name)
-        self._add("input", input)
-
-    def add_output(self, output: dict) -> None:
-        self._add("output", output)
-
-    def _add(self, kind: str, entry: dict) -> None:
-        if not isinstance(entry, dict) or "name" not in entry:
-            raise ValueError(f"add_{kind} takes a dict with at least 'name'")
-        tensors = self._config.setdefault(kind, [])
-        for existing in tensors:
-            if existing["name"] != entry["name"]:
-                continue
-            for key, value in entry.items():  # the config given wins; a disagreement is an error
-                if key in existing and existing[key] != value:
-                    raise ValueError(
-                        f"{kind} '{entry['name']}': the configuration has {key} {existing[key]!r}, "
-                        f"auto-complete wants {value!r}"
-                    )
-                existing.setdefault(key, value)
-            return
-        tensors.append(dict(entry))
 
 
 def _runs_on(loop: asyncio.AbstractEventLoop) -> bool:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class HttpSettings:
-    """Every limit of the transport; each has a CLI flag (server/cli.py)."""
+    """Every limit of the transport; each has a CLI flag (server/options_transport.py)."""
 
     max_request_bytes: int = 1 << 30
     max_head_bytes: int = 64 * 1024  # HTTP/1.1 request line + headers; HTTP/2 decoded header list
