@@ -8,6 +8,9 @@ Servers, all up at once on 127.0.0.1, in rounds whose order alternates (A B C, C
                   `make compile` runs its .py files)
     triton        with `--triton KIT`: Triton 2.51 on its C++ backend (../shared/triton; setup.sh first)
     uvicorn-bare  with `--uvicorn`: uvicorn + httptools + uvloop answering fixed bytes (json-h1 only)
+    ours-bare     with `--floor`: our own transport answering fixed bytes (bench.bare_app; gRPC's
+                  requests too, over h2c, as a plain HTTP/2 answer without trailers): the floor under
+                  every scenario, and how much of each goal the transport alone leaves to the rest
 
 Scenarios (each a C load generator: a Python client costs as much CPU a request as the server):
 - json-h1:   wrk -t1 -c16, POST /v2/models/simple/infer, the v2 JSON body;
@@ -27,7 +30,7 @@ Features, each beside the baseline (`--features`; issue 37: none may get slower)
 Per server and scenario: requests/s over all rounds, and server CPU per request (every process of the
 server, from /proc) as the median of the rounds; ratios are medians of the per-round ratios.
 
-    python -m bench.hotpath [--baseline DIR] [--triton ../shared/triton] [--uvicorn] [--pure]
+    python -m bench.hotpath [--baseline DIR] [--triton ../shared/triton] [--uvicorn] [--pure] [--floor]
 """
 
 import argparse
@@ -56,7 +59,8 @@ from bench.workers import TRITON, Triton, prepare
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCENARIOS = ("json-h1", "binary-h1", "grpc", "json-h2")
 FEATURES = ("mlp", "ensemble", "tfserving", "grps", "binary-64mib")
-BASELINE, PURE, UVICORN = "baseline", "pure", "uvicorn-bare"
+BASELINE, PURE, UVICORN, FLOOR = "baseline", "pure", "uvicorn-bare", "ours-bare"
+TRITON_CPU_GOAL, UVICORN_RPS_GOAL = 0.65, 0.95  # issue 37: CPU <= 0.65x Triton's; req/s >= 0.95x uvicorn's
 GOALS_US = {"json-h1": 26.0, "binary-h1": 26.0, "grpc": 30.0, "json-h2": 32.0}  # at most, µs a request
 
 
@@ -147,6 +151,8 @@ def drives(name: str, key: str) -> bool:
         return name == "json-h1"  # it answers fixed bytes to any request: the HTTP/1.1 ceiling
     if key == TRITON:
         return name in ("json-h1", "binary-h1", "grpc")  # the models of its kit
+    if key == FLOOR:
+        return name in SCENARIOS
     return True
 
 
@@ -169,7 +175,9 @@ def ratio(rounds: dict, key: str, other: str, field: str) -> float | None:
 
 def report(results: dict, args) -> str:
     servers = [
-        key for key in ("ours", PURE, BASELINE, TRITON, UVICORN) if any(key in r for r in results.values())
+        key
+        for key in ("ours", PURE, BASELINE, TRITON, UVICORN, FLOOR)
+        if any(key in r for r in results.values())
     ]
     lines = [
         f"# The hot path, server CPU per request on `simple` ({args.machine})\n",
@@ -214,7 +222,56 @@ def report(results: dict, args) -> str:
     if rps is not None:
         met = "yes" if rps >= 0.95 else "no"
         lines.append(f"| json-h1 req/s against a bare uvicorn app >= 0.95x | {rps:.2f}x | {met} |")
+    if any(FLOOR in result for result in results.values()):
+        lines += floor_report(results)
     return "\n".join(lines) + "\n"
+
+
+def floor_report(results: dict) -> list[str]:
+    """What the goals leave above our transport's own floor (fixed bytes, no routing, no inference), and
+    what the C calls of a `simple` JSON request cost in one process (`c_floor_us`)."""
+    lines = ["", "The floor: our transport answering fixed bytes (ours-bare), in the same rounds:", "",
+             "| scenario | ours µs/req | ours-bare µs/req | ours - ours-bare | CPU goal µs/req | "
+             "goal - ours-bare | ours-bare req/s | req/s goal |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name in SCENARIOS:
+        result = results.get(name, {})
+        if FLOOR not in result:
+            continue
+        ours, bare = result["ours"], result[FLOOR]
+        cpu_goal, rps_goal = GOALS_US[name], None
+        if TRITON in result:
+            cpu_goal = min(cpu_goal, TRITON_CPU_GOAL * result[TRITON]["cpu_us"])
+            rps_goal = result[TRITON]["rps"]
+        if UVICORN in result:
+            rps_goal = max(rps_goal or 0.0, UVICORN_RPS_GOAL * result[UVICORN]["rps"])
+        above = ours["cpu_us"] - bare["cpu_us"]
+        lines.append(
+            f"| {name} | {ours['cpu_us']:.1f} | {bare['cpu_us']:.1f} | {above:.1f} | {cpu_goal:.1f} | "
+            f"{cpu_goal - bare['cpu_us']:.1f} | {bare['rps']:,.0f} | "
+            + (f"{rps_goal:,.0f}" if rps_goal else "-")
+            + " |"
+        )
+    lines += ["", "The C calls of a `simple` JSON request, in one process (orjson parse, two arrays, add "
+              f"and subtract, two lists, orjson dump): {c_floor_us():.2f} µs."]  # fmt: skip
+    return lines
+
+
+def c_floor_us(calls: int = 100_000) -> float:
+    """µs a call of what a `simple` JSON request cannot do without, whatever the server: the body parsed,
+    the two input arrays made, the model's two ufuncs, the outputs as lists, the answer's JSON."""
+    import timeit
+
+    def infer() -> bytes:
+        inputs = orjson.loads(JSON_BODY)["inputs"]
+        a = np.array(inputs[0]["data"], dtype=np.int32).reshape(1, 16)
+        b = np.array(inputs[1]["data"], dtype=np.int32).reshape(1, 16)
+        outputs = [("OUTPUT0", a + b), ("OUTPUT1", a - b)]
+        return orjson.dumps({"model_name": "simple", "model_version": "1", "outputs": [
+            {"name": name, "datatype": "INT32", "shape": [1, 16], "data": out.ravel().tolist()}
+            for name, out in outputs]})  # fmt: skip
+
+    return min(timeit.repeat(infer, number=calls, repeat=3)) / calls * 1e6
 
 
 @contextlib.contextmanager
@@ -236,6 +293,11 @@ def servers_beside(args: argparse.Namespace) -> Iterator[dict]:
             servers[UVICORN] = ServerProcess(
                 [sys.executable, "-m", "bench.bare_app", "--server", "uvicorn"], cwd=ROOT
             )
+        if args.floor:
+            bare = servers[FLOOR] = ServerProcess(
+                [sys.executable, "-m", "bench.bare_app", "--server", "tensorgate"], cwd=ROOT
+            )
+            bare.grpc_port = bare.port  # h2c on the one port
         yield servers
     finally:
         for server in servers.values():
@@ -254,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--triton", help="the Triton kit (../shared/triton), set up with its setup.sh")
     parser.add_argument("--uvicorn", action="store_true", help="a bare uvicorn app beside (json-h1)")
     parser.add_argument("--pure", action="store_true", help="this checkout in pure Python beside")
+    parser.add_argument("--floor", action="store_true", help="our transport answering fixed bytes beside")
     parser.add_argument("--machine", default="vm, 2 cores", help="what the report names the machine")
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--name", default="hotpath", help="the results file: <date>-<name>.md")

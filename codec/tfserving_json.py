@@ -15,7 +15,7 @@ from tensorgate.codec import json_text
 from tensorgate.codec.bytes_tensor import b64decode
 from tensorgate.codec.datatypes import BY_V2, DataType, bf16_bits
 from tensorgate.codec.errors import describe, invalid
-from tensorgate.codec.tensor import JSON_KINDS, JSON_TYPES, MAX_DIMS, holds_booleans, narrowed
+from tensorgate.codec.tensor import JSON_KINDS, JSON_TYPES, MAX_DIMS, flat_json_of, holds_booleans, narrowed
 
 B64 = "b64"
 
@@ -48,7 +48,7 @@ def to_array(value: Any, dtype: DataType, what: str) -> np.ndarray:
         return bf16_bits(to_array(value, BY_V2["FP32"], what))
     target = dtype.numpy
     # The common case, a flat list of the right JSON types (checked in C): one conversion.
-    if type(value) is list and value and set(map(type, value)) <= JSON_TYPES[target.kind]:
+    if type(value) is list and value and flat_json_of(value, target.kind):
         return _convert(value, target, dtype, what)
     try:
         parsed = np.array(value)  # numpy infers bool, int64/uint64, float64, or str/object for anything else

@@ -17,7 +17,6 @@ from tensorgate.codec.datatypes import BY_V2, TABLE, DataType
 from tensorgate.codec.errors import invalid
 from tensorgate.codec.tensor import (
     JSON_KINDS,
-    JSON_TYPES,
     KIND_NAMES,
     InferRequest,
     InferResponse,
@@ -26,6 +25,7 @@ from tensorgate.codec.tensor import (
     array_from_bytes,
     as_dtype,
     checked_shape,
+    flat_json_of,
     holds_booleans,
     in_shared_memory,
     tensor_bytes,
@@ -156,7 +156,7 @@ def _decode_input(
     parameters = _parameters(raw.get("parameters"), what)
     size = parameters.pop("binary_data_size", None) if parameters else None
 
-    if in_shared_memory(parameters):  # its data is read from the region by the server
+    if parameters and in_shared_memory(parameters):  # its data is read from the region by the server
         if "data" in raw or size is not None:
             raise invalid(_one_content(raw, size, True, what))
         return Tensor(name, dtype.v2, shape, None, parameters), 0
@@ -177,14 +177,9 @@ def _decode_input(
     if count * dtype.size > max_input_size:  # before the data is read, as Triton checks it
         _too_large(name, count * dtype.size, max_input_size)
     data = raw["data"]
-    accepted = _NUMERIC_JSON_TYPES.get(dtype.v2)
-    # The common case, a flat list of the right JSON type (checked in C): one conversion.
-    if (
-        accepted is not None
-        and type(data) is list
-        and len(data) == count
-        and set(map(type, data)) <= accepted
-    ):
+    kind = _NUMERIC_KINDS.get(dtype.v2)
+    # The common case, a flat list of the right JSON type: one conversion.
+    if kind is not None and type(data) is list and len(data) == count and flat_json_of(data, kind):
         try:
             array = np.array(data, dtype=dtype.numpy).reshape(shape)
         except OverflowError:
@@ -216,8 +211,8 @@ def _one_content(raw: dict, size: Any, shared: bool, what: str) -> str:
     )
 
 
-# datatype -> the Python types of the JSON values a flat list of it may hold (BF16 and BYTES: none)
-_NUMERIC_JSON_TYPES = {t.v2: JSON_TYPES[t.numpy.kind] for t in TABLE if t.v2 not in ("BF16", "BYTES")}
+# datatype -> the numpy kind whose JSON types a flat list of it may hold (BF16 and BYTES: none)
+_NUMERIC_KINDS = {t.v2: t.numpy.kind for t in TABLE if t.v2 not in ("BF16", "BYTES")}
 
 
 def _from_json(

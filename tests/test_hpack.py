@@ -40,6 +40,22 @@ def test_an_all_indexed_block_is_decoded_from_the_cache_only_while_the_table_is_
     assert decoder.decode(bytes([0x80 | 62])) == [(b"x-new", b"1")]
 
 
+def test_a_block_with_literals_not_indexed_is_read_again_with_the_table_as_it_is_then() -> None:
+    # A literal without indexing (0x0_) or never indexed (0x1_) leaves the table as it was, so such a
+    # block is kept decoded; its name given by index must follow the table when the table changes.
+    encoder, decoder = hpack.Encoder(), Decoder(65536)
+    decoder.decode(encoder.encode([(b"x-name", b"first")]))  # the dynamic table: [x-name: first]
+    block = bytes([0x00 | 0, 3]) + b"x-a" + bytes([1]) + b"1"  # literal, new name, not indexed
+    block += bytes([0x10 | 15, 62 - 15, 2]) + b"s3"  # never indexed, its name the dynamic entry 62
+    block += bytes([0x80 | 62])  # the dynamic entry itself
+    for _ in range(2):
+        assert decoder.decode(block) == [(b"x-a", b"1"), (b"x-name", b"s3"), (b"x-name", b"first")]
+    assert len(decoder.dynamic) == 1  # neither literal went into the table
+    assert block in decoder.blocks  # kept decoded
+    decoder.decode(encoder.encode([(b"x-other", b"second")]))  # entry 62 is now x-other: second
+    assert decoder.decode(block) == [(b"x-a", b"1"), (b"x-other", b"s3"), (b"x-other", b"second")]
+
+
 def test_table_size_updates_evict_and_are_bounded_by_our_setting() -> None:
     encoder, decoder = hpack.Encoder(), Decoder(65536)
     decoder.decode(encoder.encode(REQUEST))

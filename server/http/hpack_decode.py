@@ -3,9 +3,9 @@
 Written because a profile said so: the `hpack` package's Decoder cost ~10 us of a ~60 us HTTP/2 request
 (a HeaderTuple and a str check per field). Clients send the same fields again and again, so
 - a Huffman-coded string is decoded once (the `hpack` package's decode_huffman) and then looked up;
-- a block made only of indexed fields does not change the dynamic table, so its whole decoding is
-  kept for as long as the table stays as it was (a generation count changes with every insertion,
-  eviction or resize).
+- a block that does not change the dynamic table (indexed fields and literals not indexed: what a
+  client sends again once its fields are in the table) is kept whole, decoded, for as long as the table
+  stays as it was (a generation count changes with every insertion, eviction or resize).
 The static table is the `hpack` package's.
 """
 
@@ -47,18 +47,18 @@ class Decoder:
         fields: list[tuple[bytes, bytes]] = []
         size = 0
         pos, end = 0, len(block)
-        only_indexed = True
+        kept = True  # nothing in it changes the table: its decoding may be kept
         while pos < end:
             byte = block[pos]
             if byte & 0x80:  # indexed field (6.1)
                 index, pos = _integer(block, pos, 7)
                 field = self._entry(index)
             elif byte & 0x40:  # literal with incremental indexing (6.2.1)
-                only_indexed = False
+                kept = False
                 field, pos = self._literal(block, pos, 6)
                 self._add(field)
             elif byte & 0x20:  # dynamic table size update (6.3), only before the first field
-                only_indexed = False
+                kept = False
                 if fields:
                     raise HpackError("table size update after a field")
                 new_size, pos = _integer(block, pos, 5)
@@ -69,13 +69,12 @@ class Decoder:
                 self.generation += 1
                 continue
             else:  # literal without indexing / never indexed (6.2.2, 6.2.3)
-                only_indexed = False
                 field, pos = self._literal(block, pos, 4)
             size += ENTRY_OVERHEAD + len(field[0]) + len(field[1])
             if size > self.max_header_list_size:  # checked as it grows: an HPACK bomb ends here
                 raise HeaderListTooLarge(f"header list exceeds {self.max_header_list_size} bytes")
             fields.append(field)
-        if only_indexed:
+        if kept:
             if len(self.blocks) >= BLOCKS_KEPT:
                 self.blocks.clear()
             self.blocks[block] = (self.generation, fields)
