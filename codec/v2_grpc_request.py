@@ -33,6 +33,7 @@ from tensorgate.codec.tensor import (
     InferRequest,
     RequestedOutput,
     Tensor,
+    aligned,
     array_from_bytes,
     checked_shape,
     in_shared_memory,
@@ -130,7 +131,7 @@ def _from_skeleton(data: bytes, pos: int, skeleton: Skeleton) -> InferRequest | 
             if stop > end or length != entry.count * dtype.size:
                 return None
             # a view of `data` at `pos`: ndarray's positional form costs ~0.25 us, frombuffer + reshape ~0.5
-            array = np.ndarray(entry.shape, dtype.numpy, data, pos)
+            array = aligned(np.ndarray(entry.shape, dtype.numpy, data, pos))
             tensors.append(Tensor(entry.name, dtype.v2, entry.shape, array, {}))  # type: ignore[arg-type]  # a tuple
             index += 1
             pos = stop
