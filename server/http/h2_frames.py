@@ -6,6 +6,7 @@ h2_receive.py."""
 from __future__ import annotations
 
 import asyncio
+import struct
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -52,10 +53,15 @@ CONNECTION_SPECIFIC = frozenset(
 PSEUDO = frozenset((b":method", b":scheme", b":path", b":authority"))
 
 
+# A frame's 9-byte head (RFC 9113 4.1): the 24-bit length as its high 16 bits and low 8, type, flags,
+# stream id. One pack, where to_bytes and bytes((kind, flags)) took four calls and three joins (~0.27
+# against 0.09 us).
+_HEAD = struct.Struct(">HBBBL")
+
+
 def frame(kind: int, flags: int, stream_id: int, payload: bytes | memoryview = b"") -> bytes:
-    return (
-        len(payload).to_bytes(3, "big") + bytes((kind, flags)) + stream_id.to_bytes(4, "big") + bytes(payload)
-    )
+    length = len(payload)
+    return _HEAD.pack(length >> 8, length & 0xFF, kind, flags, stream_id) + bytes(payload)
 
 
 def goaway(last_stream_id: int, code: int, debug: bytes = b"") -> bytes:
@@ -64,7 +70,7 @@ def goaway(last_stream_id: int, code: int, debug: bytes = b"") -> bytes:
 
 
 def frame_head(kind: int, flags: int, stream_id: int, length: int) -> bytes:
-    return length.to_bytes(3, "big") + bytes((kind, flags)) + stream_id.to_bytes(4, "big")
+    return _HEAD.pack(length >> 8, length & 0xFF, kind, flags, stream_id)
 
 
 class ConnectionError_(Exception):  # noqa: N801 - not the builtin
