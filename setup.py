@@ -27,6 +27,19 @@ def packages() -> list[str]:
     return sorted(found)
 
 
+def pxd_include() -> str:
+    """A folder where each package is found by its installed name (build/pxd/tensorgate/server -> server/,
+    ...): Cython looks for a module's augmenting .pxd by the module's full name, tensorgate.batcher.stats,
+    so beside batcher/stats.py it would not find batcher/stats.pxd."""
+    root = os.path.join(ROOT, "build", "pxd", "tensorgate")
+    os.makedirs(root, exist_ok=True)
+    for top in PACKAGES:
+        link = os.path.join(root, top)
+        if not os.path.islink(link):
+            os.symlink(os.path.join("..", "..", "..", top), link)
+    return os.path.dirname(root)
+
+
 def extensions() -> list:
     if os.environ.get("TENSORGATE_COMPILE", "1") == "0":
         return []
@@ -37,6 +50,7 @@ def extensions() -> list:
     return cythonize(
         [Extension(f"tensorgate.{name}", [name.replace(".", "/") + ".py"]) for name in modules],
         build_dir="build/cython",  # the generated C, out of the source tree
+        include_path=[pxd_include()],
         nthreads=os.cpu_count() or 1,
         quiet=True,
         # annotation_typing off: type hints stay hints (with it, `x: float` would become a C double and

@@ -40,9 +40,34 @@ def test_every_listed_module_runs_compiled_when_built() -> None:
     stale = [
         name
         for name in COMPILED
-        if (ROOT / (name.replace(".", "/") + ".py")).stat().st_mtime > build_of(name).stat().st_mtime
+        for source in (ROOT / (name.replace(".", "/") + ".py"), ROOT / (name.replace(".", "/") + ".pxd"))
+        if source.exists() and source.stat().st_mtime > build_of(name).stat().st_mtime
     ]
     assert not stale, f"compiled from an older source (run make compile): {stale}"
+
+
+HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement, not an extension type
+
+
+@pytest.mark.skipif(PURE, reason="this run is the pure-Python one")
+def test_the_classes_a_pxd_declares_are_extension_types_in_the_build() -> None:
+    # Cython reads a module's .pxd only when it finds it by the module's full name (setup.py's pxd_include)
+    declared = {
+        name: [
+            line.split()[2].rstrip(":")
+            for line in pxd.read_text().splitlines()
+            if line.startswith("cdef class ")
+        ]
+        for name in COMPILED
+        if (pxd := ROOT / (name.replace(".", "/") + ".pxd")).exists()
+    }
+    assert declared, "no module of the list has a .pxd"
+    if all(build_of(name) is None for name in declared):
+        pytest.skip("no compiled build here (make compile builds it; make test requires it)")
+    for name, classes in declared.items():
+        module = importlib.import_module(f"tensorgate.{name}")
+        plain = [c for c in classes if getattr(module, c).__flags__ & HEAP_TYPE]
+        assert not plain, f"{name}: declared in its .pxd but compiled as plain classes: {plain}"
 
 
 def test_pure_python_runs_every_module_from_its_source() -> None:
