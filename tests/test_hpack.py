@@ -52,6 +52,10 @@ def test_a_block_with_literals_not_indexed_is_read_again_with_the_table_as_it_is
         assert decoder.decode(block) == [(b"x-a", b"1"), (b"x-name", b"s3"), (b"x-name", b"first")]
     assert len(decoder.dynamic) == 1  # neither literal went into the table
     assert block in decoder.blocks  # kept decoded
+    rest = 2000 - 127  # a 2000-byte value's length: 127 in its 7-bit prefix, the rest in two more bytes
+    large = bytes([0x00 | 0, 3]) + b"x-b" + bytes([0x7F, rest & 0x7F | 0x80, rest >> 7]) + b"v" * 2000
+    assert decoder.decode(large) == [(b"x-b", b"v" * 2000)]
+    assert large not in decoder.blocks  # a connection's cache stays small
     decoder.decode(encoder.encode([(b"x-other", b"second")]))  # entry 62 is now x-other: second
     assert decoder.decode(block) == [(b"x-a", b"1"), (b"x-other", b"s3"), (b"x-other", b"second")]
 

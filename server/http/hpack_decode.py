@@ -19,6 +19,7 @@ STATIC_LENGTH = len(STATIC)
 ENTRY_OVERHEAD = 32  # RFC 7541 4.1
 STRINGS_KEPT = 4096
 BLOCKS_KEPT = 256
+BLOCK_KEPT_BYTES = 1024  # a longer block is not kept: a connection's cache stays under 256 KiB
 
 
 class HpackError(Exception):
@@ -74,7 +75,7 @@ class Decoder:
             if size > self.max_header_list_size:  # checked as it grows: an HPACK bomb ends here
                 raise HeaderListTooLarge(f"header list exceeds {self.max_header_list_size} bytes")
             fields.append(field)
-        if kept:
+        if kept and len(block) <= BLOCK_KEPT_BYTES:
             if len(self.blocks) >= BLOCKS_KEPT:
                 self.blocks.clear()
             self.blocks[block] = (self.generation, fields)
