@@ -127,6 +127,29 @@ def test_curl_with_prior_knowledge(v2_server: ServerProcess) -> None:
     assert json.loads(body)["outputs"][0]["data"] == [x + 1 for x in range(16)]
 
 
+def test_a_header_block_sent_again_is_read_with_the_table_as_it_is_then(v2_server: ServerProcess) -> None:
+    # The server keeps a repeated block's request head; the same bytes mean other fields once the HPACK
+    # table has changed, and must be read as such.
+    def get(wire: H2Wire, stream: int, block: bytes) -> tuple[int, bytes]:
+        wire.send(frame(HEADERS, END_HEADERS | END_STREAM, stream, block))
+        status, _, body = wire.response(stream)
+        return status, body
+
+    with H2Wire(v2_server.address) as wire:
+        wire.open()
+        assert (
+            get(wire, 1, wire.block("GET", "/v2/models/simple"))[0] == 200
+        )  # its :path and :authority indexed
+        again = wire.block("GET", "/v2/models/simple")  # now all indexed: :path is entry 63, :authority 62
+        for stream in (3, 5):
+            status, body = get(wire, stream, again)
+            assert status == 200 and json.loads(body)["name"] == "simple"
+        missing_model = get(wire, 7, wire.block("GET", "/v2/models/no_such_model"))  # a new entry 62
+        assert missing_model[0] == 404
+        # The same bytes as `again`: entry 63 is now :authority and entry 62 the other :path.
+        assert get(wire, 9, again) == missing_model
+
+
 def test_large_binary_tensor_round_trips_with_flow_control(v2_server: ServerProcess) -> None:
     values = np.arange(2 * 1024 * 1024, dtype="<f4")  # 8 MiB, past every default window
     body, headers = identity_binary_request(values)

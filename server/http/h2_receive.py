@@ -51,7 +51,13 @@ from tensorgate.server.http.h2_frames import (
     unpad,
 )
 from tensorgate.server.http.h2_request import BufferedRequest
-from tensorgate.server.http.hpack_decode import Decoder, HeaderListTooLarge, HpackError
+from tensorgate.server.http.hpack_decode import (
+    BLOCK_KEPT_BYTES,
+    BLOCKS_KEPT,
+    Decoder,
+    HeaderListTooLarge,
+    HpackError,
+)
 
 if TYPE_CHECKING:
     import asyncio
@@ -87,6 +93,9 @@ class FrameReceiver:
 
     def __init__(self) -> None:
         self.decoder = Decoder(self.settings.max_head_bytes)
+        # block -> (its fields, their request head): a client sends the same block for each call to a
+        # method, and the decoder then hands back the same list of fields (hpack_decode.py)
+        self.heads: dict[bytes, tuple[list, tuple[str, str, bytes, int | None, dict[bytes, bytes]]]] = {}
         self.continuing: tuple[int, int, bytearray] | None = None  # (stream, flags of HEADERS, block)
         self.last_stream_id = 0
         self.budget_second = 0.0
@@ -266,9 +275,10 @@ class FrameReceiver:
         self.streams[stream_id] = stream
         self.since = stream.since = self.loop.time()
         try:
-            stream.method, stream.path, stream.query, stream.expected = request_head(fields, stream.headers)
+            stream.method, stream.path, stream.query, stream.expected, headers = self._head(block, fields)
         except StreamError as e:
             return self._refuse(stream.id, e.code)
+        stream.headers = dict(headers)  # the stream's own: the kept head is shared
         if flags & END_STREAM:
             stream.remote_open = False
         handler = self.calls.open(self, stream) if self.calls is not None else None  # type: ignore[arg-type]
@@ -279,6 +289,22 @@ class FrameReceiver:
             return
         request = stream.handler = BufferedRequest(self, stream)  # type: ignore[arg-type]
         request.start()
+
+    def _head(
+        self, block: bytes, fields: list[tuple[bytes, bytes]]
+    ) -> tuple[str, str, bytes, int | None, dict[bytes, bytes]]:
+        """request_head of `fields`, read once for as long as the decoder gives the same list for `block`
+        (the same list object: held here, so its identity cannot pass to another)."""
+        kept = self.heads.get(block)
+        if kept is not None and kept[0] is fields:
+            return kept[1]
+        headers: dict[bytes, bytes] = {}
+        head = (*request_head(fields, headers), headers)
+        if len(block) <= BLOCK_KEPT_BYTES:
+            if len(self.heads) >= BLOCKS_KEPT:
+                self.heads.clear()
+            self.heads[block] = (fields, head)
+        return head
 
     def _trailers(self, stream: Stream, flags: int, fields: list[tuple[bytes, bytes]]) -> None:
         if not stream.remote_open:
