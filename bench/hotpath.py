@@ -40,6 +40,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import timeit
 from collections.abc import Iterator
 
 import numpy as np
@@ -260,7 +261,6 @@ def floor_report(results: dict) -> list[str]:
 def c_floor_us(calls: int = 100_000) -> float:
     """µs a call of what a `simple` JSON request cannot do without, whatever the server: the body parsed,
     the two input arrays made, the model's two ufuncs, the outputs as lists, the answer's JSON."""
-    import timeit
 
     def infer() -> bytes:
         inputs = orjson.loads(JSON_BODY)["inputs"]

@@ -39,7 +39,7 @@ from tensorgate.codec.protowire import (
     text,
     uvarint,
 )
-from tensorgate.codec.tensor import aligned
+from tensorgate.codec.tensor import request_view
 
 MAX_DIMS = 64
 # tensor.proto: TensorProto's fields
@@ -115,7 +115,7 @@ def decode_predict(data: bytes | memoryview) -> Predict:
         kept_spans, around, kept_spec, entries, kept_filter = skeleton
         if _around(buf, kept_spans) == around:
             views = {
-                alias: (dtype, aligned(np.ndarray(shape, dtype.numpy, buf, start)))
+                alias: (dtype, request_view(shape, dtype.numpy, buf, start))
                 for (alias, dtype, shape), (start, _) in zip(entries, kept_spans, strict=True)
             }
             return Predict(kept_spec, views, list(kept_filter))
@@ -224,7 +224,7 @@ def decode_tensor(
             )
         if spans is not None:
             spans.append(content)
-        return dtype, aligned(np.ndarray(shape, dtype.numpy, buf, content[0]))
+        return dtype, request_view(shape, dtype.numpy, buf, content[0])
     return dtype, _from_typed(buf, dtype, typed, shape, count, name)
 
 
