@@ -17,6 +17,8 @@ latency CDF (server/monitor.py); at most LATENCIES_KEPT between two takes.
 import time
 from typing import Any
 
+from tensorgate.codec.messages import Counts
+
 
 class Duration:
     __slots__ = ("count", "ns")
@@ -89,6 +91,7 @@ REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")  # Triton's FailureReason
 DURATIONS = (  # ModelStats' Duration fields
     "success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss",
 )  # fmt: skip
+PHASES = ("compute_input", "compute_infer", "compute_output")  # BatchStats' Duration fields
 
 
 class ModelStats:
@@ -213,8 +216,60 @@ class ModelStats:
             self.failures[reason] += count
         for size, old in earlier.batch_stats.items():
             mine = self.batch_stats.setdefault(size, BatchStats(size))
-            for phase in ("compute_input", "compute_infer", "compute_output"):
+            for phase in PHASES:
                 getattr(mine, phase).add(getattr(old, phase).ns, getattr(old, phase).count)
+
+    def take(self, model: str, version: int) -> Counts | None:
+        """What was counted since the last take (None: nothing), these counters starting again from none:
+        how a worker's own model instances report to the engine, which adds them (`add`)."""
+        if not (self.execution_count or self.fail.count or self.cache_hit.count):
+            return None
+        durations = []
+        for name in DURATIONS:
+            duration = getattr(self, name)
+            durations.append((duration.count, duration.ns))
+            setattr(self, name, Duration())
+        batches = [
+            [size, *(n for phase in PHASES for n in (getattr(s, phase).count, getattr(s, phase).ns))]
+            for size, s in self.batch_stats.items()
+        ]
+        counts = Counts(
+            model,
+            version,
+            self.inference_count,
+            self.execution_count,
+            self.last_inference,
+            durations,
+            batches,
+            [self.failures[reason] for reason in REASONS],
+            self.take_latencies(),
+        )
+        self.inference_count = self.execution_count = 0
+        self.batch_stats = {}
+        self.failures = dict.fromkeys(REASONS, 0)
+        return counts
+
+    def add(self, counts: Counts) -> None:
+        """Adds what another process counted (`take`); its requests' times reach the metrics' histograms
+        as those of requests executed alone (all a worker runs: --worker-models inline)."""
+        self.inference_count += counts.inference_count
+        self.execution_count += counts.execution_count
+        self.last_inference = max(self.last_inference, counts.last_inference)
+        for name, (count, ns) in zip(DURATIONS, counts.durations, strict=True):
+            getattr(self, name).add(ns, count)
+        for size, *phases in counts.batches:
+            mine = self.batch_stats.get(size)
+            if mine is None:
+                mine = self.batch_stats[size] = BatchStats(size)
+            for i, phase in enumerate(PHASES):
+                getattr(mine, phase).add(phases[2 * i + 1], phases[2 * i])
+        for reason, count in zip(REASONS, counts.failures, strict=True):
+            self.failures[reason] += count
+        room = LATENCIES_KEPT - len(self.latencies)
+        self.latencies.extend(counts.latencies[:room])
+        if self.observer is not None:
+            for ns in counts.latencies:
+                self.observer.request(ns, 0, 0, ns, 0)
 
     def as_dict(self) -> dict:
         """Triton's ModelStatistics fields (without name and version), as its JSON writes them."""

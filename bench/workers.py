@@ -3,6 +3,7 @@
 Servers, all up at once on 127.0.0.1, in rounds whose order alternates (A B C, C B A, ...):
 
     w1, w2, ...   `python -m tensorgate.server serve` on the example repository with `--workers 1`, `2`, ...
+    w2i, ...      with `--worker-models inline` too: `simple` also runs in each worker (no hop)
     triton        with `--triton KIT`: Triton 2.51 serving `simple` on its C++ backend
                   (../shared/triton: run its setup.sh first; TRITON_HOME as it says)
 
@@ -61,12 +62,14 @@ from bench.transport import (
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCENARIOS = ("json-h1", "grpc", "json-h2", "binary", "batching")
 TRITON = "triton"
-TARGETS = (  # (scenario, server, against, at least): the issue's req/s targets
+TARGETS = (  # (scenario, server, against, at least): the issues' req/s targets (26; 38 for w2i)
     ("json-h1", "w2", "w1", 1.4),
     ("grpc", "w2", "w1", 1.4),
     ("json-h2", "w2", "w1", 1.3),
     ("json-h1", "w2", TRITON, 1.3),
     ("grpc", "w2", TRITON, 1.3),
+    ("json-h1", "w2i", "w1", 1.3),
+    ("grpc", "w2i", "w1", 1.3),
 )
 HOP_TARGET_US = 8.0
 BINARY_TARGET = (2.5, 1.1)  # GB/s at least, peak RSS growth at most (x payload)
@@ -176,6 +179,15 @@ def served(server: ServerProcess, args, files) -> dict:
     return result
 
 
+def resident_kib(pid: int) -> list[int]:
+    """VmRSS of each process of a server, the engine first."""
+    kib = []
+    for each in process_tree(pid):
+        with open(f"/proc/{each}/status") as status:
+            kib += [int(line.split()[1]) for line in status if line.startswith("VmRSS:")]
+    return kib
+
+
 def hop_us(rounds: dict, key: str = "w2", base: str = "w1") -> tuple[float, float, float]:
     """Median, min, max over rounds of the extra CPU per request of `key` over `base`."""
     extra = [a["cpu_us"] - b["cpu_us"] for a, b in zip(rounds[key], rounds[base], strict=True)]
@@ -247,6 +259,12 @@ def report(results: dict, args) -> str:
             f"| its peak RSS growth, all processes | {value['rss_growth_x']:.2f}x the payload | | "
             f"<= {rss}x | {yes(value['rss_growth_x'] <= rss)} |"
         )
+    memory = results.get("memory", {})
+    if memory:
+        lines += ["", "| server | resident memory of each process after the load (the engine first) |"]
+        lines.append("|---|---|")
+        for key, kib in memory.items():
+            lines.append(f"| {key} | {', '.join(f'{k / 1024:.0f} MiB' for k in kib)} |")
     if "binary_kept_x" in results:
         lines.append(
             f"| resident memory kept after them, all processes (an arena keeps the pages it used) | "
@@ -268,6 +286,9 @@ def report(results: dict, args) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.workers", description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="worker counts side by side")
+    parser.add_argument(
+        "--inline", action="store_true", help="also each count over 1 with --worker-models inline (w2i, ...)"
+    )
     parser.add_argument("--triton", metavar="KIT", help="../shared/triton, set up: Triton on C++ beside ours")
     parser.add_argument("--duration", type=float, default=4.0, help="seconds per server per round")
     parser.add_argument("--rounds", type=int, default=3)
@@ -299,12 +320,16 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for count in args.workers:
                 servers[f"w{count}"] = ServerProcess([*serve_argv(), "--workers", str(count)], cwd=ROOT)
+                if args.inline and count > 1:
+                    inline = [*serve_argv(), "--workers", str(count), "--worker-models", "inline"]
+                    servers[f"w{count}i"] = ServerProcess(inline, cwd=ROOT)
             if args.triton:
                 servers[TRITON] = Triton(args.triton)
             for name in ("json-h1", "grpc", "json-h2"):
                 if name in args.only:
                     results[name] = load_rounds(name, servers, args, files)
             ours = {key: server for key, server in servers.items() if key != TRITON}
+            results["memory"] = {key: resident_kib(server.pid) for key, server in ours.items()}
             if "batching" in args.only:
                 results["batching"] = {key: batching(server, args, files) for key, server in ours.items()}
             if "binary" in args.only:

@@ -35,6 +35,7 @@ COMPLETE = 21  # server -> a model's process: auto_complete_config (answered by 
 METRIC = 22  # a model's process -> the server: a value for grps's app_monitor
 SAMPLED = 23  # engine -> worker: an inference call of its is traced (sent before its answer)
 STAMPS = 24  # worker -> engine: a traced call's front-end timestamps, once its answer is out
+STATS = 25  # worker -> engine: the statistics of the model instances the worker runs itself
 AHEAD = 8  # a stream's messages in flight beyond those its reader took
 
 
@@ -144,7 +145,7 @@ class Release(msgspec.Struct, tag=RELEASE, array_like=True):
 
 class Event(msgspec.Struct, tag=EVENT, array_like=True):
     """News for a worker ("models": the model table; "online"; "logs"; "tracing": whether the engine
-    traces), or its acks ("ack", "serving")."""
+    traces; "stats": send your Stats now), or its acks ("ack", "serving")."""
 
     name: str
     payload: Any
@@ -188,7 +189,30 @@ class Stamps(msgspec.Struct, tag=STAMPS, array_like=True):
     stamps: list[tuple[str, int]]
 
 
-TO_ENGINE = Infer | Stream | Http | Grpc | Message | End | Cancel | More | Release | Event | Stamps
+class Counts(msgspec.Struct, array_like=True):
+    """One model version's statistics counted since the last Counts (batcher/stats.py ModelStats.take)."""
+
+    model: str
+    version: int
+    inference_count: int
+    execution_count: int
+    last_inference: int
+    durations: list[tuple[int, int]]  # (count, ns) of each of stats.DURATIONS, in order
+    batches: list[list[int]]  # [batch size, then (count, ns) of compute_input, compute_infer, compute_output]
+    failures: list[int]  # of each of stats.REASONS, in order
+    latencies: list[int]  # ns of each request answered
+
+
+class Stats(msgspec.Struct, tag=STATS, array_like=True):
+    """What the model instances a worker runs itself (--worker-models inline) counted since its last
+    Stats: sent each second, and at once when the engine asks (Event "stats", `asked` its number; 0: not
+    asked)."""
+
+    asked: int
+    counts: list[Counts]
+
+
+TO_ENGINE = Infer | Stream | Http | Grpc | Message | End | Cancel | More | Release | Event | Stamps | Stats
 TO_WORKER = Result | Answer | Error | Message | End | Release | Event | Sampled
 
 

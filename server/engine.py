@@ -32,6 +32,7 @@ from tensorgate.server import assembly, metrics_settings
 from tensorgate.server.arena import Arena
 from tensorgate.server.http.listener import Offline, raise_fd_limit, rebind
 from tensorgate.server.log_settings import LogControl, LogSettings
+from tensorgate.server.model import ModelVersion
 from tensorgate.server.monitor import Monitor
 from tensorgate.server.repository import Repository
 from tensorgate.server.repository_model import Ambiguous
@@ -45,10 +46,13 @@ log = logging.getLogger("tensorgate.engine")
 
 RESTART_DELAY = 0.5  # seconds before a worker that died is replaced (a crash loop stays slow)
 SYNC_TIMEOUT = 10.0  # seconds a repository change waits for every worker to have it
+STATS_TIMEOUT = 1.0  # seconds the statistics wait for the workers' own counts (--worker-models inline)
 
 
-def model_table(repository: Repository) -> list:
-    """What a worker needs of each model to resolve requests (frontend.FrontEndRepository.apply)."""
+def model_table(repository: Repository, inline: bool = False) -> list:
+    """What a worker needs of each model to resolve requests (frontend.FrontEndRepository.apply). With
+    `inline` (--worker-models inline), each version a worker may run itself carries its load's serial (a
+    reload's is new), the others 0."""
     return [
         [
             name,
@@ -57,7 +61,7 @@ def model_table(repository: Repository) -> list:
             model.reason,
             model.loading,
             [
-                [n, v.state.value, v.reason, v.config, v.streams, v.stream_only]
+                [n, v.state.value, v.reason, v.config, v.streams, v.stream_only, _serial(v, inline)]
                 for n, v in model.versions.items()
             ],
             [v.version for v in model.newest_first],
@@ -65,6 +69,10 @@ def model_table(repository: Repository) -> list:
         ]
         for name, model in repository.models.items()
     ]
+
+
+def _serial(version: ModelVersion, inline: bool) -> int:
+    return version.serial if inline and version.inline else 0
 
 
 class Engine:
@@ -95,6 +103,7 @@ class Engine:
         self.stop = asyncio.Event()  # set at shutdown: the workers are told to drain
         self.sequence = 0  # of the model tables sent
         self.synced = 0  # the repository generation every worker has
+        self.stats_asked = 0  # of the workers' statistics asked for (gather_stats)
         self.parts: assembly.Parts | None = None
 
     async def serve(self) -> None:
@@ -122,6 +131,8 @@ class Engine:
             await repository.unload_all()
             raise SystemExit(1) from None
         self.monitor.start()
+        if self.args.worker_models == "inline" and self.args.workers > 1:
+            repository.stats_sources.append(self.gather_stats)
         repository.change_watchers.append(lambda: loop.create_task(self.sync()))
         offline = Offline()  # every port's connections leave at their next idle moment while offline
         repository.online_watchers.append(lambda online: offline.set(not online))
@@ -202,7 +213,7 @@ class Engine:
             await loop.create_unix_connection(lambda link=link: link.link, sock=ours)
             self.links.add(link)
             link.link.send(msg.Event("tracing", self.tracer.on))  # known before it serves (the table's ack)
-            link.send_table(model_table(self.repository), self.sequence)
+            link.send_table(self.table(), self.sequence)
             stopper = loop.create_task(self._stop_worker(process, sockets))
             code = await process.wait()
             stopper.cancel()
@@ -239,13 +250,24 @@ class Engine:
         """Sends every worker the model table, and waits until each has it."""
         self.sequence += 1
         generation = self.repository.generation
-        table = model_table(self.repository)
+        table = self.table()
         acks = [link.send_table(table, self.sequence) for link in list(self.links)]
         if acks:
             done, late = await asyncio.wait(acks, timeout=SYNC_TIMEOUT)
             if late:
                 log.warning("%d workers did not confirm the new model table", len(late))
         self.synced = max(self.synced, generation)
+
+    def table(self) -> list:
+        return model_table(self.repository, self.args.worker_models == "inline")
+
+    async def gather_stats(self) -> None:
+        """Every worker's statistics of the models it runs itself, added to the engine's: asked for, and
+        waited for up to STATS_TIMEOUT (a worker that does not answer sends them within a second anyway)."""
+        self.stats_asked += 1
+        asked = [link.ask_stats(self.stats_asked) for link in list(self.links)]
+        if asked:
+            await asyncio.wait(asked, timeout=STATS_TIMEOUT)
 
     async def synced_answer(self) -> None:
         """Before a forwarded call answers: every worker has the model table as it is now, so what the

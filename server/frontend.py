@@ -31,7 +31,7 @@ import signal
 import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from grpclib.const import Handler, Status
@@ -97,6 +97,7 @@ class EngineClient:
         self.heard: dict[int, float] = {}  # a call's start, or its stream's last message (loop time)
         self.call_timeout = call_timeout  # 0: none
         self.next_id = 0
+        self.local = LocalModels(self)
         self.repository = FrontEndRepository(self)
         self.tracer = WorkerTracer(self)
         self.timed: dict[int, Trace] = {}  # inference calls timed here (while tracing is on): their traces
@@ -107,6 +108,7 @@ class EngineClient:
         self.logs: LogControl | None = None  # this process's log, following the engine's settings
         if call_timeout:
             self.loop.call_later(1.0, self._sweep)
+        self.loop.call_later(1.0, self.local.tick)
 
     def _call(self, target: asyncio.Future | Inbox) -> int:
         self.next_id += 1
@@ -343,6 +345,8 @@ class EngineClient:
             self.logs.update(payload)
         elif name == "tracing":
             self.tracer.on = Timing.on = payload
+        elif name == "stats":
+            self.local.send(payload)
 
     def _lost(self) -> None:
         for target in self.calls.values():
@@ -430,10 +434,13 @@ class RemoteVersion(ModelVersion):
     """A model version as a worker knows it: its config (the codecs read it) and state; it runs in the
     engine."""
 
-    def __init__(self, client: EngineClient, directory: Path, entry: list) -> None:
-        number, state, reason, config, streams, stream_only = entry
+    def __init__(
+        self, client: EngineClient, directory: Path, entry: list, local: ModelVersion | None = None
+    ) -> None:
+        number, state, reason, config, streams, stream_only, _ = entry
         super().__init__(directory, config, number)
         self.client = client
+        self.local = local  # this worker's own instance of the version (--worker-models inline), if any
         self.state = ModelState(state)
         self.reason = reason
         self._streams = streams
@@ -462,28 +469,115 @@ class FrontEndRepository:
         return find_model(self.models, name)
 
     def resolve(self, name: str, version: str = "") -> ModelVersion:
-        return self.model(name).resolve(version)
+        """The version a request reaches: this worker's own instance of it where it runs one, unless the
+        engine traces (it samples and writes every trace), else the engine's."""
+        found = cast(RemoteVersion, self.model(name).resolve(version))
+        local = found.local
+        if local is None or self.client.tracer.on:
+            return found
+        return local
 
     def apply(self, table: list) -> None:
         models = {}
+        local = self.client.local
         for name, directory, config, reason, loading, versions, newest_first, ambiguous in table:
             if ambiguous:
                 models[name] = Ambiguous(name, reason)
                 continue
             model = Model(name, Path(directory), config)
             model.reason, model.loading = reason, loading
-            model.versions = {e[0]: RemoteVersion(self.client, Path(directory), e) for e in versions}
+            model.versions = {
+                e[0]: RemoteVersion(self.client, Path(directory), e, local.instance(name, Path(directory), e))
+                for e in versions
+            }
             model.newest_first = [model.versions[n] for n in newest_first]
             models[name] = model
+        local.keep_only()
         self.models = models
+
+
+class LocalModels:
+    """The model versions this worker runs itself (--worker-models inline: those the engine's table marks
+    with their load's serial), loaded from the same files as the engine's: each load of the engine's once,
+    unloaded when its table no longer has it. What they count goes to the engine (STATS) each second, when
+    the engine asks (before it answers statistics or metrics), and before one is unloaded."""
+
+    def __init__(self, client: EngineClient) -> None:
+        self.client = client
+        self.versions: dict[tuple[str, int], ModelVersion] = {}
+        self.kept: dict[tuple[str, int], ModelVersion] = {}  # those the table being applied names
+        self.failed: set[int] = set()  # serials that did not load here: not tried again
+
+    def instance(self, name: str, directory: Path, entry: list) -> ModelVersion | None:
+        """This worker's instance of the version in a table entry, loaded now if it is new; None where the
+        engine runs it alone (or it did not load here: the engine's then serves, as without the flag)."""
+        number, config, serial = entry[0], entry[3], entry[6]
+        if not serial or serial in self.failed:
+            return None
+        version = self.versions.get((name, number))
+        if version is None or version.serial != serial:
+            version = ModelVersion(directory, config, number)
+            version.serial = serial
+            version.load()
+            if not version.inline:
+                why = version.reason or "it does not run inline here"
+                log.warning(
+                    "worker %d: '%s' version %d runs in the engine: %s", os.getpid(), name, number, why
+                )
+                self.failed.add(serial)
+                self._unload(version)
+                return None
+            log.info("worker %d runs '%s' version %d itself", os.getpid(), name, number)
+        self.kept[(name, number)] = version
+        return version
+
+    def keep_only(self) -> None:
+        """The table is applied: the versions it no longer names (or names in a new load) are unloaded,
+        their last counts sent first."""
+        gone = [v for key, v in self.versions.items() if self.kept.get(key) is not v]
+        if gone:
+            self.send(0, gone)
+        for version in gone:
+            self._unload(version)
+        self.versions, self.kept = self.kept, {}
+
+    def _unload(self, version: ModelVersion) -> None:
+        self.client.loop.create_task(version.unload())
+
+    def send(self, asked: int = 0, versions: list[ModelVersion] | None = None) -> None:
+        """What the versions counted since they last sent (asked: the engine's number for it, which is
+        answered even with nothing to say)."""
+        counts = []
+        for version in self.versions.values() if versions is None else versions:
+            taken = version.stats.take(version.name, version.version)
+            if taken is not None:
+                counts.append(taken)
+        if (counts or asked) and self.client.link.transport is not None:
+            self.client.link.send(msg.Stats(asked, counts))
+
+    def tick(self) -> None:
+        """Each second, while the link lasts."""
+        if self.versions:
+            self.send()
+        if not self.client.gone.is_set():
+            self.client.loop.call_later(1.0, self.tick)
+
+    async def close(self) -> None:
+        """At shutdown: the last counts go to the engine, and every model's finalize runs."""
+        self.send()
+        versions, self.versions = list(self.versions.values()), {}
+        for version in versions:
+            await version.unload()
 
 
 class FrontEndSharedMemory:
     """Client regions are the engine's: a request that names one is read and answered there."""
 
-    @staticmethod
-    async def infer(version: ModelVersion, request: InferRequest) -> InferResponse:
-        return await version.infer(request)
+    def __init__(self, client: EngineClient) -> None:
+        self.client = client
+
+    async def infer(self, version: ModelVersion, request: InferRequest) -> InferResponse:
+        return await self.client.infer(version, request)
 
 
 # ------------------------------------------------------------------------------ forwarding
@@ -556,7 +650,7 @@ async def serve(args: argparse.Namespace, logs: LogControl) -> None:
     parts = assembly.build(
         args,
         client.repository,
-        FrontEndSharedMemory(),
+        FrontEndSharedMemory(client),
         None,
         logs,
         client.tracer,  # type: ignore[arg-type]
@@ -580,4 +674,5 @@ async def serve(args: argparse.Namespace, logs: LogControl) -> None:
         client.link.send(msg.Event("serving", None))
 
     await assembly.serve_ports(args, parts, listening, shutdown_trigger, client.offline, serving)
+    await client.local.close()
     client.link.close()

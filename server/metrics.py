@@ -310,6 +310,7 @@ def metrics_router(
         registry.register(AppMetrics(monitor))
 
     async def metrics(request: HttpRequest) -> HttpResponse:
+        await repository.gather_stats()
         return body_response(exposition(registry), CONTENT_TYPE)
 
     router = Router(fallback_errors=_plain_error)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from enum import Enum
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     from tensorgate.server.backends.base import Backend, Host
 
 UNLOADED = "unloaded"  # the reason of a version unloaded on purpose (a clean end, not a failure)
+_serials = itertools.count(1)
 
 
 class ModelState(Enum):
@@ -110,6 +112,7 @@ class ModelVersion:
         self.cache: ResponseCache | None = None  # the server's response cache, when the config enables it
         self._open_streams = InFlight()  # infer_stream answers in progress: unload waits for them too
         self.limited: Limited | None = None  # its instances in the server's rate limiter, if limited
+        self.serial = next(_serials)  # this load of the version, apart from any other in this process
 
     def load(self, host: Host | None = None, cache: ResponseCache | None = None) -> None:
         """Blocking: imports and initializes the backend, handing it `host` (what it may use of the
@@ -218,6 +221,15 @@ class ModelVersion:
         self.backend = self.scheduler = self.executor = None
         self.state = ModelState.UNAVAILABLE
         self.reason = UNLOADED
+
+    @property
+    def inline(self) -> bool:
+        """Whether each request runs at once on the event loop and leaves nothing behind in the server: a
+        plain `execute` of our API, no batcher, no response cache, no stream, no rate limiter, nothing on
+        a device. Such a version may also run in every front-end worker (--worker-models inline)."""
+        scheduler = self.scheduler
+        runs_now = scheduler is not None and scheduler.now
+        return self.ready and runs_now and self.cache is None and not self.streams
 
     @property
     def ready(self) -> bool:

@@ -55,6 +55,16 @@ def add_worker_flags(serve: argparse.ArgumentParser) -> None:
         "the engine stops reading that worker's requests until half are answered, and the worker's next "
         "ones wait (default 4096; 0: no limit)",
     )
+    serve.add_argument(
+        "--worker-models",
+        choices=("engine", "inline"),
+        default="engine",
+        help="with --workers: where inference runs. engine (the default): every model in the engine, where "
+        "each worker's requests cross to; inline: a model that runs each request at once on the event loop "
+        "(a plain numpy execute of our python API: no batcher, cache, stream, rate limit or device) also "
+        "loads in every worker, which answers its requests without the hop. Its instances then keep no state "
+        "in common, and each worker holds a copy of the model",
+    )
     serve.add_argument("--worker-of", help=argparse.SUPPRESS)  # set by the engine for each worker it starts
 
 

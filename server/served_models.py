@@ -5,7 +5,7 @@ ServedModels) loads, reloads and unloads them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tensorgate.server.model import ModelVersion
@@ -27,6 +27,8 @@ class ServedModels:
         self.online_watchers: list[Callable[[bool], None]] = []  # told of each change (the transport's)
         self.generation = 0  # counts the changes of what is loaded
         self.change_watchers: list[Callable[[], None]] = []  # told after each (the engine's workers)
+        # what else counts statistics of these models (the workers that run some themselves), asked first
+        self.stats_sources: list[Callable[[], Awaitable[None]]] = []
 
     @property
     def online(self) -> bool:
@@ -45,6 +47,11 @@ class ServedModels:
 
     def resolve(self, name: str, version: str = "") -> ModelVersion:
         return self.model(name).resolve(version)
+
+    async def gather_stats(self) -> None:
+        """Before statistics are read: the counts kept elsewhere are added to the versions' own."""
+        for source in self.stats_sources:
+            await source()
 
     @property
     def ready(self) -> bool:

@@ -72,6 +72,7 @@ class WorkerLink:
         self.inboxes: dict[int, Inbox] = {}  # forwarded gRPC calls: the client's messages
         self.credits: dict[int, Credit] = {}  # streamed answers: how far ahead of the worker they may go
         self.acks: dict[int, asyncio.Future] = {}
+        self.asked: dict[int, asyncio.Future] = {}  # statistics asked for (Event "stats"), by number
         self.held: dict[int, Trace] = {}  # traced calls answered: their traces, until the worker's STAMPS
         self.loop = asyncio.get_running_loop()
 
@@ -79,6 +80,20 @@ class WorkerLink:
         future = self.acks.setdefault(sequence, self.loop.create_future())
         self.link.send(msg.Event("models", [table, sequence]))
         return future
+
+    def ask_stats(self, number: int) -> asyncio.Future:
+        """Asks the worker for the statistics of the models it runs itself: done once they are added."""
+        future = self.asked[number] = self.loop.create_future()
+        self.link.send(msg.Event("stats", number))
+        return future
+
+    def _counted(self, counts: list[msg.Counts]) -> None:
+        """The worker's counts, added to those of the engine's versions (a version gone since: dropped)."""
+        for each in counts:
+            model = self.engine.repository.models.get(each.model)
+            version = None if model is None else model.versions.get(each.version)
+            if version is not None:
+                version.stats.add(each)
 
     def close(self) -> None:
         for task in self.tasks.values():
@@ -91,7 +106,7 @@ class WorkerLink:
         for task in list(self.tasks.values()):
             task.cancel()
         self._write_held()
-        for future in self.acks.values():
+        for future in [*self.acks.values(), *self.asked.values()]:
             if not future.done():
                 future.set_result(None)
 
@@ -140,6 +155,11 @@ class WorkerLink:
             case msg.Grpc(call_id, path, metadata):
                 self.inboxes[call_id] = Inbox()
                 self._start(call_id, self._grpc(call_id, path, metadata))
+            case msg.Stats(asked, counts):
+                self._counted(counts)
+                future = self.asked.pop(asked, None)
+                if future is not None and not future.done():
+                    future.set_result(None)
             case msg.Event("ack", sequence):
                 future = self.acks.pop(sequence, None)
                 if future is not None and not future.done():

@@ -597,3 +597,37 @@ async def test_without_batching_each_request_is_a_batch_of_its_own():
     await settle()
     assert seen == [(3,), (3,)]
     assert [t.result()["Y"].tolist() for t in tasks] == [[2, 2, 2], [4, 4, 4]]
+
+
+def test_counts_taken_in_one_process_and_added_in_another_read_as_if_counted_there():
+    """A worker's statistics reach the engine as ModelStats.take -> STATS (MessagePack) -> ModelStats.add:
+    the engine then reports what it would have counted itself, and the worker's counters start over."""
+    import msgspec
+
+    from tensorgate.batcher.stats import ModelStats
+    from tensorgate.codec import messages as msg
+
+    def count(stats: ModelStats) -> None:
+        stats.record_alone(1, 1_000)
+        stats.record_alone(3, 2_500)
+        stats.record_failure(1, 700)
+        stats.record_batch(4, 10, 20, 30)
+        stats.record_success(2, 900, 100, 10, 20, 30, [400, 500])
+        stats.record_failure(2, 1_400, "REJECTED")
+
+    direct, worker, engine = ModelStats(), ModelStats(), ModelStats()
+    count(direct)
+    engine.record_alone(2, 5_000)  # the engine's own requests stay counted
+    direct.record_alone(2, 5_000)
+    count(worker)
+    taken = worker.take("m", 1)
+    sent = msgspec.msgpack.encode(msg.Stats(7, [taken]))
+    received = msgspec.msgpack.Decoder(msg.TO_ENGINE).decode(sent)
+    assert isinstance(received, msg.Stats) and received.asked == 7
+    engine.add(received.counts[0])
+    same = engine.as_dict() | {"last_inference": 0}
+    assert same == direct.as_dict() | {"last_inference": 0}
+    assert engine.failures == direct.failures
+    assert sorted(engine.take_latencies()) == sorted(direct.take_latencies())
+    assert worker.take("m", 1) is None  # nothing counted since
+    assert worker.as_dict()["inference_count"] == 0 and worker.batch_stats == {}

@@ -126,6 +126,7 @@ class V2Endpoints:
 
     async def model_stats(self, request: HttpRequest) -> HttpResponse:
         version = parse_version(request.params["version"])
+        await self.repository.gather_stats()
         return json_response(model_statistics(self.repository, request.params["model"], version))
 
     @front_end

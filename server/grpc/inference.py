@@ -164,6 +164,7 @@ class InferenceService(pb.GrpcInferenceServiceBase):
     @rpc
     async def model_statistics(self, message: pb.ModelStatisticsRequest) -> pb.ModelStatisticsResponse:
         """Triton's: every model when `name` is empty, every ready version when `version` is."""
+        await self.repository.gather_stats()
         doc = model_statistics(self.repository, message.name, parse_version(message.version))
         return pb.ModelStatisticsResponse(
             model_stats=[v2_grpc.model_statistics(s["name"], s["version"], s) for s in doc["model_stats"]]
