@@ -25,6 +25,7 @@ from tensorgate.server.endpoints.repository import RepositoryEndpoints
 from tensorgate.server.endpoints.settings import SettingsEndpoints
 from tensorgate.server.endpoints.tfserving import TFServingEndpoints
 from tensorgate.server.endpoints.v2 import V2Endpoints, error_response
+from tensorgate.server.engine_client import EngineClient, InProcess
 from tensorgate.server.http.listener import Listener, Offline, TlsFiles, address_of, bind, tls_context
 from tensorgate.server.metrics import metrics_router
 from tensorgate.server.options_transport import http_settings
@@ -58,24 +59,27 @@ def build(
     monitor: Monitor | None,
     logs: LogControl,
     tracer: Tracer,
+    engine: EngineClient | None = None,
 ) -> Parts:
     """Every port's routes and the gRPC services over `repository` (ValueError: a customized grps path
-    that would take a built-in route's place)."""
+    that would take a built-in route's place). Inference goes through `engine`: by default the
+    repository's models in this process (server/engine_client.py)."""
+    engine = engine or InProcess(repository, shared_memory)
     router = Router(fallback_errors=error_response, max_body_bytes=args.max_request_bytes)
     V2Endpoints(
-        repository, shared_memory, tracer, args.http_forward, max_input_size=args.http_max_input_size
+        engine, repository, shared_memory, tracer, args.http_forward, max_input_size=args.http_max_input_size
     ).install(router)
     SettingsEndpoints(repository, logs, tracer).install(router)
-    GenerateEndpoints(repository, tracer, args.http_max_input_size).install(router)
+    GenerateEndpoints(engine, tracer, args.http_max_input_size).install(router)
     streaming = StreamingControl(
         args.grps_streaming_ctrl_mode, args.grps_streaming_ctrl_key, args.grps_streaming_res_content_type
     )
     grps_endpoints = GrpsEndpoints(
-        repository, args.grps_default_model, streaming, args.grps_customized_predict_http
+        engine, repository, args.grps_default_model, streaming, args.grps_customized_predict_http
     )
     grps_endpoints.install(router)
     MonitorEndpoints(monitor).install(router)
-    TFServingEndpoints(repository).install(router)
+    TFServingEndpoints(engine, repository).install(router)
     RepositoryEndpoints(repository).install(router)
     grps_endpoints.install_customized(router)  # last: it must not take a built-in route's place
     router.restrict(args.http_restrictions)
@@ -83,6 +87,7 @@ def build(
     if args.allow_metrics:
         routers["Metrics"] = metrics_router(repository, monitor)
     services = grpc.services(
+        engine,
         repository,
         args.grps_default_model,
         args.grpc_max_message_bytes,

@@ -29,9 +29,9 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 from grpclib.const import Handler, Status
@@ -53,22 +53,13 @@ from tensorgate.server.link import Inbox, Link
 from tensorgate.server.log_settings import LogControl
 from tensorgate.server.model import ModelState, ModelVersion
 from tensorgate.server.repository_model import Ambiguous, Model, find_model
-from tensorgate.server.router import HttpRequest, HttpResponse, Route, Router
+from tensorgate.server.router import HttpRequest, HttpResponse, Route, Router, is_front_end
+from tensorgate.server.shared_memory import SharedMemory
 from tensorgate.server.tracing.frontend import Timing
 
 log = logging.getLogger("tensorgate.worker")
 _FROM_ENGINE = msgspec.msgpack.Decoder(msg.TO_WORKER)
 
-# The gRPC methods a worker serves itself; the others are forwarded to the engine.
-FRONT_END_METHODS = frozenset(
-    (
-        "/inference.GRPCInferenceService/ModelInfer",
-        "/inference.GRPCInferenceService/ModelStreamInfer",
-        "/grps.protos.v1.GrpsService/Predict",
-        "/grps.protos.v1.GrpsService/PredictStreaming",
-        "/tensorflow.serving.PredictionService/Predict",
-    )
-)
 ENGINE_GONE = signal.SIGUSR2  # what the kernel sends a worker when its engine dies
 
 
@@ -83,8 +74,10 @@ def error_message(call_id: int, error: InferError) -> msg.Error:
 # ------------------------------------------------------------------------------ the engine, from here
 
 
-class EngineClient:
-    """This worker's end of its link to the engine: the calls it makes, and what the engine tells it.
+class LinkedEngine:
+    """The engine as this worker reaches it (an EngineClient, server/engine_client.py): its end of the
+    link, the calls it makes and what the engine tells it; and the model versions it runs itself
+    (--worker-models inline: LocalModels), which answer without the hop.
 
     No call waits forever: one the engine has not answered within `call_timeout` seconds (a stream:
     since its last message) fails with UNAVAILABLE and is cancelled in the engine. A sweep each second
@@ -155,7 +148,25 @@ class EngineClient:
 
     # ---- inference
 
-    async def infer(self, version: ModelVersion, request: InferRequest) -> InferResponse:
+    def resolve(self, name: str, version: str = "") -> ModelVersion:
+        """The version a request reaches: as this worker last heard of it from the engine, or this worker's
+        own instance of it, unless the engine traces (it samples and writes every trace)."""
+        found = self.repository.resolve(name, version)
+        if self.local.instances and not self.tracer.on:
+            return self.local.instances.get(found, found)
+        return found
+
+    def infer(self, version: ModelVersion, request: InferRequest) -> Coroutine[Any, Any, InferResponse]:
+        if version.scheduler is not None and not request.shared_memory:  # an instance of this worker's
+            return version.infer(request)
+        return self._infer(version, request)  # the engine's: client regions are its too
+
+    def infer_stream(self, version: ModelVersion, request: InferRequest) -> AsyncIterator[InferResponse]:
+        if version.scheduler is not None:
+            return version.infer_stream(request)
+        return self._infer_stream(version, request)
+
+    async def _infer(self, version: ModelVersion, request: InferRequest) -> InferResponse:
         if self.link.paused:  # the engine is not reading: wait here, not in memory
             await self.link.drain()
         request.model_version = version.version_str  # the version this worker resolved
@@ -176,7 +187,7 @@ class EngineClient:
             if trace is not None:
                 del self.timed[call_id]
 
-    async def infer_stream(
+    async def _infer_stream(
         self, version: ModelVersion, request: InferRequest
     ) -> AsyncIterator[InferResponse]:
         if self.link.paused:
@@ -369,7 +380,7 @@ class WorkerTracer:
 
     otel = None  # the engine exports in OpenTelemetry mode (its sampling reads no traceparent from here)
 
-    def __init__(self, client: EngineClient) -> None:
+    def __init__(self, client: LinkedEngine) -> None:
         self.client = client
         self.on = False  # the engine's tracer's, as it said last (Event "tracing")
 
@@ -387,7 +398,7 @@ class Relayed:
     """A streamed answer of a forwarded route, chunk by chunk as the engine sends them; closing it early
     (the client left) cancels the engine's side."""
 
-    def __init__(self, client: EngineClient, call_id: int, inbox: Inbox, response: HttpResponse) -> None:
+    def __init__(self, client: LinkedEngine, call_id: int, inbox: Inbox, response: HttpResponse) -> None:
         self.client = client
         self.call_id = call_id
         self.inbox = inbox
@@ -430,37 +441,10 @@ def _failure(message: Any) -> InferError:
 # ------------------------------------------------------------------------------ the model table
 
 
-class RemoteVersion(ModelVersion):
-    """A model version as a worker knows it: its config (the codecs read it) and state; it runs in the
-    engine."""
-
-    def __init__(
-        self, client: EngineClient, directory: Path, entry: list, local: ModelVersion | None = None
-    ) -> None:
-        number, state, reason, config, streams, stream_only, _ = entry
-        super().__init__(directory, config, number)
-        self.client = client
-        self.local = local  # this worker's own instance of the version (--worker-models inline), if any
-        self.state = ModelState(state)
-        self.reason = reason
-        self._streams = streams
-        self.stream_only = stream_only
-
-    @property
-    def streams(self) -> bool:
-        return self._streams
-
-    async def infer(self, request: InferRequest) -> InferResponse:
-        return await self.client.infer(self, request)
-
-    def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
-        return self.client.infer_stream(self, request)
-
-
 class FrontEndRepository:
     """The engine's model table as this worker last heard it: what its inference routes resolve."""
 
-    def __init__(self, client: EngineClient) -> None:
+    def __init__(self, client: LinkedEngine) -> None:
         self.client = client
         self.models: dict[str, Model] = {}
         self.online = True
@@ -469,13 +453,7 @@ class FrontEndRepository:
         return find_model(self.models, name)
 
     def resolve(self, name: str, version: str = "") -> ModelVersion:
-        """The version a request reaches: this worker's own instance of it where it runs one, unless the
-        engine traces (it samples and writes every trace), else the engine's."""
-        found = cast(RemoteVersion, self.model(name).resolve(version))
-        local = found.local
-        if local is None or self.client.tracer.on:
-            return found
-        return local
+        return self.model(name).resolve(version)
 
     def apply(self, table: list) -> None:
         models = {}
@@ -486,14 +464,24 @@ class FrontEndRepository:
                 continue
             model = Model(name, Path(directory), config)
             model.reason, model.loading = reason, loading
-            model.versions = {
-                e[0]: RemoteVersion(self.client, Path(directory), e, local.instance(name, Path(directory), e))
-                for e in versions
-            }
+            model.versions = {}
+            for entry in versions:
+                version = model.versions[entry[0]] = engine_version(Path(directory), entry)
+                local.instance(version, entry[6])
             model.newest_first = [model.versions[n] for n in newest_first]
             models[name] = model
         local.keep_only()
         self.models = models
+
+
+def engine_version(directory: Path, entry: list) -> ModelVersion:
+    """A version of the engine's, as its table entry tells it: its config (the codecs read it), its state
+    and how it answers; no backend (it runs in the engine)."""
+    number, state, reason, config, streams, stream_only, _ = entry
+    version = ModelVersion(directory, config, number)
+    version.state, version.reason = ModelState(state), reason
+    version.streams, version.stream_only = streams, stream_only
+    return version
 
 
 class LocalModels:
@@ -502,34 +490,36 @@ class LocalModels:
     unloaded when its table no longer has it. What they count goes to the engine (STATS) each second, when
     the engine asks (before it answers statistics or metrics), and before one is unloaded."""
 
-    def __init__(self, client: EngineClient) -> None:
+    def __init__(self, client: LinkedEngine) -> None:
         self.client = client
         self.versions: dict[tuple[str, int], ModelVersion] = {}
+        self.instances: dict[ModelVersion, ModelVersion] = {}  # the engine's version -> this worker's
         self.kept: dict[tuple[str, int], ModelVersion] = {}  # those the table being applied names
+        self.kept_instances: dict[ModelVersion, ModelVersion] = {}
         self.failed: set[int] = set()  # serials that did not load here: not tried again
 
-    def instance(self, name: str, directory: Path, entry: list) -> ModelVersion | None:
-        """This worker's instance of the version in a table entry, loaded now if it is new; None where the
-        engine runs it alone (or it did not load here: the engine's then serves, as without the flag)."""
-        number, config, serial = entry[0], entry[3], entry[6]
+    def instance(self, engine_version: ModelVersion, serial: int) -> None:
+        """This worker's instance of a version of the engine's table (`serial`: the engine's load of it,
+        0 where only the engine runs it), loaded now if it is new. One that does not load here is left
+        to the engine, as without the flag."""
         if not serial or serial in self.failed:
-            return None
+            return
+        name, number = engine_version.name, engine_version.version
         version = self.versions.get((name, number))
         if version is None or version.serial != serial:
-            version = ModelVersion(directory, config, number)
+            version = ModelVersion(engine_version.version_dir.parent, engine_version.config, number)
             version.serial = serial
             version.load()
             if not version.inline:
                 why = version.reason or "it does not run inline here"
-                log.warning(
-                    "worker %d: '%s' version %d runs in the engine: %s", os.getpid(), name, number, why
-                )
+                where = "worker %d: '%s' version %d runs in the engine: %s"
+                log.warning(where, os.getpid(), name, number, why)
                 self.failed.add(serial)
                 self._unload(version)
-                return None
+                return
             log.info("worker %d runs '%s' version %d itself", os.getpid(), name, number)
         self.kept[(name, number)] = version
-        return version
+        self.kept_instances[engine_version] = version
 
     def keep_only(self) -> None:
         """The table is applied: the versions it no longer names (or names in a new load) are unloaded,
@@ -540,6 +530,7 @@ class LocalModels:
         for version in gone:
             self._unload(version)
         self.versions, self.kept = self.kept, {}
+        self.instances, self.kept_instances = self.kept_instances, {}
 
     def _unload(self, version: ModelVersion) -> None:
         self.client.loop.create_task(version.unload())
@@ -565,39 +556,29 @@ class LocalModels:
     async def close(self) -> None:
         """At shutdown: the last counts go to the engine, and every model's finalize runs."""
         self.send()
-        versions, self.versions = list(self.versions.values()), {}
+        versions, self.versions, self.instances = list(self.versions.values()), {}, {}
         for version in versions:
             await version.unload()
-
-
-class FrontEndSharedMemory:
-    """Client regions are the engine's: a request that names one is read and answered there."""
-
-    def __init__(self, client: EngineClient) -> None:
-        self.client = client
-
-    async def infer(self, version: ModelVersion, request: InferRequest) -> InferResponse:
-        return await self.client.infer(version, request)
 
 
 # ------------------------------------------------------------------------------ forwarding
 
 
-def forward_routes(router: Router, port: str, client: EngineClient) -> None:
+def forward_routes(router: Router, port: str, client: LinkedEngine) -> None:
     """Every route of `router` but the inference ones (marked `front_end`) answers through the engine."""
     forward = functools.partial(client.http, port)
     for method, routes in router.routes.items():
         router.routes[method] = [
-            r if getattr(r.handler, "front_end", False) else Route(r.method, r.pattern, forward, r.errors)
-            for r in routes
+            r if is_front_end(r.handler) else Route(r.method, r.pattern, forward, r.errors) for r in routes
         ]
     router.clear_cache()
 
 
-def forward_methods(parts: assembly.Parts, client: EngineClient) -> None:
+def forward_methods(parts: assembly.Parts, client: LinkedEngine) -> None:
+    """Every gRPC method but the inference ones (marked `front_end`) answers through the engine."""
     handlers = parts.grpc_services.handlers
     for path, handler in list(handlers.items()):
-        if path not in FRONT_END_METHODS:
+        if not is_front_end(handler.func):
             forward = functools.partial(client.grpc, path)
             handlers[path] = Handler(forward, handler.cardinality, RawMessage, RawMessage)
 
@@ -641,7 +622,7 @@ async def serve(args: argparse.Namespace, logs: LogControl) -> None:
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    client = EngineClient(arenas, args.worker_call_timeout)
+    client = LinkedEngine(arenas, args.worker_call_timeout)
     buffers.shared = client.arenas.allocate_body  # type: ignore[union-attr]
     client.logs = logs
     await loop.create_unix_connection(lambda: client.link, sock=link_socket)
@@ -650,10 +631,11 @@ async def serve(args: argparse.Namespace, logs: LogControl) -> None:
     parts = assembly.build(
         args,
         client.repository,
-        FrontEndSharedMemory(client),
+        SharedMemory(False),  # every shared-memory route is forwarded: this registry stays empty
         None,
         logs,
         client.tracer,  # type: ignore[arg-type]
+        client,
     )
     for name, router in parts.routers.items():
         forward_routes(router, name, client)

@@ -21,6 +21,7 @@ from tensorgate.codec.tensor import InferRequest, InferResponse
 from tensorgate.server import __version__
 
 if TYPE_CHECKING:
+    from tensorgate.server.engine_client import EngineClient
     from tensorgate.server.model import ModelVersion
     from tensorgate.server.repository import Repository
 
@@ -32,7 +33,10 @@ UNAVAILABLE = HTTP_STATUS[ErrorKind.UNAVAILABLE]
 class Grps:
     """The grps interface over the model repository, for both front doors."""
 
-    def __init__(self, repository: Repository, default_model: str | None = None) -> None:
+    def __init__(
+        self, engine: EngineClient, repository: Repository, default_model: str | None = None
+    ) -> None:
+        self.engine = engine  # inference (server/engine_client.py)
         self.repository = repository
         self.default_model = default_model
 
@@ -43,7 +47,7 @@ class Grps:
         if not model:
             model = self.default_model or self._only_model()
         name, version = mapping.split_model(model, self.repository.models.__contains__)
-        return self.repository.resolve(name, version)
+        return self.engine.resolve(name, version)
 
     def _only_model(self) -> str:
         names = list(self.repository.models)
@@ -58,7 +62,7 @@ class Grps:
 
     async def predict(self, payload: wire.Payload, return_ndarray: bool = False) -> answers.Answer:
         version, request = self._request(payload)
-        response = await version.infer(request)
+        response = await self.engine.infer(version, request)
         return answers.to_answer(response, payload.kind, return_ndarray)
 
     async def predict_stream(
@@ -69,9 +73,9 @@ class Grps:
         answers once (run here as predict runs it, so its errors raise here too)."""
         version, request = self._request(payload)
         if not version.streams:
-            response = await version.infer(request)
+            response = await self.engine.infer(version, request)
             return _once(answers.to_answer(response, payload.kind, return_ndarray))
-        return _answers(version.infer_stream(request), payload.kind, return_ndarray)
+        return _answers(self.engine.infer_stream(version, request), payload.kind, return_ndarray)
 
     def _request(self, payload: wire.Payload) -> tuple[ModelVersion, InferRequest]:
         """The version the payload selects, and the payload as that version's request."""

@@ -107,6 +107,7 @@ class ModelVersion:
         self.scheduler: Scheduler | None = None
         self.executor: Executor | None = None
         self.stream_only = False  # the backend has execute_stream and no execute
+        self.streams = False  # the model answers in a stream: its backend has execute_stream
         self.stats = ModelStats()  # Triton's statistics for this version (batcher/stats.py)
         self.labels: Labels = {}  # output name -> its classification labels (server/classification.py)
         self.cache: ResponseCache | None = None  # the server's response cache, when the config enables it
@@ -181,6 +182,7 @@ class ModelVersion:
         else:
             self.scheduler = DirectScheduler(self.executor, self.stats, self.limited)
         self.stream_only = backend.stream_only
+        self.streams = backend.execute_stream is not None
         self.state = ModelState.READY
         self.reason = ""
 
@@ -219,6 +221,7 @@ class ModelVersion:
                 self.executor.close()
             self._unlimit()
         self.backend = self.scheduler = self.executor = None
+        self.streams = False
         self.state = ModelState.UNAVAILABLE
         self.reason = UNLOADED
 
@@ -457,11 +460,6 @@ class ModelVersion:
             "inputs": [s.metadata() for s in self.inputs.values()],
             "outputs": [s.metadata() for s in self.outputs.values()],
         }
-
-    @property
-    def streams(self) -> bool:
-        """Whether the model answers in a stream (its backend has `execute_stream`)."""
-        return self.backend is not None and self.backend.execute_stream is not None
 
     def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         """One response per yield of the model's `execute_stream`. Bad requests raise here, at the call;

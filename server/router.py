@@ -15,6 +15,7 @@ import re
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from tensorgate.codec.errors import ErrorKind, InferError
 from tensorgate.server import restricted
@@ -23,6 +24,7 @@ log = logging.getLogger("tensorgate.http")
 
 Chunks = list[bytes | memoryview] | AsyncIterator[bytes]
 MATCHES_KEPT = 1024
+Marked = TypeVar("Marked", bound=Callable[..., Any])
 
 
 @dataclass(slots=True)
@@ -55,11 +57,22 @@ def body_response(body: bytes, content_type: bytes = b"application/json", status
 Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
 
 
-def front_end(handler: Callable[..., Awaitable[HttpResponse]]) -> Callable[..., Awaitable[HttpResponse]]:
-    """Marks an endpoint that a front-end worker serves itself (inference: decoded and answered there);
-    a worker forwards every other route to the engine (server/frontend.py)."""
+def front_end(handler: Marked) -> Marked:
+    """Marks an endpoint (a route's handler, a gRPC method) that a front-end worker serves itself
+    (inference: decoded and answered there); a worker forwards every other route and method to the engine
+    (server/frontend.py). What a worker serves itself is declared here and only here."""
     handler.front_end = True  # type: ignore[attr-defined]
     return handler
+
+
+def is_front_end(handler: Callable[..., Any]) -> bool:
+    """Whether `handler` is marked `front_end`; for a generated gRPC servicer's handler (`__rpc_<name>`,
+    which calls the servicer's `<name>`), whether that method is."""
+    if getattr(handler, "front_end", False):
+        return True
+    name = getattr(handler, "__name__", "")
+    called = getattr(getattr(handler, "__self__", None), name.removeprefix("__rpc_"), None)
+    return name.startswith("__rpc_") and getattr(called, "front_end", False)
 
 
 ErrorResponder = Callable[[InferError], HttpResponse]

@@ -21,6 +21,7 @@ from tensorgate.codec.tfserving import TensorInfo
 from tensorgate.server.model import UNLOADED, ModelState
 
 if TYPE_CHECKING:
+    from tensorgate.server.engine_client import EngineClient
     from tensorgate.server.model import ModelVersion, TensorSpec
     from tensorgate.server.repository import Repository
 
@@ -100,7 +101,8 @@ class View:
 class TFServing:
     """The repository as TF Serving shows it; a View per model version, built once."""
 
-    def __init__(self, repository: Repository) -> None:
+    def __init__(self, engine: EngineClient, repository: Repository) -> None:
+        self.engine = engine  # inference (server/engine_client.py)
         self.repository = repository
         self._views: weakref.WeakKeyDictionary[ModelVersion, View] = weakref.WeakKeyDictionary()
 
@@ -119,7 +121,7 @@ class TFServing:
 
     def resolve(self, name: str, version: str) -> tuple[ModelVersion, View]:
         """The model version (`version` "": the latest ready one) and its view."""
-        model_version = self.repository.resolve(name, version)
+        model_version = self.engine.resolve(name, version)
         return model_version, self.view(model_version)
 
     def statuses(self, name: str, version: str) -> list[tuple[int, str, str]]:

@@ -1,4 +1,4 @@
-"""A worker's end of the link to the engine (server/frontend.py EngineClient, server/link.py): answers
+"""A worker's end of the link to the engine (server/frontend.py LinkedEngine, server/link.py): answers
 that arrive for calls the worker has already given up on are dropped, and the link keeps working; no call
 waits forever (a message that cannot be handled, bytes that do not decode, an engine that never answers);
 a link whose engine does not read holds new calls back."""
@@ -18,14 +18,17 @@ from tensorgate.codec.errors import ErrorKind, InferError
 from tensorgate.codec.framing import LENGTH, pack, unpack
 from tensorgate.codec.tensor import InferRequest, InferResponse, Tensor
 from tensorgate.server.arena import YOURS, Arena
-from tensorgate.server.frontend import EngineClient
+from tensorgate.server.frontend import LinkedEngine
 
 
 class Version:
+    """A version of the engine's, as a worker knows it (no scheduler of its own)."""
+
     version_str = "1"
+    scheduler = None
 
 
-def arrive(client: EngineClient, message: Any) -> None:
+def arrive(client: LinkedEngine, message: Any) -> None:
     """`message` read from the socket, as the event loop hands it to the link."""
     data = pack(message)
     framed = LENGTH.pack(len(data)) + data
@@ -45,7 +48,7 @@ def answer(value: int) -> msg.Response:
 
 def test_an_answer_to_a_call_cancelled_in_the_same_pass_is_dropped(caplog: pytest.LogCaptureFixture) -> None:
     async def scenario() -> None:
-        client = EngineClient()
+        client = LinkedEngine()
         left = asyncio.create_task(client.infer(Version(), request()))
         await asyncio.sleep(0)  # sent; waiting for the engine
         left.cancel()  # the client went away: the wait ends at once, the task learns of it on its next step
@@ -71,7 +74,7 @@ def test_a_message_whose_handling_raises_fails_its_call_and_the_link_serves_on(
     answered."""
 
     async def scenario() -> None:
-        client = EngineClient()
+        client = LinkedEngine()
         broken = asyncio.create_task(client.infer(Version(), request()))
         await asyncio.sleep(0)
         arrive(client, [msg.RESULT, client.next_id])
@@ -91,7 +94,7 @@ def test_a_message_whose_handling_raises_fails_its_call_and_the_link_serves_on(
     )
 
 
-async def linked(client: EngineClient) -> socket.socket:
+async def linked(client: LinkedEngine) -> socket.socket:
     """The client's link on one end of a socketpair; the other end (the engine's), raw."""
     ours, engine = socket.socketpair()
     await asyncio.get_running_loop().create_unix_connection(lambda: client.link, sock=ours)
@@ -116,7 +119,7 @@ async def engine_reads(engine: socket.socket) -> list:
 
 def test_bytes_that_do_not_decode_end_the_link_and_fail_every_call() -> None:
     async def scenario() -> None:
-        client = EngineClient()
+        client = LinkedEngine()
         engine = await linked(client)
         waiting = asyncio.create_task(client.infer(Version(), request()))
         await asyncio.sleep(0)
@@ -132,7 +135,7 @@ def test_bytes_that_do_not_decode_end_the_link_and_fail_every_call() -> None:
 
 def test_a_call_the_engine_never_answers_fails_at_the_deadline_and_is_cancelled_there() -> None:
     async def scenario() -> None:
-        client = EngineClient(call_timeout=0.5)
+        client = LinkedEngine(call_timeout=0.5)
         engine = await linked(client)
         started = time.monotonic()
         with pytest.raises(InferError) as failed:
@@ -154,7 +157,7 @@ def test_a_stream_whose_reader_is_behind_is_not_timed_out() -> None:
     keep the stream alive past it."""
 
     async def scenario() -> None:
-        client = EngineClient(call_timeout=0.5)
+        client = LinkedEngine(call_timeout=0.5)
         engine = await linked(client)
         stream = client.infer_stream(Version(), request())
         first = asyncio.create_task(anext(stream))
@@ -176,7 +179,7 @@ def test_a_stream_whose_reader_is_behind_is_not_timed_out() -> None:
 
 def test_while_the_engine_does_not_read_new_calls_wait_and_then_go() -> None:
     async def scenario() -> None:
-        client = EngineClient()
+        client = LinkedEngine()
         engine = await linked(client)
         client.link.pause_writing()  # as the transport says when the socket's buffer is full
         waiting = asyncio.create_task(client.infer(Version(), request()))
@@ -196,7 +199,7 @@ def test_an_answer_over_this_workers_arena_is_read_before_the_release_that_follo
     must be taken before that Release frees the region (it was: `offset outside every region in use`)."""
 
     async def scenario() -> None:
-        client = EngineClient((Arena(1 << 20), Arena(1 << 20)))
+        client = LinkedEngine((Arena(1 << 20), Arena(1 << 20)))
         values = np.arange(30_000, dtype=np.float32)  # 120 KB: past INLINE_MAX, it crosses in the arena
         request = InferRequest("m", inputs=[Tensor("I", "FP32", values.shape, values)])
         answered = asyncio.create_task(client.infer(Version(), request))
@@ -218,3 +221,57 @@ def test_an_answer_over_this_workers_arena_is_read_before_the_release_that_follo
         assert client.arenas.mine.regions == {}  # freed once the answer is gone
 
     asyncio.run(scenario())
+
+
+def test_what_a_worker_serves_itself_is_inference_on_every_protocol() -> None:
+    """The endpoints marked `front_end` (server/router.py), REST and gRPC alike: a worker serves these
+    and forwards every other route and method to the engine."""
+    from tensorgate.server import grpc
+    from tensorgate.server.endpoints.generate import GenerateEndpoints
+    from tensorgate.server.endpoints.grps import GrpsEndpoints
+    from tensorgate.server.endpoints.repository import RepositoryEndpoints
+    from tensorgate.server.endpoints.tfserving import TFServingEndpoints
+    from tensorgate.server.endpoints.v2 import V2Endpoints, error_response
+    from tensorgate.server.engine_client import InProcess
+    from tensorgate.server.log_settings import LogControl, LogSettings
+    from tensorgate.server.router import Router, is_front_end
+    from tensorgate.server.served_models import ServedModels
+    from tensorgate.server.shared_memory import SharedMemory
+    from tensorgate.server.tracing.settings import TraceSetting
+    from tensorgate.server.tracing.tracer import Tracer
+
+    repository, shared_memory, tracer = ServedModels(), SharedMemory(False), Tracer(TraceSetting())
+    engine = InProcess(repository, shared_memory)
+    router = Router(error_response)
+    V2Endpoints(engine, repository, shared_memory, tracer).install(router)  # type: ignore[arg-type]
+    GenerateEndpoints(engine, tracer).install(router)
+    GrpsEndpoints(engine, repository).install(router)  # type: ignore[arg-type]
+    TFServingEndpoints(engine, repository).install(router)  # type: ignore[arg-type]
+    RepositoryEndpoints(repository).install(router)  # type: ignore[arg-type]
+    served = {
+        f"{type(route.handler.__self__).__name__}.{route.handler.__name__}"
+        for routes in router.routes.values()
+        for route in routes
+        if is_front_end(route.handler)
+    }
+    assert served == {
+        "V2Endpoints.infer",
+        "GenerateEndpoints.generate",
+        "GenerateEndpoints.generate_stream",
+        "GrpsEndpoints.predict",
+        "TFServingEndpoints.predict",  # TF Serving's REST verbs, with and without a version or label
+        "TFServingEndpoints.classify",
+        "TFServingEndpoints.regress",
+    }
+    forwarded = [r for routes in router.routes.values() for r in routes if not is_front_end(r.handler)]
+    assert len(forwarded) > 20  # health, metadata, statistics, shared memory, the repository API, ...
+    logs = LogControl(LogSettings())
+    services = grpc.services(engine, repository, None, 1 << 20, shared_memory, logs, tracer)  # type: ignore[arg-type]
+    methods = sorted(path for path, handler in services.handlers.items() if is_front_end(handler.func))
+    assert methods == [
+        "/grps.protos.v1.GrpsService/Predict",
+        "/grps.protos.v1.GrpsService/PredictStreaming",
+        "/inference.GRPCInferenceService/ModelInfer",
+        "/inference.GRPCInferenceService/ModelStreamInfer",
+        "/tensorflow.serving.PredictionService/Predict",
+    ]

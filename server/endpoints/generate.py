@@ -50,8 +50,8 @@ from tensorgate.server.tracing.frontend import (
 if TYPE_CHECKING:
     from tensorgate.codec.tensor import InferRequest, InferResponse
     from tensorgate.codec.trace import Trace
+    from tensorgate.server.engine_client import EngineClient
     from tensorgate.server.model import ModelVersion
-    from tensorgate.server.repository import Repository
     from tensorgate.server.tracing.tracer import Tracer
 
 log = logging.getLogger("tensorgate.generate")
@@ -63,8 +63,8 @@ ONE_RESPONSE = (
 
 
 class GenerateEndpoints:
-    def __init__(self, repository: Repository, tracer: Tracer, max_input_size: int = MAX_INPUT_SIZE) -> None:
-        self.repository = repository
+    def __init__(self, engine: EngineClient, tracer: Tracer, max_input_size: int = MAX_INPUT_SIZE) -> None:
+        self.engine = engine
         self.tracer = tracer
         self.max_input_size = max_input_size  # --http-max-input-size
 
@@ -75,7 +75,7 @@ class GenerateEndpoints:
 
     def _request(self, request: HttpRequest) -> tuple[ModelVersion, InferRequest]:
         name, version = request.params["model"], parse_version(request.params["version"])
-        found = self.repository.resolve(name, version)
+        found = self.engine.resolve(name, version)
         specs = {n: (spec.dtype.v2, spec.shape) for n, spec in found.inputs.items()}
         infer_request = decode_generate(request.body, name, version, specs, self.max_input_size)
         if self.tracer.on:
@@ -90,12 +90,12 @@ class GenerateEndpoints:
         handed = trace is not None and http_received(self.tracer, trace, request)
         try:
             if model_version.stream_only:
-                responses = await _collect(model_version.infer_stream(infer_request))
+                responses = await _collect(self.engine.infer_stream(model_version, infer_request))
                 if len(responses) != 1:
                     return json_response({"error": ONE_RESPONSE})  # Triton's status: its answer has begun
                 response = responses[0]
             else:
-                response = await model_version.infer(infer_request)
+                response = await self.engine.infer(model_version, infer_request)
         except asyncio.CancelledError:
             self.tracer.finish(trace)  # the client left: no answer goes out
             raise
@@ -112,11 +112,11 @@ class GenerateEndpoints:
         model_version, infer_request = self._request(request)
         trace = infer_request.trace
         if trace is None:
-            return await _answer_stream(model_version, infer_request)
+            return await _answer_stream(self.engine, model_version, infer_request)
         # an error's answer: its transport stamps the sending and finishes the trace
         handed = http_received(self.tracer, trace, request)
         try:
-            response = await _answer_stream(model_version, infer_request)
+            response = await _answer_stream(self.engine, model_version, infer_request)
         except asyncio.CancelledError:
             self.tracer.finish(trace)
             raise
@@ -136,17 +136,19 @@ class GenerateEndpoints:
         return response
 
 
-async def _answer_stream(model_version: ModelVersion, infer_request: InferRequest) -> HttpResponse:
+async def _answer_stream(
+    engine: EngineClient, model_version: ModelVersion, infer_request: InferRequest
+) -> HttpResponse:
     """The answer of /generate_stream: its events, or a first failure's error event."""
     if not model_version.streams:
         try:
-            response = await model_version.infer(infer_request)
+            response = await engine.infer(model_version, infer_request)
         except InferError as e:
             if e.kind is not ErrorKind.INTERNAL:  # refused before it ran
                 raise
             return _error_event(e)  # it ran and failed
         return _events(_once(response))
-    stream = model_version.infer_stream(infer_request)  # bad requests are refused here, before it runs
+    stream = engine.infer_stream(model_version, infer_request)  # a bad request is refused here
     try:
         first = await anext(stream)
     except StopAsyncIteration:

@@ -20,6 +20,7 @@ from tensorgate.server.grps import Grps
 from tensorgate.server.router import HttpRequest, HttpResponse, Router, body_response, front_end
 
 if TYPE_CHECKING:
+    from tensorgate.server.engine_client import EngineClient
     from tensorgate.server.repository import Repository
 
 log = logging.getLogger("tensorgate.grps")
@@ -42,12 +43,13 @@ def error_response(error: InferError) -> HttpResponse:
 class GrpsEndpoints:
     def __init__(
         self,
+        engine: EngineClient,
         repository: Repository,
         default_model: str | None = None,
         streaming: StreamingControl | None = None,
         customized_path: str | None = None,
     ) -> None:
-        self.grps = Grps(repository, default_model)
+        self.grps = Grps(engine, repository, default_model)
         self.streaming = streaming or StreamingControl()
         self.customized_path = customized_path
 

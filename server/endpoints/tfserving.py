@@ -14,6 +14,7 @@ from tensorgate.server.router import HttpRequest, HttpResponse, Router, body_res
 from tensorgate.server.tfserving import TFServing, View
 
 if TYPE_CHECKING:
+    from tensorgate.server.engine_client import EngineClient
     from tensorgate.server.model import ModelVersion
     from tensorgate.server.repository import Repository
 
@@ -28,9 +29,9 @@ def error_response(error: InferError) -> HttpResponse:
 
 
 class TFServingEndpoints:
-    def __init__(self, repository: Repository) -> None:
+    def __init__(self, engine: EngineClient, repository: Repository) -> None:
         self.repository = repository
-        self.tf = TFServing(repository)
+        self.tf = TFServing(engine, repository)
 
     def install(self, router: Router) -> None:
         versioned = "/v1/models/{model}[/versions/{version}]"
@@ -73,7 +74,7 @@ class TFServingEndpoints:
         infer_request, columnar = tfserving.decode_predict(
             doc, view.inputs, model_version.name, model_version.version_str, outputs
         )
-        response = None if infer_request is None else await model_version.infer(infer_request)
+        response = None if infer_request is None else await self.tf.engine.infer(model_version, infer_request)
         return body_response(tfserving.encode_predict(response, view.outputs, columnar))
 
     @front_end
@@ -97,7 +98,7 @@ class TFServingEndpoints:
         infer_request = tfserving.decode_examples(
             doc, view.inputs, model_version.name, model_version.version_str, names
         )
-        response = None if infer_request is None else await model_version.infer(infer_request)
+        response = None if infer_request is None else await self.tf.engine.infer(model_version, infer_request)
         return body_response(encode(response, names, view.outputs))
 
     async def status(self, request: HttpRequest) -> HttpResponse:

@@ -22,6 +22,7 @@ from tensorgate.server.tracing.frontend import INFER_RESPONSE_COMPLETE, http_rec
 if TYPE_CHECKING:
     from tensorgate.codec.tensor import InferRequest
     from tensorgate.codec.trace import Trace
+    from tensorgate.server.engine_client import EngineClient
     from tensorgate.server.model import ModelVersion
     from tensorgate.server.repository import Repository
     from tensorgate.server.shared_memory import SharedMemory
@@ -66,12 +67,14 @@ def sample(tracer: Tracer, model: str, headers: dict[bytes, bytes]) -> Trace | N
 class V2Endpoints:
     def __init__(
         self,
+        engine: EngineClient,
         repository: Repository,
         shared_memory: SharedMemory,
         tracer: Tracer,
         forward: re.Pattern | None = None,
         max_input_size: int = v2_http.MAX_INPUT_SIZE,
     ) -> None:
+        self.engine = engine  # inference (server/engine_client.py); the rest reads the repository
         self.repository = repository
         self.shared_memory = shared_memory
         self.tracer = tracer  # Triton's trace extension: `on` while any request may be traced
@@ -94,12 +97,12 @@ class V2Endpoints:
             router.add(method, template, handler, error_response)
         for kind in (SYSTEM, CUDA):
             base = f"/v2/{kind}sharedmemory"
-            for method, template, handler in (
+            for method, template, region_handler in (
                 ("GET", base + "[/region/{name}]/status", self.shm_status),
                 ("POST", base + "/region/{name}/register", self.shm_register),
                 ("POST", base + "[/region/{name}]/unregister", self.shm_unregister),
             ):
-                router.add(method, template, functools.partial(handler, kind), error_response)
+                router.add(method, template, functools.partial(region_handler, kind), error_response)
 
     async def server_metadata(self, request: HttpRequest) -> HttpResponse:
         return json_response({"name": identity.name, "version": __version__, "extensions": EXTENSIONS})
@@ -132,7 +135,7 @@ class V2Endpoints:
     @front_end
     async def infer(self, request: HttpRequest) -> HttpResponse:
         name, version = request.params["model"], parse_version(request.params["version"])
-        model_version = self.repository.resolve(name, version)
+        model_version = self.engine.resolve(name, version)
         header_length = v2_http.parse_header_length(
             request.headers.get(v2_http.HEADER_LENGTH_BYTES), len(request.body)
         )
@@ -145,10 +148,7 @@ class V2Endpoints:
             infer_request.trace = sample(self.tracer, name, request.headers)
             if infer_request.trace is not None:
                 return await self._infer_traced(model_version, infer_request, request)
-        if infer_request.shared_memory:  # it names a region: read and written through the server's
-            response = await self.shared_memory.infer(model_version, infer_request)
-        else:
-            response = await model_version.infer(infer_request)
+        response = await self.engine.infer(model_version, infer_request)
         encoded = v2_http.encode_response(response, infer_request)
         return HttpResponse(200, encoded.headers, encoded.chunks)
 
@@ -160,10 +160,7 @@ class V2Endpoints:
         # our transports stamp the answer's sending (its error's too) and then finish the trace
         handed = http_received(self.tracer, trace, request)
         try:
-            if infer_request.shared_memory:
-                response = await self.shared_memory.infer(model_version, infer_request)
-            else:
-                response = await model_version.infer(infer_request)
+            response = await self.engine.infer(model_version, infer_request)
         except asyncio.CancelledError:
             self.tracer.finish(trace)  # the client left: no answer goes out
             raise

@@ -5,6 +5,7 @@
 
 import re
 
+from tensorgate.server.engine_client import EngineClient
 from tensorgate.server.grpc.grps import GrpsService
 from tensorgate.server.grpc.health import HealthService
 from tensorgate.server.grpc.inference import InferenceService
@@ -25,6 +26,7 @@ from tensorgate.server.tracing.tracer import Tracer
 
 
 def services(
+    engine: EngineClient,
     repository: Repository,
     grps_default_model: str | None,
     max_message_bytes: int,
@@ -39,9 +41,9 @@ def services(
     reflection = Reflection(Descriptors(DESCRIPTORS.read_bytes()))
     served = GrpcServices(
         [
-            InferenceService(repository, shared_memory, logs, tracer, forward),
-            GrpsService(repository, grps_default_model),
-            PredictionService(repository),
+            InferenceService(engine, repository, shared_memory, logs, tracer, forward),
+            GrpsService(engine, repository, grps_default_model),
+            PredictionService(engine, repository),
             health,
             ReflectionV1(reflection),
             ReflectionV1Alpha(reflection),

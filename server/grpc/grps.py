@@ -13,8 +13,10 @@ import tensorgate.proto.grps.protos.v1 as pb
 from tensorgate.codec import grps as wire
 from tensorgate.codec import grps_answers as answers
 from tensorgate.codec.errors import ErrorKind, InferError
+from tensorgate.server.engine_client import EngineClient
 from tensorgate.server.grps import Grps
 from tensorgate.server.repository import Repository
+from tensorgate.server.router import front_end
 
 log = logging.getLogger("tensorgate.grps")
 
@@ -29,9 +31,12 @@ def _failure(error: Exception, rpc_name: str) -> pb.GrpsMessage:
 
 
 class GrpsService(pb.GrpsServiceBase):
-    def __init__(self, repository: Repository, default_model: str | None = None) -> None:
-        self.grps = Grps(repository, default_model)
+    def __init__(
+        self, engine: EngineClient, repository: Repository, default_model: str | None = None
+    ) -> None:
+        self.grps = Grps(engine, repository, default_model)
 
+    @front_end
     async def predict(self, message: pb.GrpsMessage) -> pb.GrpsMessage:
         try:
             answer = await self.grps.predict(wire.payload_from_message(message))
@@ -39,6 +44,7 @@ class GrpsService(pb.GrpsServiceBase):
         except Exception as e:
             return _failure(e, "Predict")
 
+    @front_end
     async def predict_streaming(self, message: pb.GrpsMessage) -> AsyncIterator[pb.GrpsMessage]:
         try:
             stream = await self.grps.predict_stream(wire.payload_from_message(message))

@@ -23,10 +23,12 @@ from tensorgate.codec.errors import ErrorKind, InferError, parse_version
 from tensorgate.server import __version__, header_forwarding, identity
 from tensorgate.server.endpoints.repository import check_overrides
 from tensorgate.server.endpoints.v2 import EXTENSIONS
+from tensorgate.server.engine_client import EngineClient
 from tensorgate.server.grpc.stream_infer import SHUTTING_DOWN, StreamInfer
 from tensorgate.server.http.grpc_call import GrpcCall
 from tensorgate.server.log_settings import LogControl
 from tensorgate.server.repository import Repository
+from tensorgate.server.router import front_end
 from tensorgate.server.shared_memory import CUDA, SYSTEM, SharedMemory
 from tensorgate.server.statistics import model_statistics
 from tensorgate.server.tracing.frontend import INFER_RESPONSE_COMPLETE, grpc_received
@@ -96,12 +98,14 @@ def _choice(value: pb.LogSettingsRequestSettingValue) -> Any:
 class InferenceService(pb.GrpcInferenceServiceBase):
     def __init__(
         self,
+        engine: EngineClient,
         repository: Repository,
         shared_memory: SharedMemory,
         logs: LogControl,
         tracer: Tracer,
         forward: re.Pattern | None = None,
     ) -> None:
+        self.engine = engine  # inference (server/engine_client.py); the rest reads the repository
         self.repository = repository
         self.shared_memory = shared_memory
         self.logs = logs  # Triton's logging extension (LogSettings)
@@ -292,21 +296,19 @@ class InferenceService(pb.GrpcInferenceServiceBase):
 
     # ---------------------------------------------------------------------------------- ModelInfer
 
+    @front_end
     async def _model_infer(self, call: GrpcCall) -> None:
         message = await call.recv_message()
         try:
             request = v2_grpc_request.decode_request(message.data)
             if self.forward is not None:
                 request.parameters.update(header_forwarding.from_metadata(self.forward, call.metadata))
-            version = self.repository.resolve(request.model_name, parse_version(request.model_version))
+            version = self.engine.resolve(request.model_name, parse_version(request.model_version))
             if self.tracer.on:
                 request.trace = sample_grpc(self.tracer, request.model_name, call.metadata)
                 if request.trace is not None:  # the call stamps its sending and finishes the trace
                     grpc_received(self.tracer, request.trace, call)
-            if request.shared_memory:  # it names a region: read and written through the server's
-                response = await self.shared_memory.infer(version, request)
-            else:
-                response = await version.infer(request)
+            response = await self.engine.infer(version, request)
             parts = v2_grpc.encode_response_parts(response)
             if request.trace is not None:
                 request.trace.stamp_front(INFER_RESPONSE_COMPLETE, perf_counter_ns())
@@ -316,10 +318,11 @@ class InferenceService(pb.GrpcInferenceServiceBase):
 
     # ----------------------------------------------------------------------------- ModelStreamInfer
 
+    @front_end
     async def _model_stream_infer(self, call: GrpcCall) -> None:
         if self._closing:
             raise GRPCError(Status.UNAVAILABLE, SHUTTING_DOWN)
-        stream = StreamInfer(self.repository, call, RawMessage, self.shared_memory, self.tracer, self.forward)
+        stream = StreamInfer(self.engine, call, RawMessage, self.tracer, self.forward)
         self._streams.add(stream)
         try:
             await stream.run()

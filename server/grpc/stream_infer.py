@@ -39,10 +39,9 @@ from tensorgate.codec.errors import InferError, parse_version
 from tensorgate.codec.tensor import InferResponse
 from tensorgate.codec.trace import Trace
 from tensorgate.server import header_forwarding
+from tensorgate.server.engine_client import EngineClient
 from tensorgate.server.http import eager
 from tensorgate.server.http.grpc_call import GrpcCall
-from tensorgate.server.repository import Repository
-from tensorgate.server.shared_memory import SharedMemory
 from tensorgate.server.tracing.frontend import (
     GRPC_SEND_END,
     GRPC_SEND_START,
@@ -64,16 +63,14 @@ SHUTTING_DOWN = "the server is shutting down: this stream takes no more requests
 class StreamInfer:
     def __init__(
         self,
-        repository: Repository,
+        engine: EngineClient,
         call: GrpcCall,
         raw_message: type,
-        shared_memory: SharedMemory,
         tracer: Tracer,
         forward: re.Pattern | None = None,
     ) -> None:
         self.forward = forward  # --grpc-header-forward-pattern: the call's metadata into each request
-        self.repository = repository
-        self.shared_memory = shared_memory
+        self.engine = engine
         self.tracer = tracer  # a request it samples is finished once answered
         self.call = call
         self.raw_message = raw_message  # the handler's message type: bytes to send
@@ -174,19 +171,16 @@ class StreamInfer:
             if self.forward is not None:
                 request.parameters.update(header_forwarding.from_metadata(self.forward, self.call.metadata))
             final = request.parameters.pop(ENABLE_FINAL, False) is True
-            version = self.repository.resolve(request.model_name, parse_version(request.model_version))
+            version = self.engine.resolve(request.model_name, parse_version(request.model_version))
             if self.tracer.on:
                 request.trace = sample_grpc(self.tracer, request.model_name, self.call.metadata)
                 if request.trace is not None and since:
                     request.trace.stamp_front(GRPC_WAITREAD_START, ns(since))
                     request.trace.stamp_front(GRPC_WAITREAD_END, ns(self.call.read))
             if version.streams:
-                iterator = version.infer_stream(request)
+                iterator = self.engine.infer_stream(version, request)
                 return _Pending(request_id, final, iterator=iterator, trace=request.trace)
-            if request.shared_memory:  # it names a region: read and written through the server's
-                running = self.shared_memory.infer(version, request)
-            else:
-                running = version.infer(request)
+            running = self.engine.infer(version, request)
             finished, outcome = eager.step(running, self.loop)
             if finished:  # a model executed inline: no task, no future
                 return _Pending(request_id, final, response=outcome, trace=request.trace)

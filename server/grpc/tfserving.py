@@ -29,9 +29,11 @@ from tensorgate.codec.tfserving import TensorInfo
 from tensorgate.proto.google.protobuf import Any
 from tensorgate.proto.tensorflow.error import Code
 from tensorgate.server.grpc.inference import RawMessage, grpc_error
+from tensorgate.server.router import front_end
 from tensorgate.server.tfserving import TFServing, View
 
 if TYPE_CHECKING:
+    from tensorgate.server.engine_client import EngineClient
     from tensorgate.server.http.grpc_call import GrpcCall
     from tensorgate.server.model import ModelVersion
     from tensorgate.server.repository import Repository
@@ -107,9 +109,9 @@ class PredictionService:
     """tensorflow.serving.PredictionService and ModelService (one servicer: they share the repository's
     TF Serving view)."""
 
-    def __init__(self, repository: Repository) -> None:
+    def __init__(self, engine: EngineClient, repository: Repository) -> None:
         self.repository = repository
-        self.tf = TFServing(repository)
+        self.tf = TFServing(engine, repository)
 
     def __mapping__(self) -> dict[str, Handler]:
         unary = {
@@ -154,6 +156,7 @@ class PredictionService:
 
     # ------------------------------------------------------------------------------------------ Predict
 
+    @front_end
     async def _predict(self, call: GrpcCall) -> None:
         message = await call.recv_message()
         try:
@@ -168,7 +171,7 @@ class PredictionService:
             infer_request = tfserving.decode_tensors(
                 request.inputs, view.inputs, model_version.name, model_version.version_str, outputs
             )
-            response = await model_version.infer(infer_request)
+            response = await self.tf.engine.infer(model_version, infer_request)
             answered = [
                 (
                     t.name,
@@ -199,7 +202,7 @@ class PredictionService:
         infer_request = tfserving.decode_examples(
             _examples_doc(given), view.inputs, model_version.name, model_version.version_str, names
         )
-        response = None if infer_request is None else await model_version.infer(infer_request)
+        response = None if infer_request is None else await self.tf.engine.infer(model_version, infer_request)
         if method == CLASSIFY:
             result: pb.ClassificationResult | pb.RegressionResult = pb.ClassificationResult(
                 classifications=[

@@ -1,0 +1,49 @@
+"""The seam between a front end (our transport, the routers, the endpoints and codecs of every protocol) and
+the models: `EngineClient`, what the inference endpoints ask of them. One process is a front end plus
+`InProcess` (the repository and the client shared-memory registry it holds); a front-end worker is a front
+end plus the engine over its link (server/frontend.py `LinkedEngine`), which also runs the models it may
+run itself (--worker-models inline).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from tensorgate.codec.tensor import InferRequest, InferResponse
+    from tensorgate.server.model import ModelVersion
+    from tensorgate.server.served_models import ServedModels
+    from tensorgate.server.shared_memory import SharedMemory
+
+
+class EngineClient(Protocol):
+    def resolve(self, name: str, version: str = "") -> ModelVersion:
+        """The version a request naming `version` ("": the newest ready one) reaches; raises InferError
+        (NOT_FOUND, UNAVAILABLE) as a request for it is answered. The endpoints read its config to decode."""
+        ...
+
+    def infer(self, version: ModelVersion, request: InferRequest) -> Coroutine[Any, Any, InferResponse]:
+        """The answer to one request to `version`, shared-memory regions included; raises InferError. A
+        coroutine: an endpoint may run it in the read callback until it first waits (server/http/eager.py)."""
+        ...
+
+    def infer_stream(self, version: ModelVersion, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """The answers of a model that streams them (`version.streams`)."""
+        ...
+
+
+class InProcess:
+    """The models of this process: what one process, and the engine's own front end, serve through."""
+
+    def __init__(self, repository: ServedModels, shared_memory: SharedMemory) -> None:
+        self.resolve = repository.resolve  # bound once: the hot path calls it for every request
+        self.shared_memory = shared_memory
+
+    def infer(self, version: ModelVersion, request: InferRequest) -> Coroutine[Any, Any, InferResponse]:
+        if request.shared_memory:  # it names a region: read and written through the registry
+            return self.shared_memory.infer(version, request)
+        return version.infer(request)
+
+    def infer_stream(self, version: ModelVersion, request: InferRequest) -> AsyncIterator[InferResponse]:
+        return version.infer_stream(request)
