@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import errno
+import functools
 import gc
 import logging
 import socket
@@ -25,7 +26,8 @@ from tensorgate.server.endpoints.repository import RepositoryEndpoints
 from tensorgate.server.endpoints.settings import SettingsEndpoints
 from tensorgate.server.endpoints.tfserving import TFServingEndpoints
 from tensorgate.server.endpoints.v2 import V2Endpoints, error_response
-from tensorgate.server.engine_client import EngineClient, InProcess
+from tensorgate.server.engine_client import EngineClient, Forwarder, InProcess
+from tensorgate.server.grpc.inference import RawMessage
 from tensorgate.server.http.listener import Listener, Offline, TlsFiles, address_of, bind, tls_context
 from tensorgate.server.metrics import metrics_router
 from tensorgate.server.options_transport import http_settings
@@ -60,10 +62,12 @@ def build(
     logs: LogControl,
     tracer: Tracer,
     engine: EngineClient | None = None,
+    forward: Forwarder | None = None,
 ) -> Parts:
     """Every port's routes and the gRPC services over `repository` (ValueError: a customized grps path
     that would take a built-in route's place). Inference goes through `engine`: by default the
-    repository's models in this process (server/engine_client.py)."""
+    repository's models in this process (server/engine_client.py). A front-end worker gives `forward`:
+    every route and method it does not serve itself then answers through the engine."""
     engine = engine or InProcess(repository, shared_memory)
     router = Router(fallback_errors=error_response, max_body_bytes=args.max_request_bytes)
     V2Endpoints(
@@ -97,6 +101,10 @@ def build(
         args.grpc_restrictions,
         args.grpc_forward,
     )
+    if forward is not None:
+        for name, port_router in routers.items():
+            port_router.delegate(functools.partial(forward.http, name))
+        services.delegate(forward.grpc, RawMessage)
     return Parts(routers, services)
 
 

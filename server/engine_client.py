@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from tensorgate.codec.tensor import InferRequest, InferResponse
+    from tensorgate.server.http.grpc_call import GrpcCall
     from tensorgate.server.model import ModelVersion
+    from tensorgate.server.router import HttpRequest, HttpResponse
     from tensorgate.server.served_models import ServedModels
     from tensorgate.server.shared_memory import SharedMemory
 
@@ -30,6 +32,19 @@ class EngineClient(Protocol):
 
     def infer_stream(self, version: ModelVersion, request: InferRequest) -> AsyncIterator[InferResponse]:
         """The answers of a model that streams them (`version.streams`)."""
+        ...
+
+
+class Forwarder(Protocol):
+    """Where a front-end worker sends every route and gRPC method it does not serve itself (those not
+    marked `front_end`, server/router.py): the engine, which answers them as the one server it is."""
+
+    async def http(self, port: str, request: HttpRequest) -> HttpResponse:
+        """A route of the `port` named ("HTTP", "gRPC", "Metrics"), answered by the engine."""
+        ...
+
+    async def grpc(self, path: str, call: GrpcCall) -> None:
+        """A gRPC method, its messages relayed both ways."""
         ...
 
 

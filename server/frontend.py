@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import logging
 import os
 import signal
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from grpclib.const import Handler, Status
+from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from tensorgate.codec import ipc
@@ -53,7 +52,7 @@ from tensorgate.server.link import Inbox, Link
 from tensorgate.server.log_settings import LogControl
 from tensorgate.server.model import ModelState, ModelVersion
 from tensorgate.server.repository_model import Ambiguous, Model, find_model
-from tensorgate.server.router import HttpRequest, HttpResponse, Route, Router, is_front_end
+from tensorgate.server.router import HttpRequest, HttpResponse
 from tensorgate.server.shared_memory import SharedMemory
 from tensorgate.server.tracing.frontend import Timing
 
@@ -561,28 +560,6 @@ class LocalModels:
             await version.unload()
 
 
-# ------------------------------------------------------------------------------ forwarding
-
-
-def forward_routes(router: Router, port: str, client: LinkedEngine) -> None:
-    """Every route of `router` but the inference ones (marked `front_end`) answers through the engine."""
-    forward = functools.partial(client.http, port)
-    for method, routes in router.routes.items():
-        router.routes[method] = [
-            r if is_front_end(r.handler) else Route(r.method, r.pattern, forward, r.errors) for r in routes
-        ]
-    router.clear_cache()
-
-
-def forward_methods(parts: assembly.Parts, client: LinkedEngine) -> None:
-    """Every gRPC method but the inference ones (marked `front_end`) answers through the engine."""
-    handlers = parts.grpc_services.handlers
-    for path, handler in list(handlers.items()):
-        if not is_front_end(handler.func):
-            forward = functools.partial(client.grpc, path)
-            handlers[path] = Handler(forward, handler.cardinality, RawMessage, RawMessage)
-
-
 # ------------------------------------------------------------------------------ the worker process
 
 
@@ -635,11 +612,9 @@ async def serve(args: argparse.Namespace, logs: LogControl) -> None:
         None,
         logs,
         client.tracer,  # type: ignore[arg-type]
-        client,
+        engine=client,
+        forward=client,
     )
-    for name, router in parts.routers.items():
-        forward_routes(router, name, client)
-    forward_methods(parts, client)
     raise_fd_limit()
 
     async def shutdown_trigger() -> None:

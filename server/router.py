@@ -123,8 +123,14 @@ class Router:
             for group, (header, value) in restrictions.items()
         }
 
-    def clear_cache(self) -> None:
-        """Forgets the matches made so far (after the routes were changed in place)."""
+    def delegate(self, handler: Handler) -> None:
+        """Every route not marked `front_end` answers with `handler` instead (a front-end worker's: through
+        the engine), its path, errors and API group kept."""
+        for method, routes in self.routes.items():
+            self.routes[method] = [
+                r if is_front_end(r.handler) else Route(r.method, r.pattern, handler, r.errors, r.group)
+                for r in routes
+            ]
         self._matched.clear()
 
     def find(self, method: str, path: str) -> tuple[Route, dict[str, str]] | HttpResponse:

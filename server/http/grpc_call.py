@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 from collections.abc import Callable
 from time import monotonic
@@ -52,6 +53,7 @@ from tensorgate.server.http.grpc_wire import (
     too_large,
 )
 from tensorgate.server.http.h2_frames import NO_ERROR, StreamReset
+from tensorgate.server.router import is_front_end
 from tensorgate.server.tracing.frontend import Answer, Timing
 
 if TYPE_CHECKING:
@@ -106,6 +108,14 @@ class GrpcServices:
         call = GrpcCall(connection, stream, self)
         call.task = connection.loop.create_task(call.run())
         return call
+
+    def delegate(self, forward: Callable[[str, GrpcCall], Any], message_type: type) -> None:
+        """Every method not marked `front_end` is answered by `forward(path, call)` instead (a front-end
+        worker's: the engine, its messages relayed whole as `message_type`)."""
+        for path, handler in list(self.handlers.items()):
+            if not is_front_end(handler.func):
+                relay = functools.partial(forward, path)
+                self.handlers[path] = Handler(relay, handler.cardinality, message_type, message_type)
 
     def begin_shutdown(self) -> None:
         for servicer in self.servicers:
