@@ -3,10 +3,11 @@ batchers and statistics, client shared-memory regions and the monitor, and servi
 `--workers N` it is the first of N front ends: it starts N - 1 worker processes (server/frontend.py) that
 accept connections on the same ports beside it, each on its own core, and send it their inference.
 
-The engine binds every port and hands the listening sockets to its workers, which accept on them; it
-starts each worker with a Unix socket of its own (server/link.py) and two arenas of shared memory, the
-worker's and its own, for the large tensors each sends the other (server/arena.py), and serves what
-comes over the socket with server/worker_link.py. It tells every worker its model table at start and
+The engine binds every port and hands the listening sockets to its workers, which accept on them. Its
+supervisor (server/supervisor.py) starts each worker with a Unix socket of its own (server/link.py) and two
+arenas of shared memory, the worker's and its own, for the large tensors each sends the other
+(server/arena.py), and replaces a worker that dies; the engine serves what comes over each socket with
+server/worker_link.py (`attach`, `detach`). It tells every worker its model table at start and
 after every change; a repository call answers only once every worker has the change.
 
 A worker that dies is replaced (its requests in flight fail with their connections; the others go on).
@@ -22,7 +23,6 @@ import dataclasses
 import logging
 import signal
 import socket
-import sys
 
 import msgspec
 
@@ -30,7 +30,7 @@ from tensorgate.batcher.rate_limiter import RateLimiter
 from tensorgate.codec import messages as msg
 from tensorgate.server import assembly, metrics_settings
 from tensorgate.server.arena import Arena
-from tensorgate.server.http.listener import Offline, raise_fd_limit, rebind
+from tensorgate.server.http.listener import Offline, raise_fd_limit
 from tensorgate.server.log_settings import LogControl, LogSettings
 from tensorgate.server.model import ModelVersion
 from tensorgate.server.monitor import Monitor
@@ -38,13 +38,13 @@ from tensorgate.server.repository import Repository
 from tensorgate.server.repository_model import Ambiguous
 from tensorgate.server.response_cache import ResponseCache
 from tensorgate.server.shared_memory import SharedMemory
+from tensorgate.server.supervisor import Supervisor
 from tensorgate.server.tracing.tracer import Tracer
 from tensorgate.server.worker_link import WorkerLink
 
 _FROM_WORKER = msgspec.msgpack.Decoder(msg.TO_ENGINE)
 log = logging.getLogger("tensorgate.engine")
 
-RESTART_DELAY = 0.5  # seconds before a worker that died is replaced (a crash loop stays slow)
 SYNC_TIMEOUT = 10.0  # seconds a repository change waits for every worker to have it
 STATS_TIMEOUT = 1.0  # seconds the statistics wait for the workers' own counts (--worker-models inline)
 
@@ -99,8 +99,7 @@ class Engine:
         self.shared_memory = SharedMemory(args.allow_client_shm)
         self.monitor = Monitor(self.repository, args.monitor_log, self.repository.app_monitor)
         self.links: set[WorkerLink] = set()
-        self.stopping = False
-        self.stop = asyncio.Event()  # set at shutdown: the workers are told to drain
+        self.supervisor = Supervisor(args, self)
         self.sequence = 0  # of the model tables sent
         self.synced = 0  # the repository generation every worker has
         self.stats_asked = 0  # of the workers' statistics asked for (gather_stats)
@@ -152,7 +151,7 @@ class Engine:
         # This process serves the ports too (front end 0) unless --engine-front-end false; each worker is
         # one more front end.
         self.serving = [loop.create_future() for _ in range(self.args.workers)]
-        workers = [loop.create_task(self._keep_worker(i, sockets)) for i in range(1, self.args.workers)]
+        workers = [loop.create_task(self.supervisor.keep(i, sockets)) for i in range(1, self.args.workers)]
         up = loop.create_task(self._log_when_serving(sockets))
         if self.args.engine_front_end:
             served = loop.create_task(
@@ -170,8 +169,7 @@ class Engine:
             served = loop.create_task(shutdown_trigger())
         await stop.wait()
         up.cancel()
-        self.stopping = True
-        self.stop.set()  # the workers drain as this process does, each within the graceful timeout
+        self.supervisor.shut_down()  # the workers drain as this process does
         await served
         await asyncio.gather(*workers)
         self.monitor.stop()
@@ -179,72 +177,24 @@ class Engine:
         self.tracer.close()  # traces not yet written go to their files
         log.info("shut down")
 
-    # ---- workers
+    # ---- workers (started, watched and replaced by server/supervisor.py)
 
-    async def _keep_worker(self, index: int, ours: dict[str, list[socket.socket]]) -> None:
-        """Runs worker `index` until the engine stops, replacing it whenever it dies. It listens on sockets
-        of its own on the same ports (SO_REUSEPORT: the kernel spreads the connections over the
-        processes; one socket accepted by all would let the first to wake take them all). The engine
-        keeps them while the worker runs: connections the kernel gave a worker that died wait for the
-        next one."""
-        loop = asyncio.get_running_loop()
-        sockets = {name: rebind(listening) for name, listening in ours.items()}
-        listening = ";".join(
-            f"{name}=" + ",".join(str(s.fileno()) for s in ss) for name, ss in sockets.items()
-        )
-        fds = [s.fileno() for ss in sockets.values() for s in ss]
-        while not self.stopping:
-            ours, theirs = socket.socketpair()
-            # the tensors each side sends the other (server/arena.py): fresh with each worker
-            worker_arena = Arena(self.args.worker_arena_bytes)
-            engine_arena = Arena(self.args.worker_arena_bytes)
-            spec = f"{theirs.fileno()},{worker_arena.fd},{engine_arena.fd};{listening}"
-            process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "tensorgate.server",
-                *self.args.argv,
-                "--worker-of",
-                spec,
-                pass_fds=[theirs.fileno(), worker_arena.fd, engine_arena.fd, *fds],
-            )
-            theirs.close()
-            link = WorkerLink(self, index, engine_arena, worker_arena, self.args.worker_max_calls)
-            await loop.create_unix_connection(lambda link=link: link.link, sock=ours)
-            self.links.add(link)
-            link.link.send(msg.Event("tracing", self.tracer.on))  # known before it serves (the table's ack)
-            link.send_table(self.table(), self.sequence)
-            stopper = loop.create_task(self._stop_worker(process, sockets))
-            code = await process.wait()
-            stopper.cancel()
-            self.links.discard(link)
-            link.close()
-            if self.stopping:
-                if code:
-                    log.warning("worker %d exited with %d at shutdown", index, code)
-                return
-            log.error("worker %d (pid %d) exited with %d: starting another", index, process.pid, code)
-            await asyncio.sleep(RESTART_DELAY)
+    async def attach(self, index: int, sock: socket.socket, mine: Arena, yours: Arena) -> WorkerLink:
+        link = WorkerLink(self, index, mine, yours, self.args.worker_max_calls)
+        await asyncio.get_running_loop().create_unix_connection(lambda: link.link, sock=sock)
+        self.links.add(link)
+        link.link.send(msg.Event("tracing", self.tracer.on))  # known before it serves (the table's ack)
+        link.send_table(self.table(), self.sequence)
+        return link
+
+    def detach(self, link: object) -> None:
+        assert isinstance(link, WorkerLink)  # attach made it
+        self.links.discard(link)
+        link.close()
 
     async def _log_when_serving(self, sockets: dict[str, list[socket.socket]]) -> None:
         await asyncio.gather(*self.serving)
         assembly.log_ports(sockets)  # every worker accepts: the server is up
-
-    async def _stop_worker(
-        self, process: asyncio.subprocess.Process, sockets: dict[str, list[socket.socket]]
-    ) -> None:
-        """At shutdown: SIGTERM (the worker stops listening and drains its connections), SIGKILL past the
-        graceful timeout. The engine's copies of its sockets close at once: new connections are refused."""
-        await self.stop.wait()
-        process.send_signal(signal.SIGTERM)
-        for listening in sockets.values():
-            for sock in listening:
-                sock.close()
-        try:
-            await asyncio.wait_for(process.wait(), self.args.graceful_timeout + 5)
-        except TimeoutError:
-            log.warning("worker pid %d did not stop in time: killed", process.pid)
-            process.kill()
 
     async def sync(self) -> None:
         """Sends every worker the model table, and waits until each has it."""
