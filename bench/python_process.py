@@ -49,8 +49,8 @@ BUSY_PY = SIMPLE_PY.replace(
 )
 
 
-def config(name: str, mode: str, count: int) -> dict:
-    tensor = {"data_type": "TYPE_INT32", "dims": [16]}
+def config(name: str, mode: str, count: int, elements: int = 16) -> dict:
+    tensor = {"data_type": "TYPE_INT32", "dims": [elements]}
     return {
         "name": name,
         "backend": "python",
@@ -74,15 +74,15 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-def job() -> Job:
-    a = np.arange(16, dtype=np.int32).reshape(1, 16)
+def job(elements: int = 16) -> Job:
+    a = np.arange(elements, dtype=np.int32).reshape(1, elements)
     request = InferRequest("m", "", None, [], None, {})
     return Job({"INPUT0": a, "INPUT1": a}, 1, request=request)
 
 
-async def run(backend, calls: int, parallel: int) -> None:  # noqa: ANN001
+async def run(backend, calls: int, parallel: int, elements: int = 16) -> None:  # noqa: ANN001
     async def one() -> None:
-        result = backend.execute([job()])
+        result = backend.execute([job(elements)])
         if asyncio.iscoroutine(result):
             await result
 
@@ -90,13 +90,15 @@ async def run(backend, calls: int, parallel: int) -> None:  # noqa: ANN001
         await asyncio.gather(*(one() for _ in range(parallel)))
 
 
-def measure(root: Path, code: str, mode: str, count: int, calls: int, parallel: int) -> tuple[float, float]:
-    """(wall µs, CPU µs) per batch."""
-    name = f"m_{mode}_{count}_{abs(hash(code)) % 1000}"
+def measure(
+    root: Path, code: str, mode: str, count: int, calls: int, parallel: int, elements: int = 16
+) -> tuple[float, float]:
+    """(wall µs, CPU µs) per batch; `elements`: INT32 elements of each input and output."""
+    name = f"m_{mode}_{count}_{elements}_{abs(hash(code)) % 1000}"
     version = root / name / "1"
     version.mkdir(parents=True, exist_ok=True)
     (version / "model.py").write_text(code)
-    backend = load_backend(version, config(name, mode, count), 1)
+    backend = load_backend(version, config(name, mode, count, elements), 1)
     try:
         pids = children(os.getpid())  # the instance processes, in process mode
         if mode == "thread":  # as the server runs a Triton python model's execute: in a worker thread
@@ -109,9 +111,9 @@ def measure(root: Path, code: str, mode: str, count: int, calls: int, parallel: 
             backend.execute = threaded  # type: ignore[method-assign]
 
         async def timed() -> tuple[float, float]:
-            await run(backend, min(calls, 200), parallel)  # warm
+            await run(backend, min(calls, 200), parallel, elements)  # warm
             cpu, wall = cpu_seconds(pids), time.perf_counter()
-            await run(backend, calls, parallel)
+            await run(backend, calls, parallel, elements)
             return time.perf_counter() - wall, cpu_seconds(pids) - cpu
 
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:  # the server's loop
@@ -253,6 +255,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--loops", type=int, default=24000, help="the busy model's loop: ~1 ms")
+    parser.add_argument("--large-mib", type=float, default=4.0, help="each input and output of the large run")
     parser.add_argument("--rest", action="store_true", help="over REST against a real server (wrk)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=3)
@@ -271,6 +274,11 @@ def main() -> None:
         for mode, count in (("thread", 1), ("thread", 2), ("process", 1), ("process", 2)):
             wall, _ = measure(Path(root), busy, mode, count, args.calls // 10, 2)
             print(f"  {mode:8s} count {count}: {1e6 / wall:7.0f} batches/s ({wall:6.0f} µs each)")
+        elements = int(args.large_mib * (1 << 20)) // 4
+        print(f"simple on {args.large_mib:g} MiB inputs and outputs (the Region both ways), one at a time:")
+        for _ in range(2):
+            wall, cpu = measure(Path(root), SIMPLE_PY, "process", 1, args.calls // 40, 1, elements)
+            print(f"  process  {wall:7.1f} µs wall, {cpu:7.1f} µs CPU per batch")
 
 
 if __name__ == "__main__":

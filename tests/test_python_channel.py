@@ -104,3 +104,38 @@ def test_an_array_no_datatype_holds_is_refused_by_name() -> None:
         channel.inline("z", np.zeros(2, np.complex64))
     big_endian = np.arange(3, dtype=">i4")  # its values, in the link's little-endian layout
     assert channel.inline_array(channel.inline("b", big_endian)).tolist() == [0, 1, 2]
+
+
+def test_outputs_are_lent_as_views_and_the_next_batch_is_written_after_them(monkeypatch) -> None:
+    """The server reads a batch's outputs as views of the Region (no copy); while any lives, the next
+    batch's inputs go after them, so nothing is written under a view; once all are gone, batches start at
+    the beginning again. BYTES and tensors in the message are arrays of their own."""
+    import gc
+
+    server = BatchArena(1 << 16)
+    process = BatchArena(server.size, server.fd)
+    assert server.start == 0
+    inputs, end = server.write({"x": np.arange(100, dtype=np.float32)}, server.start)
+    outputs, out_end = process.write(  # the process writes its outputs after the inputs
+        {"y": np.full(50, 7, np.int32), "s": np.array([b"ab"], dtype=object)}, end
+    )
+    arrays = server.lend([*outputs, channel.inline("small", np.ones(2, np.int8))])
+    assert np.shares_memory(arrays["y"], np.frombuffer(server.map, np.uint8))
+    assert arrays["y"].tolist() == [7] * 50 and arrays["s"].tolist() == [b"ab"]
+    _, y_offset, y_size = outputs[0].data
+    assert server.lent == 1 and y_offset + y_size <= server.start < out_end  # BYTES are decoded: not lent
+    row = arrays["y"][10:20]  # a request's rows: a view of the batch's output keeps it lent
+    del arrays
+    gc.collect()
+    assert server.lent == 1
+    server.write({"x": np.zeros(1000, np.float32)}, server.start)  # the next batch, as large as it can be
+    assert row.tolist() == [7] * 10  # not written under
+    del row
+    gc.collect()
+    assert server.lent == 0 and server.start == 0
+
+    monkeypatch.setattr(channel, "LENT_MAX", 64)  # past it, copies: the Region does not grow for views
+    outputs, _ = process.write({"y": np.full(50, 3, np.int32)}, 0)
+    arrays = server.lend(outputs)
+    assert not np.shares_memory(arrays["y"], np.frombuffer(server.map, np.uint8))
+    assert server.lent == 0 and server.start == 0

@@ -17,6 +17,7 @@ are answered in the message too.
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any
 
 import msgspec
@@ -70,8 +71,18 @@ def datatype_of(name: str, array: np.ndarray) -> str:
     return found.v2
 
 
+LENT_MAX = 256 << 20  # past this end in the Region, a batch's outputs are copied out, not lent as views
+
+
 class BatchArena(Region):
-    """The instance's Region, allocated one batch at a time from its start."""
+    """The instance's Region, allocated one batch at a time: from its start, or (while the server still
+    has views of earlier outputs, `lend`) from after them, so that nothing is written under a view. Once
+    every lent view is gone, batches start at the beginning again."""
+
+    def __init__(self, size: int, fd: int | None = None, name: str = "tensorgate") -> None:
+        super().__init__(size, fd, name)
+        self.start = 0  # where the next batch's inputs go: the end of the outputs still lent, or 0
+        self.lent = 0  # output arrays lent out and not yet collected
 
     def write(self, tensors: dict[str, np.ndarray], offset: int) -> tuple[list[msg.Tensor], int]:
         """Writes the arrays from `offset` on; their descriptors and the offset after them."""
@@ -112,6 +123,28 @@ class BatchArena(Region):
             )
         array = np.ndarray(shape, BY_V2[datatype].numpy, buffer=self.map, offset=offset)
         return array.copy() if copy else array
+
+    def lend(self, tensors: list[msg.Tensor]) -> dict[str, np.ndarray]:
+        """A batch's outputs, as views of the Region where they lie in it (each keeps its span from being
+        written again while it, or any view of it, lives), else as arrays of their own: those carried in
+        the message, BYTES, and (past LENT_MAX, so that the Region stays bounded while views are always
+        alive) copies."""
+        ends = [data[1] + data[2] for t in tensors if type(data := t.data) is list and t.datatype != BYTES]
+        if not ends or max(ends) > LENT_MAX:
+            return {t.name: self.read(t, copy=True) for t in tensors}
+        arrays = {}
+        for tensor in tensors:
+            array = arrays[tensor.name] = self.read(tensor, copy=False)
+            if type(tensor.data) is list and tensor.datatype != BYTES:  # a view of the Region
+                self.lent += 1
+                weakref.finalize(array, self._returned).atexit = False
+        self.start = max(self.start, aligned(max(ends)))
+        return arrays
+
+    def _returned(self) -> None:
+        self.lent -= 1
+        if self.lent == 0:
+            self.start = 0
 
 
 def inline(name: str, array: np.ndarray) -> msg.Tensor:

@@ -297,7 +297,8 @@ class ProcessBackend(Backend):
             if small:
                 requests = [msg.Batched(channel.inline_all(job.inputs), _meta(job.request)) for job in jobs]
                 return msg.Execute(call, instance.arena.size, requests, -1, None)
-            arena, end, requests = instance.arena, 0, []
+            arena, requests = instance.arena, []
+            end = arena.start  # after the outputs of earlier batches still in use
             for job in jobs:
                 tensors, end = arena.write(job.inputs, end)
                 requests.append(msg.Batched(tensors, _meta(job.request)))
@@ -309,7 +310,7 @@ class ProcessBackend(Backend):
             arena = instance.arena
             arena.follow(answer.arena_size)
             return [
-                {t.name: arena.read(t, copy=True) for t in entry.outputs}
+                arena.lend(entry.outputs)
                 if entry.outputs is not None
                 else pb_utils.as_infer_error(pb_utils.TritonError(entry.message, entry.code))
                 for entry in answer.answers or ()
@@ -354,7 +355,7 @@ class ProcessBackend(Backend):
             if small:
                 batch = msg.Batched(channel.inline_all(inputs), None)
                 return msg.Execute(call, instance.arena.size, [batch], -1, parameters)
-            tensors, end = instance.arena.write(inputs, 0)
+            tensors, end = instance.arena.write(inputs, instance.arena.start)
             return msg.Execute(call, instance.arena.size, [msg.Batched(tensors, None)], end, parameters)
 
         def read(instance: Instance, answer: Any) -> dict:
@@ -366,7 +367,7 @@ class ProcessBackend(Backend):
                 )
             arena = instance.arena
             arena.follow(answer.arena_size)
-            return {t.name: arena.read(t, copy=True) for t in answer.outputs}
+            return arena.lend(answer.outputs)
 
         return await self._run(small, build, read)
 
