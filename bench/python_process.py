@@ -8,6 +8,8 @@ other through each mode's backend, the thread mode's in a worker thread as the s
 the wall time and the CPU time (server and instance process together) per batch; the difference of the
 CPU times is the hop's cost. Then a ~1 ms pure-Python model
 with 1 and 2 instances, batches two at a time: batches per second (process mode uses the second core).
+Then the shared-memory paths: `simple` on `--large-mib` MiB inputs and outputs, and a batch of eight
+512 KiB requests gathered before it is copied into the instance's Region, or in it (RegionStaging).
 """
 
 from __future__ import annotations
@@ -101,7 +103,9 @@ def measure(
     backend = load_backend(version, config(name, mode, count, elements), 1)
     try:
         pids = children(os.getpid())  # the instance processes, in process mode
-        if mode == "thread":  # as the server runs a Triton python model's execute: in a worker thread
+        # As the server runs a blocking execute: in a worker thread. (Triton's API in thread mode runs
+        # its own threads, and its execute is a coroutine: awaited as it is.)
+        if mode == "thread" and not backend.is_async:
             threads = Threads(count, "execute")
             execute = backend.execute
 
@@ -119,6 +123,50 @@ def measure(
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:  # the server's loop
             wall, cpu = runner.run(timed())
         return wall / calls * 1e6, cpu / calls * 1e6
+    finally:
+        backend.close()
+
+
+def gathering(root: Path, calls: int, parts: int = 8, part_kib: int = 512) -> None:
+    """A batch of `parts` requests of `part_kib` KiB FP32 each to a process model of our API, alternating:
+    gathered first and then copied into the instance's Region (what HostStaging gave), or handed over as
+    channel.Rows, gathered into the Region as it is written (RegionStaging)."""
+    from tensorgate.server.backends import channel
+
+    version = root / "gathering" / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    (version / "model.py").write_text(
+        "class Model:\n    def execute(self, inputs):\n        return {'Y': inputs['X'][:, :1]}\n"
+    )
+    tensor = {"data_type": "TYPE_FP32", "dims": [-1]}
+    config = {
+        "name": "gathering",
+        "backend": "python",
+        "max_batch_size": parts,
+        "input": [{"name": "X", **tensor}],
+        "output": [{"name": "Y", **tensor}],
+        "parameters": {"EXECUTION_MODE": {"string_value": "process"}},
+    }
+    backend = load_backend(version, config, 1)
+    rows = [np.random.rand(1, part_kib * 256).astype(np.float32) for _ in range(parts)]
+    try:
+        pids = children(os.getpid())
+
+        async def run_as(how: str, count: int) -> None:
+            for _ in range(count):
+                batch = np.concatenate(rows) if how == "gathered" else channel.rows(rows)
+                await backend.execute({"X": batch})
+
+        async def timed(how: str) -> tuple[float, float]:
+            await run_as(how, min(calls, 50))
+            cpu, wall = cpu_seconds(pids), time.perf_counter()
+            await run_as(how, calls)
+            return time.perf_counter() - wall, cpu_seconds(pids) - cpu
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            for how in ("gathered", "rows", "gathered", "rows"):
+                wall, cpu = (seconds / calls * 1e6 for seconds in runner.run(timed(how)))
+                print(f"  {how:8s} {wall:7.1f} µs wall, {cpu:7.1f} µs CPU per batch")
     finally:
         backend.close()
 
@@ -279,6 +327,8 @@ def main() -> None:
         for _ in range(2):
             wall, cpu = measure(Path(root), SIMPLE_PY, "process", 1, args.calls // 40, 1, elements)
             print(f"  process  {wall:7.1f} µs wall, {cpu:7.1f} µs CPU per batch")
+        print("a batch of 8 requests of 512 KiB to our API in a process, gathered first or in the Region:")
+        gathering(Path(root), args.calls // 40)
 
 
 if __name__ == "__main__":

@@ -239,6 +239,31 @@ def queue(server: ServerProcess, x: list[int], mode: int = 0) -> httpx.Response:
     return httpx.post(f"{server.base_url}/v2/models/queue/infer", json=body, timeout=30)
 
 
+# Our API in a process, with the dynamic batcher: each answer says how many rows its batch had.
+GATHERED = (
+    """
+name: "gathered"
+backend: "python"
+max_batch_size: 16
+input [ { name: "X" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [
+  { name: "Y" data_type: TYPE_INT32 dims: [ -1 ] },
+  { name: "ROWS" data_type: TYPE_INT32 dims: [ 1 ] }
+]
+dynamic_batching { max_queue_delay_microseconds: 200000 }
+"""
+    + PROCESS
+)
+GATHERED_PY = """
+import numpy as np
+
+class Model:
+    def execute(self, inputs):
+        x = inputs["X"]
+        return {"Y": x + 1, "ROWS": np.full((len(x), 1), len(x), np.int32)}
+"""
+
+
 def fragile(server: ServerProcess, mode: int) -> httpx.Response:
     body = {"inputs": [{"name": "MODE", "datatype": "INT32", "shape": [1], "data": [mode]}]}
     return httpx.post(f"{server.base_url}/v2/models/fragile/infer", json=body, timeout=30)
@@ -296,6 +321,7 @@ def server(start_server, repo: Path) -> Iterator[ServerProcess]:
     write_model(repo, "counter", COUNTER, {1: COUNTER_PY})
     write_model(repo, "fanout", FANOUT, {1: FANOUT_PY})
     write_model(repo, "queue", QUEUE, {1: QUEUE_PY})
+    write_model(repo, "gathered", GATHERED, {1: GATHERED_PY})
     # --log-verbose 1: process.py logs each batch that waits behind another in an instance's socket
     explicit = ("--model-control-mode", "explicit", "--load-model", "*", "--log-verbose", "1")
     yield start_server(repo, extra_args=explicit)
@@ -465,6 +491,27 @@ def test_small_and_large_batches_in_flight_together_each_get_their_own_answer(se
     with ThreadPoolExecutor(8) as pool:
         pids = set(pool.map(one, range(len(sizes))))
     assert len(pids) == 2 and server.proc.pid not in pids
+
+
+def test_a_dynamic_batch_is_gathered_into_the_instance_s_region_and_each_request_gets_its_rows(
+    server: ServerProcess,
+) -> None:
+    """Twelve requests of 32 KiB at once: batched (their rows gathered straight into the instance's
+    shared memory, past INLINE_BYTES), each answer is its own request's rows."""
+    width = 8192
+
+    def one(number: int) -> int:
+        x = [(number * 7919 + i) % 100_003 for i in range(width)]
+        body = {"inputs": [{"name": "X", "datatype": "INT32", "shape": [1, width], "data": x}]}
+        answered = httpx.post(f"{server.base_url}/v2/models/gathered/infer", json=body, timeout=30)
+        assert answered.status_code == 200, answered.text
+        outputs = {o["name"]: o["data"] for o in answered.json()["outputs"]}
+        assert outputs["Y"] == [v + 1 for v in x]
+        return outputs["ROWS"][0]
+
+    with ThreadPoolExecutor(12) as pool:
+        rows = list(pool.map(one, range(12)))
+    assert max(rows) >= 3, rows  # a batch of 96 KiB or more crossed in the Region
 
 
 def test_a_batch_queued_behind_one_that_kills_its_instance_is_answered_by_another(

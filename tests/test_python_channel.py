@@ -139,3 +139,23 @@ def test_outputs_are_lent_as_views_and_the_next_batch_is_written_after_them(monk
     arrays = server.lend(outputs)
     assert not np.shares_memory(arrays["y"], np.frombuffer(server.map, np.uint8))
     assert server.lent == 0 and server.start == 0
+
+
+def test_a_batch_s_rows_are_gathered_in_the_region_as_they_are_written() -> None:
+    """A process model's staging hands execute each input's requests as Rows; the Region receives them side
+    by side, so the process reads the batch it would have read gathered (non-contiguous parts too)."""
+    transposed = np.arange(100, 106, dtype=np.float32).reshape(3, 2).T  # 2 rows of 3, not C-contiguous
+    parts = [np.arange(6, dtype=np.float32).reshape(2, 3), transposed, np.full((1, 3), 9, np.float32)]
+    gathered = channel.rows(parts)
+    assert isinstance(gathered, channel.Rows) and gathered.shape == (5, 3)
+    server = BatchArena(1 << 16)
+    process = BatchArena(server.size, server.fd)
+    tensors, _ = server.write({"x": gathered, "ids": np.arange(5, dtype=np.int64)}, 64)
+    read = {t.name: process.read(t, copy=True) for t in tensors}
+    assert read["x"].tolist() == np.concatenate(parts).tolist()
+    assert channel.inline_array(channel.inline("x", gathered)).tolist() == np.concatenate(parts).tolist()
+    assert channel.rows([parts[0]]) is parts[0]  # one request: its own array
+    mixed = channel.rows([parts[0], parts[0].astype(np.float64)])  # dtypes that differ: gathered now
+    assert isinstance(mixed, np.ndarray) and mixed.dtype == np.float64
+    words = channel.rows([np.array([b"a"], dtype=object), np.array([b"bc"], dtype=object)])
+    assert isinstance(words, np.ndarray) and words.tolist() == [b"a", b"bc"]

@@ -71,6 +71,34 @@ def datatype_of(name: str, array: np.ndarray) -> str:
     return found.v2
 
 
+class Rows:
+    """One input of a batch, not yet gathered: its requests' arrays in order (a process model's staging,
+    server/backends/process.py). BatchArena.write copies them side by side into the Region, so the batch
+    is gathered there in one copy; `array()` gathers them here (a small batch, carried in the message)."""
+
+    __slots__ = ("parts", "dtype", "shape", "nbytes")
+
+    def __init__(self, parts: list[np.ndarray]) -> None:
+        self.parts = parts
+        self.dtype = parts[0].dtype
+        self.shape = (sum(part.shape[0] for part in parts), *parts[0].shape[1:])
+        self.nbytes = sum(part.nbytes for part in parts)
+
+    def array(self) -> np.ndarray:
+        return np.concatenate(self.parts)
+
+
+def rows(parts: list[np.ndarray]) -> np.ndarray | Rows:
+    """The parts of one input as the batch a process model's instance gets: Rows where they can be copied
+    side by side (one numeric dtype, at least one dimension), else gathered now."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    if first.dtype.kind == "O" or first.ndim == 0 or any(part.dtype != first.dtype for part in parts):
+        return np.concatenate(parts)
+    return Rows(parts)
+
+
 LENT_MAX = 256 << 20  # past this end in the Region, a batch's outputs are copied out, not lent as views
 
 
@@ -84,13 +112,14 @@ class BatchArena(Region):
         self.start = 0  # where the next batch's inputs go: the end of the outputs still lent, or 0
         self.lent = 0  # output arrays lent out and not yet collected
 
-    def write(self, tensors: dict[str, np.ndarray], offset: int) -> tuple[list[msg.Tensor], int]:
-        """Writes the arrays from `offset` on; their descriptors and the offset after them."""
+    def write(self, tensors: dict[str, np.ndarray | Rows], offset: int) -> tuple[list[msg.Tensor], int]:
+        """Writes the arrays (a batch's Rows gathered as they are written) from `offset` on; their
+        descriptors and the offset after them."""
         encoded = {}
         need = offset
         for name, array in tensors.items():
-            if array.dtype.kind == "O":
-                encoded[name] = data = encode_bytes(array)
+            if array.dtype.kind == "O":  # never Rows (`rows` gathers BYTES)
+                encoded[name] = data = encode_bytes(array)  # type: ignore[arg-type]
                 need += aligned(len(data))
             else:
                 need += aligned(array.nbytes)
@@ -98,14 +127,18 @@ class BatchArena(Region):
         descriptors = []
         for name, array in tensors.items():
             data = encoded.get(name)
-            datatype = datatype_of(name, array)
+            parts = array.parts if type(array) is Rows else [array]
+            datatype = datatype_of(name, parts[0])
             if data is not None:
                 size = len(data)
                 self.map[offset : offset + size] = data
             else:
                 size = array.nbytes
                 target = BY_V2[datatype].numpy
-                np.ndarray(array.shape, target, buffer=self.map, offset=offset)[...] = array
+                at = offset
+                for part in parts:  # a batch's rows land side by side: gathered here, in one copy
+                    np.ndarray(part.shape, target, buffer=self.map, offset=at)[...] = part
+                    at += part.nbytes
             descriptors.append(msg.Tensor(name, datatype, list(array.shape), [0, offset, size]))
             offset += aligned(size)
         return descriptors, offset
@@ -147,8 +180,10 @@ class BatchArena(Region):
             self.start = 0
 
 
-def inline(name: str, array: np.ndarray) -> msg.Tensor:
+def inline(name: str, array: np.ndarray | Rows) -> msg.Tensor:
     """A tensor carried in the message itself."""
+    if type(array) is Rows:
+        array = array.array()
     if array.dtype.kind == "O":
         return msg.Tensor(name, BYTES, list(array.shape), encode_bytes(array))
     datatype = datatype_of(name, array)
@@ -156,7 +191,7 @@ def inline(name: str, array: np.ndarray) -> msg.Tensor:
     return msg.Tensor(name, datatype, list(array.shape), data)
 
 
-def inline_all(tensors: dict[str, np.ndarray]) -> list[msg.Tensor]:
+def inline_all(tensors: dict[str, np.ndarray | Rows]) -> list[msg.Tensor]:
     return [inline(name, array) for name, array in tensors.items()]
 
 

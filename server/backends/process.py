@@ -4,16 +4,16 @@ Each instance of the model's instance_group is a process (server/backends/stub.p
 by server/backends/instance.py) that loads the model.py and runs it; the batcher hands each batch to a
 free one, so `count: 4` gets four cores for pure-Python code, and a model that crashes takes only its
 own requests with it. Messages: codec/messages.py; the shared-memory arena:
-server/backends/channel.py. The server copies a large batch's inputs into the instance's arena, the
-process writes the outputs after them, and the server copies them out before the arena is the next
-batch's. A small batch (up to INLINE_BYTES of inputs) travels in the messages instead, both ways, which
-costs less than the arena for a few KiB and lets it wait in a busy instance's socket: without the
-dynamic batcher (`max_batch_size 0`, or no `dynamic_batching`), each instance holds up to DEPTH such
-batches, so it starts the next one as soon as it answers one rather than after the server's turn-around
-(with `count: 2` on the 2-core VM, 2520 against 2221 req/s). Another batch waits for an instance while
-every one holds DEPTH, while the instance it would queue behind is making a BLS call (a call back into
-the same model must not wait behind its caller), or while EXECUTE_TIMEOUT_MS is set (a batch's time
-would count its wait).
+server/backends/channel.py. The server gathers a large batch's rows straight into the instance's arena
+(RegionStaging: one copy), the process writes the outputs after them, and the server reads them as views
+of the arena; the next batch is written after the views still in use (BatchArena.lend). A small batch (up
+to INLINE_BYTES of inputs) travels in the messages instead, both ways, which costs less than the arena for
+a few KiB and lets it wait in a busy instance's socket: without the dynamic batcher (`max_batch_size 0`,
+or no `dynamic_batching`), each instance holds up to DEPTH such batches, so it starts the next one as soon
+as it answers one rather than after the server's turn-around (with `count: 2` on the 2-core VM, 2520
+against 2221 req/s). Another batch waits for an instance while every one holds DEPTH, while the instance
+it would queue behind is making a BLS call (a call back into the same model must not wait behind its
+caller), or while EXECUTE_TIMEOUT_MS is set (a batch's time would count its wait).
 
 Faults: an instance whose process ends (a signal, an exit, the OOM killer) fails the requests it holds at
 once ("model 'x' instance 1 exited (signal 6: SIGABRT)") and is started again after a backoff (0.1 s,
@@ -36,6 +36,8 @@ from pathlib import Path
 from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 import tensorgate.server.backends.channel as channel
 import tensorgate.server.backends.pb_utils as pb_utils
 from tensorgate.batcher.staging import HostStaging, instance_count
@@ -56,6 +58,15 @@ log = logging.getLogger("tensorgate.python")
 BACKOFF_FIRST, BACKOFF_MAX = 0.1, 10.0
 DEPTH = 2  # small batches an instance holds at once: the one executing, and the next, in its socket
 INLINE_BYTES = 64 << 10  # a batch's inputs up to this size travel in the messages, not the arena
+
+
+class RegionStaging(HostStaging):
+    """A batch's rows are gathered where its instance reads them: each input's parts go to execute as
+    channel.Rows, which the instance's Region receives side by side (one copy, not a gather and then a
+    copy)."""
+
+    def gather(self, name: str, parts: list[np.ndarray]) -> Any:
+        return channel.rows(parts)
 
 
 class ProcessBackend(Backend):
@@ -80,7 +91,7 @@ class ProcessBackend(Backend):
             pb_utils.attach_host(host)
         self.python, self._unpacked = interpreter(config, version_dir.parent)
         self.instances = instance_count(config, "cpu")
-        self.staging = HostStaging()  # numpy on the host, whatever the instance group's kind: no CUDA IPC yet
+        self.staging = RegionStaging()  # on the host, whatever the instance group's kind: no CUDA IPC yet
         self.queued = 1 if self.timeout else DEPTH  # batches an instance holds without the dynamic batcher
         self._all = [Instance(self, i) for i in range(self.instances)]
         self._waiters: deque[tuple[asyncio.Future, bool]] = deque()  # (its future, a small batch)
