@@ -6,8 +6,8 @@ accept connections on the same ports beside it, each on its own core, and send i
 The engine binds every port and hands the listening sockets to its workers, which accept on them. Its
 supervisor (server/supervisor.py) starts each worker with a Unix socket of its own (server/link.py) and two
 arenas of shared memory, the worker's and its own, for the large tensors each sends the other
-(server/arena.py), and replaces a worker that dies; the engine serves what comes over each socket with
-server/worker_link.py (`attach`, `detach`). It tells every worker its model table at start and
+(server/arena.py), and replaces a worker that dies; the engine attaches each worker's link (`attach`) and
+serves what comes over it with server/worker_link.py. It tells every worker its model table at start and
 after every change; a repository call answers only once every worker has the change.
 
 A worker that dies is replaced (its requests in flight fail with their connections; the others go on).

@@ -1,13 +1,16 @@
 """A front-end worker (`tensorgate serve --workers N` runs N): our transport, the routers, the codecs and
 the inference endpoints on its own event loop and its own core, over listening sockets it shares with
 the other workers. The models, their batchers and statistics, client shared-memory regions and every
-other route are the engine's (server/engine.py), reached over a Unix socket (server/link.py).
+other route are the engine's (server/engine.py), reached over a Unix socket (server/link.py): the worker's
+EngineClient (server/engine_client.py) is `LinkedEngine`.
 
 - Inference (v2 REST infer and generate, ModelInfer and ModelStreamInfer, TF Serving predict / classify /
   regress, grps predict) is decoded and answered here: the request crosses to the engine as tensors
   (codec/ipc.py), its answer comes back as tensors, and a batch there mixes requests from every worker.
   Large tensors cross in shared memory (server/arena.py): a body of a MiB or more is received straight
   into this worker's arena, so its binary tensors reach the engine without a copy.
+- With --worker-models inline, a model that runs inline also runs here (LocalModels), and its requests
+  are answered without crossing; its statistics go to the engine.
 - Every other route and gRPC method (metadata, health, statistics, the repository API, shared-memory
   registration, metrics, the monitor page, grps' customized HTTP, ...) is forwarded whole, its answer
   (streamed ones too) relayed: the engine answers it as the one server it is.
@@ -493,8 +496,7 @@ class LocalModels:
         self.client = client
         self.versions: dict[tuple[str, int], ModelVersion] = {}
         self.instances: dict[ModelVersion, ModelVersion] = {}  # the engine's version -> this worker's
-        self.kept: dict[tuple[str, int], ModelVersion] = {}  # those the table being applied names
-        self.kept_instances: dict[ModelVersion, ModelVersion] = {}
+        self.kept: dict[ModelVersion, ModelVersion] = {}  # `instances` of the table being applied
         self.failed: set[int] = set()  # serials that did not load here: not tried again
 
     def instance(self, engine_version: ModelVersion, serial: int) -> None:
@@ -517,19 +519,18 @@ class LocalModels:
                 self._unload(version)
                 return
             log.info("worker %d runs '%s' version %d itself", os.getpid(), name, number)
-        self.kept[(name, number)] = version
-        self.kept_instances[engine_version] = version
+        self.kept[engine_version] = version
 
     def keep_only(self) -> None:
         """The table is applied: the versions it no longer names (or names in a new load) are unloaded,
         their last counts sent first."""
-        gone = [v for key, v in self.versions.items() if self.kept.get(key) is not v]
+        kept = {(v.name, v.version): v for v in self.kept.values()}
+        gone = [v for key, v in self.versions.items() if kept.get(key) is not v]
         if gone:
             self.send(0, gone)
         for version in gone:
             self._unload(version)
-        self.versions, self.kept = self.kept, {}
-        self.instances, self.kept_instances = self.kept_instances, {}
+        self.versions, self.instances, self.kept = kept, self.kept, {}
 
     def _unload(self, version: ModelVersion) -> None:
         self.client.loop.create_task(version.unload())

@@ -17,6 +17,7 @@ are answered in the message too.
 from __future__ import annotations
 
 import math
+import threading
 import weakref
 from typing import Any
 
@@ -111,6 +112,7 @@ class BatchArena(Region):
         super().__init__(size, fd, name)
         self.start = 0  # where the next batch's inputs go: the end of the outputs still lent, or 0
         self.lent = 0  # output arrays lent out and not yet collected
+        self._counting = threading.RLock()  # the last view of an output may go in any thread, or in lend
 
     def write(self, tensors: dict[str, np.ndarray | Rows], offset: int) -> tuple[list[msg.Tensor], int]:
         """Writes the arrays (a batch's Rows gathered as they are written) from `offset` on; their
@@ -166,18 +168,20 @@ class BatchArena(Region):
         if not ends or max(ends) > LENT_MAX:
             return {t.name: self.read(t, copy=True) for t in tensors}
         arrays = {}
-        for tensor in tensors:
-            array = arrays[tensor.name] = self.read(tensor, copy=False)
-            if type(tensor.data) is list and tensor.datatype != BYTES:  # a view of the Region
-                self.lent += 1
-                weakref.finalize(array, self._returned).atexit = False
-        self.start = max(self.start, aligned(max(ends)))
+        with self._counting:
+            for tensor in tensors:
+                array = arrays[tensor.name] = self.read(tensor, copy=False)
+                if type(tensor.data) is list and tensor.datatype != BYTES:  # a view of the Region
+                    self.lent += 1
+                    weakref.finalize(array, self._returned).atexit = False
+            self.start = max(self.start, aligned(max(ends)))
         return arrays
 
     def _returned(self) -> None:
-        self.lent -= 1
-        if self.lent == 0:
-            self.start = 0
+        with self._counting:
+            self.lent -= 1
+            if self.lent == 0:
+                self.start = 0
 
 
 def inline(name: str, array: np.ndarray | Rows) -> msg.Tensor:
