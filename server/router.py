@@ -60,7 +60,7 @@ Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
 def front_end(handler: Marked) -> Marked:
     """Marks an endpoint (a route's handler, a gRPC method) that a front-end worker serves itself
     (inference: decoded and answered there); a worker forwards every other route and method to the engine
-    (server/frontend.py). What a worker serves itself is declared here and only here."""
+    (server/frontend.py). This mark is the one place that says what a worker serves itself."""
     handler.front_end = True  # type: ignore[attr-defined]
     return handler
 

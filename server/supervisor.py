@@ -1,6 +1,6 @@
 """The engine's worker processes (`--workers N`): each started with its link and arenas, watched, replaced
 when it dies, and stopped at shutdown. What a worker asks over its link is not this module's business: the
-engine serves it (server/engine.py `Links`, server/worker_link.py).
+engine attaches each new worker's link and serves it (`Links`: server/engine.py, server/worker_link.py).
 """
 
 from __future__ import annotations
