@@ -9,8 +9,8 @@ EngineClient (server/engine_client.py) is `LinkedEngine`.
   (codec/ipc.py), its answer comes back as tensors, and a batch there mixes requests from every worker.
   Large tensors cross in shared memory (server/arena.py): a body of a MiB or more is received straight
   into this worker's arena, so its binary tensors reach the engine without a copy.
-- With --worker-models inline, a model that runs inline also runs here (LocalModels), and its requests
-  are answered without crossing; its statistics go to the engine.
+- With --worker-models inline, a model that runs inline also runs here (server/worker_models.py), and
+  its requests are answered without crossing; its statistics go to the engine.
 - Every other route and gRPC method (metadata, health, statistics, the repository API, shared-memory
   registration, metrics, the monitor page, grps' customized HTTP, ...) is forwarded whole, its answer
   (streamed ones too) relayed: the engine answers it as the one server it is.
@@ -32,7 +32,6 @@ import os
 import signal
 import socket
 from collections.abc import AsyncIterator, Coroutine
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -53,11 +52,11 @@ from tensorgate.server.http.grpc_call import GrpcCall
 from tensorgate.server.http.listener import Offline, raise_fd_limit
 from tensorgate.server.link import Inbox, Link
 from tensorgate.server.log_settings import LogControl
-from tensorgate.server.model import ModelState, ModelVersion
-from tensorgate.server.repository_model import Ambiguous, Model, find_model
+from tensorgate.server.model import ModelVersion
 from tensorgate.server.router import HttpRequest, HttpResponse
 from tensorgate.server.shared_memory import SharedMemory
 from tensorgate.server.tracing.frontend import Timing
+from tensorgate.server.worker_models import FrontEndRepository, LocalModels
 
 log = logging.getLogger("tensorgate.worker")
 _FROM_ENGINE = msgspec.msgpack.Decoder(msg.TO_WORKER)
@@ -92,14 +91,14 @@ class LinkedEngine:
         self.heard: dict[int, float] = {}  # a call's start, or its stream's last message (loop time)
         self.call_timeout = call_timeout  # 0: none
         self.next_id = 0
-        self.local = LocalModels(self)
-        self.repository = FrontEndRepository(self)
+        self.gone = asyncio.Event()  # the link closed: the engine is gone
+        self.local = LocalModels(self.link, self.gone)
+        self.repository = FrontEndRepository(self.local)
         self.tracer = WorkerTracer(self)
         self.timed: dict[int, Trace] = {}  # inference calls timed here (while tracing is on): their traces
         self.offline = Offline()
         self.loop = asyncio.get_running_loop()
         self.first_table = self.loop.create_future()  # set once the engine's model table is here
-        self.gone = asyncio.Event()  # the link closed: the engine is gone
         self.logs: LogControl | None = None  # this process's log, following the engine's settings
         if call_timeout:
             self.loop.call_later(1.0, self._sweep)
@@ -438,127 +437,6 @@ def _failure(message: Any) -> InferError:
         return error_of(message)
     unexpected = type(message).__name__
     return InferError(ErrorKind.INTERNAL, f"internal error: unexpected {unexpected} from the engine")
-
-
-# ------------------------------------------------------------------------------ the model table
-
-
-class FrontEndRepository:
-    """The engine's model table as this worker last heard it: what its inference routes resolve."""
-
-    def __init__(self, client: LinkedEngine) -> None:
-        self.client = client
-        self.models: dict[str, Model] = {}
-        self.online = True
-
-    def model(self, name: str) -> Model:
-        return find_model(self.models, name)
-
-    def resolve(self, name: str, version: str = "") -> ModelVersion:
-        return self.model(name).resolve(version)
-
-    def apply(self, table: list) -> None:
-        models = {}
-        local = self.client.local
-        for name, directory, config, reason, loading, versions, newest_first, ambiguous in table:
-            if ambiguous:
-                models[name] = Ambiguous(name, reason)
-                continue
-            model = Model(name, Path(directory), config)
-            model.reason, model.loading = reason, loading
-            model.versions = {}
-            for entry in versions:
-                version = model.versions[entry[0]] = engine_version(Path(directory), entry)
-                local.instance(version, entry[6])
-            model.newest_first = [model.versions[n] for n in newest_first]
-            models[name] = model
-        local.keep_only()
-        self.models = models
-
-
-def engine_version(directory: Path, entry: list) -> ModelVersion:
-    """A version of the engine's, as its table entry tells it: its config (the codecs read it), its state
-    and how it answers; no backend (it runs in the engine)."""
-    number, state, reason, config, streams, stream_only, _ = entry
-    version = ModelVersion(directory, config, number)
-    version.state, version.reason = ModelState(state), reason
-    version.streams, version.stream_only = streams, stream_only
-    return version
-
-
-class LocalModels:
-    """The model versions this worker runs itself (--worker-models inline: those the engine's table marks
-    with their load's serial), loaded from the same files as the engine's: each load of the engine's once,
-    unloaded when its table no longer has it. What they count goes to the engine (STATS) each second, when
-    the engine asks (before it answers statistics or metrics), and before one is unloaded."""
-
-    def __init__(self, client: LinkedEngine) -> None:
-        self.client = client
-        self.versions: dict[tuple[str, int], ModelVersion] = {}
-        self.instances: dict[ModelVersion, ModelVersion] = {}  # the engine's version -> this worker's
-        self.kept: dict[ModelVersion, ModelVersion] = {}  # `instances` of the table being applied
-        self.failed: set[int] = set()  # serials that did not load here: not tried again
-
-    def instance(self, engine_version: ModelVersion, serial: int) -> None:
-        """This worker's instance of a version of the engine's table (`serial`: the engine's load of it,
-        0 where only the engine runs it), loaded now if it is new. One that does not load here is left
-        to the engine, as without the flag."""
-        if not serial or serial in self.failed:
-            return
-        name, number = engine_version.name, engine_version.version
-        version = self.versions.get((name, number))
-        if version is None or version.serial != serial:
-            version = ModelVersion(engine_version.version_dir.parent, engine_version.config, number)
-            version.serial = serial
-            version.load()
-            if not version.inline:
-                why = version.reason or "it does not run inline here"
-                where = "worker %d: '%s' version %d runs in the engine: %s"
-                log.warning(where, os.getpid(), name, number, why)
-                self.failed.add(serial)
-                self._unload(version)
-                return
-            log.info("worker %d runs '%s' version %d itself", os.getpid(), name, number)
-        self.kept[engine_version] = version
-
-    def keep_only(self) -> None:
-        """The table is applied: the versions it no longer names (or names in a new load) are unloaded,
-        their last counts sent first."""
-        kept = {(v.name, v.version): v for v in self.kept.values()}
-        gone = [v for key, v in self.versions.items() if kept.get(key) is not v]
-        if gone:
-            self.send(0, gone)
-        for version in gone:
-            self._unload(version)
-        self.versions, self.instances, self.kept = kept, self.kept, {}
-
-    def _unload(self, version: ModelVersion) -> None:
-        self.client.loop.create_task(version.unload())
-
-    def send(self, asked: int = 0, versions: list[ModelVersion] | None = None) -> None:
-        """What the versions counted since they last sent (asked: the engine's number for it, which is
-        answered even with nothing to say)."""
-        counts = []
-        for version in self.versions.values() if versions is None else versions:
-            taken = version.stats.take(version.name, version.version)
-            if taken is not None:
-                counts.append(taken)
-        if (counts or asked) and self.client.link.transport is not None:
-            self.client.link.send(msg.Stats(asked, counts))
-
-    def tick(self) -> None:
-        """Each second, while the link lasts."""
-        if self.versions:
-            self.send()
-        if not self.client.gone.is_set():
-            self.client.loop.call_later(1.0, self.tick)
-
-    async def close(self) -> None:
-        """At shutdown: the last counts go to the engine, and every model's finalize runs."""
-        self.send()
-        versions, self.versions, self.instances = list(self.versions.values()), {}, {}
-        for version in versions:
-            await version.unload()
 
 
 # ------------------------------------------------------------------------------ the worker process
