@@ -162,11 +162,6 @@ class LinkedEngine:
             return version.infer(request)
         return self._infer(version, request)  # the engine's: client regions are its too
 
-    def infer_stream(self, version: ModelVersion, request: InferRequest) -> AsyncIterator[InferResponse]:
-        if version.scheduler is not None:
-            return version.infer_stream(request)
-        return self._infer_stream(version, request)
-
     async def _infer(self, version: ModelVersion, request: InferRequest) -> InferResponse:
         if self.link.paused:  # the engine is not reading: wait here, not in memory
             await self.link.drain()
@@ -188,9 +183,10 @@ class LinkedEngine:
             if trace is not None:
                 del self.timed[call_id]
 
-    async def _infer_stream(
+    async def infer_stream(
         self, version: ModelVersion, request: InferRequest
     ) -> AsyncIterator[InferResponse]:
+        """Always the engine's: a model this worker runs itself runs inline, and does not stream."""
         if self.link.paused:
             await self.link.drain()
         request.model_version = version.version_str
