@@ -101,9 +101,14 @@ def split_target(target: bytes) -> tuple[str, bytes]:
     return (unquote(text, encoding="latin-1") if "%" in text else text), query
 
 
-class BaseConnection(asyncio.BufferedProtocol):
+class BaseConnection:
     """What both protocols share (h1.py, h2.py): their host, the transport, the event pause_writing and
-    resume_writing keep, and the bytes queued for the end of the event loop's pass."""
+    resume_writing keep, and the bytes queued for the end of the event loop's pass.
+
+    An asyncio buffered protocol by its methods, not by asyncio.BufferedProtocol as its base: compiled, it
+    is an extension type (connection.pxd), whose state is read as C fields, and an extension type's base
+    is one too. uvloop reads into `get_buffer` whenever a protocol has one; asyncio's own loop hands such a
+    protocol `data_received`."""
 
     def __init__(self, host: ConnectionHost) -> None:
         self.host = host
@@ -114,6 +119,26 @@ class BaseConnection(asyncio.BufferedProtocol):
         self.writable.set()
         self.out: list[bytes] = []  # bytes to write at the end of this pass of the event loop
         self.flush_pending = False
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        raise NotImplementedError
+
+    def buffer_updated(self, nbytes: int) -> None:
+        raise NotImplementedError
+
+    def data_received(self, data: bytes) -> None:
+        """The bytes of a read that the event loop did not make into `get_buffer` (asyncio's own loop, where
+        uvloop is absent), copied into it piece by piece."""
+        view = memoryview(data)
+        while view:
+            buffer = self.get_buffer(len(view))
+            size = min(len(buffer), len(view))
+            buffer[:size] = view[:size]
+            self.buffer_updated(size)
+            view = view[size:]
+
+    def eof_received(self) -> bool | None:
+        return None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.host.closed(cast("Connection", self))  # its subclasses are (h1.py, h2.py)

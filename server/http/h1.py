@@ -543,7 +543,7 @@ class H1Connection(BaseConnection):
         assert transport is not None  # from connection_made or buffer_updated
         connection = H2Connection(self.host)
         self.host.closed(self)
-        transport.set_protocol(connection)
+        transport.set_protocol(cast("asyncio.BaseProtocol", connection))  # one by its methods (connection.py)
         connection.connection_made(transport)
         self.transport = None
         self.parser = _DETACHED

@@ -80,7 +80,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tensorgate.http")
 
 
-class H2Connection(FrameReceiver, BaseConnection):
+class H2Connection(BaseConnection, FrameReceiver):
     def __init__(self, host: ConnectionHost) -> None:
         BaseConnection.__init__(self, host)
         FrameReceiver.__init__(self)
