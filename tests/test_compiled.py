@@ -54,7 +54,7 @@ def test_the_classes_a_pxd_declares_are_extension_types_in_the_build() -> None:
     # Cython reads a module's .pxd only when it finds it by the module's full name (setup.py's pxd_include)
     declared = {
         name: [
-            line.split()[2].rstrip(":")
+            line.split()[2].split("(")[0].rstrip(":")  # `cdef class Name(Base):` -> Name
             for line in pxd.read_text().splitlines()
             if line.startswith("cdef class ")
         ]
