@@ -174,12 +174,24 @@ def test_http10_is_answered_and_closed_unless_keep_alive(v2_server: ServerProces
         assert conn.read_response().json() == {"ready": True}
 
 
-def _grps_stream_request(version: str) -> bytes:
+def _grps_stream_request(version: str, connection: str = "") -> bytes:
     body = json.dumps({"str_data": "a b c", "model": "token_stream"}).encode()
+    field = f"Connection: {connection}\r\n" if connection else ""
     return (
-        f"POST /grps/v1/infer/predict?streaming=true HTTP/{version}\r\nHost: x\r\n"
+        f"POST /grps/v1/infer/predict?streaming=true HTTP/{version}\r\nHost: x\r\n{field}"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     ).encode() + body
+
+
+def _until_closed(address: tuple[str, int], request: bytes) -> tuple[bytes, bytes]:
+    """The head and body of the one answer to `request`, read until the server closes."""
+    with socket.create_connection(address, timeout=5) as sock:
+        sock.sendall(request)
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return head.lower(), body
 
 
 def test_streamed_answer_is_chunked_over_http11_and_close_delimited_over_http10(
@@ -191,14 +203,15 @@ def test_streamed_answer_is_chunked_over_http11_and_close_delimited_over_http10(
     assert chunked_answer.header("transfer-encoding") == "chunked"
     lines = chunked_answer.body.decode().splitlines()
     assert len(lines) >= 2 and all(json.loads(line)["status"]["status"] == "SUCCESS" for line in lines)
-    with socket.create_connection(v2_server.address, timeout=5) as sock:
-        sock.sendall(_grps_stream_request("1.0"))
-        raw = b""
-        while chunk := sock.recv(65536):
-            raw += chunk
-    head, _, body = raw.partition(b"\r\n\r\n")
-    assert b"transfer-encoding" not in head.lower()
-    assert body.decode().splitlines() == lines
+    # HTTP/1.0 has no chunked encoding: the close ends the stream, even where the client asked to keep the
+    # connection (then the version is read from the request line, not from keep-alive)
+    for connection in ("", "keep-alive"):
+        head, body = _until_closed(v2_server.address, _grps_stream_request("1.0", connection))
+        assert b"transfer-encoding" not in head
+        assert body.decode().splitlines() == lines
+    head, body = _until_closed(v2_server.address, _grps_stream_request("1.1", "close"))
+    assert b"transfer-encoding: chunked" in head and b"connection: close" in head
+    assert body.endswith(b"0\r\n\r\n")
 
 
 def test_streamed_answer_through_httpx(v2_server: ServerProcess) -> None:

@@ -3,4 +3,4 @@
 # subclasses' (h1.pxd) read and write the connection's state as C fields.
 
 cdef class BaseConnection:
-    cdef public object host, settings, loop, transport, writable, out, flush_pending
+    cdef public object host, router, settings, loop, transport, writable, out, flush_pending

@@ -112,6 +112,7 @@ class BaseConnection:
 
     def __init__(self, host: ConnectionHost) -> None:
         self.host = host
+        self.router = host.router
         self.settings: HttpSettings = host.settings
         self.loop: asyncio.AbstractEventLoop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None

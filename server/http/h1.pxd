@@ -6,5 +6,5 @@ from tensorgate.server.http.connection cimport BaseConnection
 
 
 cdef class H1Connection(BaseConnection):
-    cdef public object parser, request, pending, task, bypass, state, since
+    cdef public object parser, request, head_bytes, max_head_bytes, pending, task, bypass, state, since
     cdef public object paused_reading, shutting_down, fresh, last_read

@@ -84,7 +84,6 @@ class H2Connection(BaseConnection, FrameReceiver):
     def __init__(self, host: ConnectionHost) -> None:
         BaseConnection.__init__(self, host)
         FrameReceiver.__init__(self)
-        self.router = host.router
         self.calls = host.calls  # what opens gRPC calls on ports that serve them, else None
         self.buffer = bytearray(READ_BUFFER)
         self.view = memoryview(self.buffer)
