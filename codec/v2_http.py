@@ -142,10 +142,11 @@ def json_tensor(raw: dict, model_name: str, max_input_size: int = MAX_INPUT_SIZE
 
 
 def _decode_input(
-    raw: Any, binary: memoryview, offset: int, model_name: str, max_input_size: int
+    given: Any, binary: memoryview, offset: int, model_name: str, max_input_size: int
 ) -> tuple[Tensor, int]:
-    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+    if not isinstance(given, dict) or not isinstance(given.get("name"), str):
         raise invalid(f"model '{model_name}': every input needs a string 'name'")
+    raw = given  # a dict from here (compiled: typed so, v2_http.pxd)
     name = raw["name"]
     what = f"model '{model_name}', input '{name}'"
     datatype = raw.get("datatype")

@@ -3,6 +3,9 @@
 # them reads their state as C fields. A version keeps a __dict__ (what other modules may set on it) and
 # weak references (server/tfserving.py's views).
 
+cimport cython
+
+
 cdef class TensorSpec:
     cdef public object name, dtype, batched, dims, shape, fixed, model_dims, optional
 
@@ -13,3 +16,9 @@ cdef class ModelVersion:
     cdef public object stream_only, streams, stats, labels, cache, _open_streams, limited, serial
     cdef dict __dict__
     cdef object __weakref__
+
+    @cython.locals(spec=TensorSpec, arrays=dict, inputs=dict)
+    cpdef tuple _inputs_and_rows(self, request)
+
+    @cython.locals(spec=TensorSpec)
+    cpdef _response_tensor(self, name, produced)

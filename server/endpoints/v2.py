@@ -13,6 +13,7 @@ import orjson
 
 from tensorgate.codec import v2_http
 from tensorgate.codec.errors import InferError, http_status, invalid, parse_version
+from tensorgate.codec.v2_http import HEADER_LENGTH_BYTES, decode_request, encode_response, parse_header_length
 from tensorgate.server import __version__, header_forwarding, identity
 from tensorgate.server.router import HttpRequest, HttpResponse, Router, body_response, front_end
 from tensorgate.server.shared_memory import CUDA, SYSTEM, decode_handle
@@ -134,14 +135,11 @@ class V2Endpoints:
 
     @front_end
     async def infer(self, request: HttpRequest) -> HttpResponse:
-        name, version = request.params["model"], parse_version(request.params["version"])
+        params, body = request.params, request.body
+        name, version = params["model"], parse_version(params["version"])
         model_version = self.engine.resolve(name, version)
-        header_length = v2_http.parse_header_length(
-            request.headers.get(v2_http.HEADER_LENGTH_BYTES), len(request.body)
-        )
-        infer_request = v2_http.decode_request(
-            request.body, header_length, name, version, self.max_input_size
-        )
+        header_length = parse_header_length(request.headers.get(HEADER_LENGTH_BYTES), len(body))
+        infer_request = decode_request(body, header_length, name, version, self.max_input_size)
         if self.forward is not None:
             infer_request.parameters.update(header_forwarding.from_headers(self.forward, request.headers))
         if self.tracer.on:
@@ -149,7 +147,7 @@ class V2Endpoints:
             if infer_request.trace is not None:
                 return await self._infer_traced(model_version, infer_request, request)
         response = await self.engine.infer(model_version, infer_request)
-        encoded = v2_http.encode_response(response, infer_request)
+        encoded = encode_response(response, infer_request)
         return HttpResponse(200, encoded.headers, encoded.chunks)
 
     async def _infer_traced(
@@ -167,7 +165,7 @@ class V2Endpoints:
         finally:
             if not handed:
                 self.tracer.finish(trace)
-        encoded = v2_http.encode_response(response, infer_request)
+        encoded = encode_response(response, infer_request)
         trace.stamp_front(INFER_RESPONSE_COMPLETE, perf_counter_ns())
         return HttpResponse(200, encoded.headers, encoded.chunks)
 
