@@ -25,7 +25,6 @@ import logging
 import random
 from typing import TYPE_CHECKING
 
-from tensorgate.server.http.connection import BaseConnection
 from tensorgate.server.http.h2_frames import (
     AGE_JITTER,
     BULK_READ,
@@ -80,10 +79,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("tensorgate.http")
 
 
-class H2Connection(BaseConnection, FrameReceiver):
+class H2Connection(FrameReceiver):
     def __init__(self, host: ConnectionHost) -> None:
-        BaseConnection.__init__(self, host)
-        FrameReceiver.__init__(self)
+        super().__init__(host)
         self.calls = host.calls  # what opens gRPC calls on ports that serve them, else None
         self.buffer = bytearray(READ_BUFFER)
         self.view = memoryview(self.buffer)

@@ -1,8 +1,9 @@
 """HTTP/2's receiving half: what each frame read does to a connection (RFC 9113 sections 5 and 6).
 
-`FrameReceiver` is the base of `H2Connection` (h2.py). It owns the state of what was received (the HPACK
-decoder, a header block in CONTINUATIONs, the highest stream id, the per-second counts of the defences,
-keepalive strikes); what it needs of the connection is written down below as `_Connection`. A frame for
+`FrameReceiver` is the base of `H2Connection` (h2.py), on the connections' base. It owns the state of
+what was received (the HPACK decoder, a header block in CONTINUATIONs, the highest stream id, the
+per-second counts of the defences, keepalive strikes); what it needs of the connection is written down
+at the top of the class. A frame for
 a stream goes to the stream's handler (h2_frames.StreamHandler) once flow control and stream states are
 applied. A connection error is raised as `ConnectionError_`; the connection turns it into GOAWAY.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING
 
+from tensorgate.server.http.connection import BaseConnection
 from tensorgate.server.http.h2_frames import (
     ACK,
     COMPRESSION_ERROR,
@@ -60,20 +62,16 @@ from tensorgate.server.http.hpack_decode import (
 )
 
 if TYPE_CHECKING:
-    import asyncio
-
-    from tensorgate.server.http.connection import CallOpener, HttpSettings
+    from tensorgate.server.http.connection import CallOpener, ConnectionHost
     from tensorgate.server.http.h2_window import FlowControl
 
 CONTROL_FRAMES_PER_ANSWER_WRITE = 10
 
 
-class FrameReceiver:
-    # ---- what it needs of the connection (h2.py)
-    loop: asyncio.AbstractEventLoop
-    settings: HttpSettings
+class FrameReceiver(BaseConnection):
+    # ---- what it needs of the connection (h2.py sets them; its base's `out` holds the control frames to
+    # write at the end of this read)
     calls: CallOpener | None
-    out: list[bytes]  # control frames to write at the end of this read
     streams: dict[int, Stream]
     closed_ids: collections.deque[int]
     reset_ids: collections.deque[int]  # streams we reset
@@ -91,7 +89,8 @@ class FrameReceiver:
     def close(self, stream: Stream) -> None: ...  # the stream's exchange is over
     def _ping_acked(self, payload: bytes) -> None: ...  # an ACK of one of our PINGs (gRPC keepalive)
 
-    def __init__(self) -> None:
+    def __init__(self, host: ConnectionHost) -> None:
+        super().__init__(host)
         self.decoder = Decoder(self.settings.max_head_bytes)
         # block -> (its fields, their request head): a client sends the same block for each call to a
         # method, and the decoder then hands back the same list of fields (hpack_decode.py)
