@@ -1,9 +1,14 @@
 # Cython's declarations for stats.py (an augmenting .pxd: stats.py stays the source, and pure Python never
 # reads this file). The counters become extension types, so the hot path adds to them as C fields.
 
+cimport cython
+
+
 cdef class Duration:
     cdef public object count
     cdef public object ns
+
+    cpdef add(self, ns, count=*)
 
 
 cdef class BatchStats:
@@ -18,3 +23,8 @@ cdef class ModelStats:
     cdef public Duration cache_hit, cache_miss
     cdef public dict batch_stats, failures
     cdef public object observer
+
+    @cython.locals(stats=BatchStats)
+    cpdef record_alone(self, rows, ns)
+
+    cpdef BatchStats _execution(self, rows)

@@ -33,13 +33,23 @@ JSON_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
 def flat_json_of(values: list, kind: str) -> bool:
     """Whether every value of a flat list is of a JSON type that an array of numpy kind `kind` accepts
     (JSON_TYPES). Compiled, each check is one loop comparing types (~0.06 us for 16 values, where
-    `set(map(type, values)) <= JSON_TYPES[kind]` costs ~0.3 us)."""
+    `set(map(type, values)) <= JSON_TYPES[kind]` costs ~0.3 us); plain loops (SIM110), as `all()` over a
+    generator makes a generator object a call."""
     if kind == "i" or kind == "u":
-        return all(type(value) is int for value in values)
+        for value in values:  # noqa: SIM110
+            if type(value) is not int:
+                return False
+        return True
     if kind == "f":
-        return all(type(value) is float or type(value) is int for value in values)
+        for value in values:  # noqa: SIM110
+            if type(value) is not float and type(value) is not int:
+                return False
+        return True
     if kind == "b":
-        return all(type(value) is bool for value in values)
+        for value in values:  # noqa: SIM110
+            if type(value) is not bool:
+                return False
+        return True
     return False
 
 

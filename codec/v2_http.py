@@ -345,7 +345,7 @@ def encode_response(response: InferResponse, request: InferRequest) -> EncodedRe
         return EncodedResponse(
             [(b"content-length", str(len(header)).encode()), (b"content-type", JSON_CONTENT_TYPE)], [header]
         )
-    length = len(header) + sum(len(c) for c in raw_chunks)
+    length = len(header) + sum(map(len, raw_chunks))
     headers = [
         (b"content-length", str(length).encode()),
         (b"content-type", BINARY_CONTENT_TYPE),
