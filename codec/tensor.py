@@ -1,8 +1,8 @@
 """The internal currency: Tensor, InferRequest, InferResponse. Protocol details stop at codec/."""
 
-import math
 from dataclasses import KW_ONLY, dataclass, field
 from itertools import chain
+from math import prod
 from typing import Any
 
 import numpy as np
@@ -163,7 +163,7 @@ def checked_shape(raw: Any, what: str) -> tuple[tuple[int, ...], int]:
         if dim > MAX_DIM:
             raise invalid(f"{what}: shape {raw} holds too many elements")
     shape = tuple(raw)
-    count = math.prod(shape)
+    count = prod(shape)
     if count > MAX_DIM:
         raise invalid(f"{what}: shape {raw} holds too many elements")
     return shape, count

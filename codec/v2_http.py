@@ -300,6 +300,9 @@ def _decode_requested_output(raw: Any, model_name: str) -> RequestedOutput:
     return RequestedOutput(raw["name"], binary, parameters, count)
 
 
+_FLOAT_TYPES = frozenset(("FP16", "FP32", "FP64", "BF16"))  # their JSON may hold NaN and the infinities
+
+
 @dataclass(slots=True)
 class EncodedResponse:
     headers: list[tuple[bytes, bytes]]
@@ -325,7 +328,7 @@ def encode_response(response: InferResponse, request: InferRequest) -> EncodedRe
             entry["parameters"] = {**tensor.parameters, "binary_data_size": len(raw)}
         else:  # no parameters, as Triton: its C++ client reads binary_data_size from any output that has them
             entry["data"] = output_json(tensor, response.model_name)
-            floats = floats or tensor.datatype[:2] in ("FP", "BF")
+            floats = floats or tensor.datatype in _FLOAT_TYPES
         outputs_json.append(entry)
 
     doc: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
