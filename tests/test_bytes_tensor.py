@@ -201,9 +201,9 @@ def test_http_bytes_binary_output_of_non_utf8_is_fine_and_json_is_invalid():
     data = objects([b"\xff\x00", b"ok"])
     response = InferResponse("bert-q", "1", [Tensor("logits_txt", "BYTES", (2,), data)])
 
-    encoded = encode_response(response, InferRequest("bert-q", binary_output=True))
-    header_length = int(dict(encoded.headers)[b"inference-header-content-length"])
-    body = b"".join(bytes(c) for c in encoded.chunks)
+    headers, chunks = encode_response(response, InferRequest("bert-q", binary_output=True))
+    header_length = int(dict(headers)[b"inference-header-content-length"])
+    body = b"".join(bytes(c) for c in chunks)
     assert body[header_length:] == wire([b"\xff\x00", b"ok"])
 
     with pytest.raises(InferError) as excinfo:

@@ -183,9 +183,9 @@ def test_binary_outputs_are_appended_in_output_order():
             Tensor("last", "BYTES", (1,), objects([b"zz"], (1,))),
         ],
     )
-    encoded = encode_response(response, request)
-    body = b"".join(bytes(c) for c in encoded.chunks)
-    split = int(dict(encoded.headers)[b"inference-header-content-length"])
+    headers, chunks = encode_response(response, request)
+    body = b"".join(bytes(c) for c in chunks)
+    split = int(dict(headers)[b"inference-header-content-length"])
     assert body[split:] == b"\x01\x02\x03" + b"\x07\x00\x00\x00" + b"\x02\x00\x00\x00zz"
     sizes = [o["parameters"]["binary_data_size"] for o in json.loads(body[:split])["outputs"]]
     assert sizes == [3, 4, 6]
@@ -249,11 +249,11 @@ def test_a_small_binary_input_off_alignment_is_an_aligned_copy():
 
 def test_binary_output_is_not_copied():
     data = np.arange(1000, dtype=np.float32)
-    encoded = encode_response(
+    _, chunks = encode_response(
         InferResponse(MODEL, "1", [Tensor("o", "FP32", (1000,), data)]),
         InferRequest(MODEL, binary_output=True),
     )
-    assert np.shares_memory(np.frombuffer(encoded.chunks[1], np.uint8), data)
+    assert np.shares_memory(np.frombuffer(chunks[1], np.uint8), data)
 
 
 # --- 2/3. the header split -----------------------------------------------------------------------
@@ -428,16 +428,16 @@ def test_non_finite_floats_are_the_tokens_triton_reads_and_writes():
     data = decode_request(body, None, MODEL).inputs[0].data
     assert np.isnan(data[0]) and data[1:].tolist() == [np.inf, -np.inf, 1.5]
     tensor = Tensor("o", "FP32", (4,), data)
-    header = encode_response(InferResponse(MODEL, "1", [tensor]), InferRequest(MODEL)).chunks[0]
+    header = encode_response(InferResponse(MODEL, "1", [tensor]), InferRequest(MODEL))[1][0]
     assert b'"data":[NaN,Infinity,-Infinity,1.5]' in bytes(header)
     assert json.loads(header)["outputs"][0]["shape"] == [4]  # the json module reads the tokens too
 
 
 def test_json_response_headers():
     response = InferResponse(MODEL, "1", [Tensor("o", "FP64", (1,), np.array([0.25]))])
-    encoded = encode_response(response, InferRequest(MODEL))
-    assert len(encoded.chunks) == 1
-    headers = dict(encoded.headers)
+    fields, chunks = encode_response(response, InferRequest(MODEL))
+    assert len(chunks) == 1
+    headers = dict(fields)
     assert headers[b"content-type"] == b"application/json"
     assert b"inference-header-content-length" not in headers
-    assert int(headers[b"content-length"]) == len(encoded.chunks[0])
+    assert int(headers[b"content-length"]) == len(chunks[0])

@@ -131,14 +131,15 @@ class ClientResponse:
 
 
 def client_response(encoded) -> ClientResponse:
-    headers = dict(encoded.headers)
-    assert len(headers) == len(encoded.headers), "duplicate response headers"
-    body = b"".join(bytes(c) for c in encoded.chunks)
+    fields, chunks = encoded  # encode_response's header fields and body chunks
+    headers = dict(fields)
+    assert len(headers) == len(fields), "duplicate response headers"
+    body = b"".join(bytes(c) for c in chunks)
     assert int(headers[b"content-length"]) == len(body)
     if b"inference-header-content-length" in headers:
         assert headers[b"content-type"] == b"application/octet-stream"
         split = int(headers[b"inference-header-content-length"])
-        assert split == len(bytes(encoded.chunks[0]))
+        assert split == len(bytes(chunks[0]))
     else:
         assert headers[b"content-type"] == b"application/json"
         split = len(body)

@@ -147,8 +147,8 @@ class V2Endpoints:
             if infer_request.trace is not None:
                 return await self._infer_traced(model_version, infer_request, request)
         response = await self.engine.infer(model_version, infer_request)
-        encoded = encode_response(response, infer_request)
-        return HttpResponse(200, encoded.headers, encoded.chunks)
+        headers, chunks = encode_response(response, infer_request)
+        return HttpResponse(200, headers, chunks)
 
     async def _infer_traced(
         self, model_version: ModelVersion, infer_request: InferRequest, request: HttpRequest
@@ -165,9 +165,9 @@ class V2Endpoints:
         finally:
             if not handed:
                 self.tracer.finish(trace)
-        encoded = encode_response(response, infer_request)
+        headers, chunks = encode_response(response, infer_request)
         trace.stamp_front(INFER_RESPONSE_COMPLETE, perf_counter_ns())
-        return HttpResponse(200, encoded.headers, encoded.chunks)
+        return HttpResponse(200, headers, chunks)
 
     # ------------------------------------------------------------------------------- shared memory
 
