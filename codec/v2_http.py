@@ -73,7 +73,8 @@ def decode_request(
     else:
         view = memoryview(body)
         header, binary = view[:header_length], view[header_length:]
-    check_json_size(len(header), max_input_size)
+    if len(header) > max_input_size:
+        check_json_size(len(header), max_input_size)
     what = f"the inference request for model '{model_name}'"
     doc = loads(header, what)
     if not isinstance(doc, dict):
@@ -82,7 +83,8 @@ def decode_request(
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise invalid(f"{what}: 'id' must be a string")
-    parameters = _parameters(doc.get("parameters"), what)
+    raw_parameters = doc.get("parameters")
+    parameters = {} if raw_parameters is None else _parameters(raw_parameters, what)
     binary_output = parameters.pop("binary_data_output", False)
     if not isinstance(binary_output, bool):
         raise invalid(f"{what}: parameter 'binary_data_output' must be a boolean")
@@ -153,7 +155,8 @@ def _decode_input(
     if dtype is None:
         raise invalid(f"{what}: unknown datatype {raw.get('datatype')!r}")
     shape, count = checked_shape(raw.get("shape"), what)
-    parameters = _parameters(raw.get("parameters"), what)
+    raw_parameters = raw.get("parameters")  # with none (the usual case), no call
+    parameters = {} if raw_parameters is None else _parameters(raw_parameters, what)
     size = parameters.pop("binary_data_size", None) if parameters else None
 
     if parameters and in_shared_memory(parameters):  # its data is read from the region by the server
@@ -181,7 +184,7 @@ def _decode_input(
     # The common case, a flat list of the right JSON type: one conversion.
     if kind is not None and type(data) is list and len(data) == count and flat_json_of(data, kind):
         try:
-            array = np.array(data, dtype=dtype.numpy).reshape(shape)
+            array = np.array(data, dtype.numpy).reshape(shape)
         except OverflowError:
             raise invalid(f"{what}: 'data' holds values outside the range of {dtype.v2}") from None
     else:
