@@ -368,8 +368,7 @@ class H1Connection(BaseConnection):
             if request.http10 and not isinstance(response.chunks, list):
                 keep_alive = False  # no chunked encoding in HTTP/1.0: the end of the stream is the close
             try:
-                if request.answer is not None:  # traced: HTTP_SEND_START and HTTP_SEND_END around it,
-                    # then its trace is written
+                if request.answer is not None:  # traced: HTTP_SEND_START and _END around it, then the trace
                     await send_timed(request.answer, self._write(response, request, keep_alive))
                 elif not self._wrote_whole(response, request.method, keep_alive):
                     await self._write(response, request, keep_alive)
@@ -455,7 +454,7 @@ class H1Connection(BaseConnection):
             request.method = parsed.method
             self.pending.append((request, keep_alive))
             return
-        self._write_now(response, parsed.method, keep_alive)
+        self._wrote_whole(response, parsed.method, keep_alive)  # an error: a small list, written whole
 
     def _early_close(self, response: HttpResponse) -> None:
         """An answer after which the framing cannot be trusted (413 by declared length, malformed,
@@ -474,7 +473,7 @@ class H1Connection(BaseConnection):
             self.pending.append((request, False))
             self.last_read = True
             return
-        self._write_now(response, self.request.method if self.request else "GET", False)
+        self._wrote_whole(response, self.request.method if self.request else "GET", False)
         self.state = CLOSING
         self.pending.clear()
         if self.task is not None:
@@ -507,9 +506,6 @@ class H1Connection(BaseConnection):
         head = _head(response, keep_alive, chunked=False)
         self._send(b"".join(head if method == "HEAD" else head + chunks))
         return True
-
-    def _write_now(self, response: HttpResponse, method: str, keep_alive: bool) -> None:
-        self._wrote_whole(response, method, keep_alive)  # error answers are small lists
 
     # ------------------------------------------------------------------------------ lifecycle
 
