@@ -120,13 +120,15 @@ class RecordingH1(H1Connection):
         super().__init__(host)
         self.methods: list[str] = []
 
-    async def _write(self, response: HttpResponse, request: Any, keep_alive: bool) -> None:
-        self.methods.append(request.method)
-        await super()._write(response, request, keep_alive)
+    def _wrote_whole(self, response: HttpResponse, method: str, keep_alive: bool) -> bool:
+        whole = super()._wrote_whole(response, method, keep_alive)
+        if whole:
+            self.methods.append(method)
+        return whole
 
-    def _write_now(self, response: HttpResponse, method: str, keep_alive: bool) -> None:
-        self.methods.append(method)
-        super()._write_now(response, method, keep_alive)
+    async def _write(self, response: HttpResponse, request: Any, keep_alive: bool) -> None:
+        self.methods.append(request.method)  # the answers _wrote_whole does not send
+        await super()._write(response, request, keep_alive)
 
 
 async def echo(request: HttpRequest) -> HttpResponse:

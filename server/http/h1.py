@@ -369,7 +369,7 @@ class H1Connection(BaseConnection):
                 keep_alive = False  # no chunked encoding in HTTP/1.0: the end of the stream is the close
             try:
                 if request.answer is not None:  # traced: HTTP_SEND_START and _END around it, then the trace
-                    await send_timed(request.answer, self._write(response, request, keep_alive))
+                    await send_timed(request.answer, self._answer(response, request, keep_alive))
                 elif not self._wrote_whole(response, request.method, keep_alive):
                     await self._write(response, request, keep_alive)
             except ConnectionError:
@@ -391,10 +391,14 @@ class H1Connection(BaseConnection):
         if self.request is None:
             self._idle()
 
+    async def _answer(self, response: HttpResponse, request: _Request, keep_alive: bool) -> None:
+        """Any answer: whole (_wrote_whole), else streamed or large (_write)."""
+        if not self._wrote_whole(response, request.method, keep_alive):
+            await self._write(response, request, keep_alive)
+
     async def _write(self, response: HttpResponse, request: _Request, keep_alive: bool) -> None:
+        """An answer _wrote_whole does not send: streamed, or a body over SMALL_BODY."""
         method = request.method
-        if self._wrote_whole(response, method, keep_alive):
-            return
         chunks = response.chunks
         streamed = not isinstance(chunks, list)
         chunked = streamed and method != "HEAD" and not request.http10
