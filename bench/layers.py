@@ -38,8 +38,8 @@ from bench.transport import measure, save
 LAYERS = ("transport", "parse", "route", "decode", "model", "encode", "write")
 # the functions of the transport's files that write an answer (h1.py, h2.py, connection.py)
 WRITE_FUNCTIONS = frozenset(
-    ("_flush", "_send", "_write", "_head", "_write_now", "_write_stream", "_drained", "send_headers",
-     "answer_now", "send_now", "flush", "_block_frames")
+    ("_flush", "_send", "_write", "_head", "_wrote_whole", "_answer", "_write_stream", "_drained",
+     "send_headers", "answer_now", "send_now", "flush", "_block_frames")
 )  # fmt: skip
 # (a path fragment of the frame, its layer); for codec/ the function's name decides between the two ways
 FILES = (
