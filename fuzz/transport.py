@@ -187,15 +187,6 @@ def feed(data: bytes, step: int, first: bytes = b"") -> Any:
     return answers
 
 
-def _deliver(protocol: Any, chunk: bytes) -> None:
-    while chunk:
-        buffer = protocol.get_buffer(len(chunk))
-        size = min(len(buffer), len(chunk))
-        buffer[:size] = chunk[:size]
-        protocol.buffer_updated(size)
-        chunk = chunk[size:]
-
-
 def _read_back(transport: FakeTransport, sent: bytes) -> Any:
     """What the server wrote so far, read back (raises Mismatch when it does not read)."""
     out = bytes(transport.out)
@@ -224,7 +215,7 @@ async def _feed(data: bytes, step: int, first: bytes) -> Any:
     connection.connection_made(transport)
     sent = first + data
     if first:
-        _deliver(connection, first)
+        connection.data_received(first)  # into get_buffer, piece by piece, as uvloop reads
         for _ in range(50):
             await asyncio.sleep(0)
             if _answered(_read_back(transport, first)):
@@ -234,7 +225,7 @@ async def _feed(data: bytes, step: int, first: bytes) -> Any:
     for start in range(0, len(data), step):
         if transport.closed:
             break
-        _deliver(transport.get_protocol(), data[start : start + step])
+        transport.get_protocol().data_received(data[start : start + step])
         for _ in range(3):
             await asyncio.sleep(0)
     for _ in range(5):  # handlers and answers run their course

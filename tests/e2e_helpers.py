@@ -589,3 +589,19 @@ def simple_inputs(a: list, b: list, shape: list[int]) -> list[dict]:
         {"name": "INPUT0", "datatype": "INT32", "shape": shape, "data": a},
         {"name": "INPUT1", "datatype": "INT32", "shape": shape, "data": b},
     ]
+
+
+async def serving_in_process(router: Any, client: Any) -> Any:
+    """Our transport serving `router` on a loopback port of this process's running event loop, while
+    `client(address)` runs in a thread; its result, once the listener has shut down."""
+    import asyncio
+
+    from tensorgate.server.http.listener import HttpSettings, Listener, bind
+
+    sockets = bind("127.0.0.1", 0)
+    listener = Listener(router, HttpSettings(), sockets)
+    await listener.start()
+    try:
+        return await asyncio.get_running_loop().run_in_executor(None, client, sockets[0].getsockname()[:2])
+    finally:
+        await listener.shutdown()

@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 
 import hpack
 import pytest
+from e2e_helpers import serving_in_process
 from h2_wire import DATA, END_STREAM, HEADERS, H2Wire
 
-from tensorgate.server.http.listener import HttpSettings, Listener, bind
 from tensorgate.server.router import HttpRequest, HttpResponse, Router, body_response
 
 pytestmark = pytest.mark.ours
@@ -40,13 +40,7 @@ def _router() -> Router:
 
 
 async def _serving(client) -> object:
-    sockets = bind("127.0.0.1", 0)
-    listener = Listener(_router(), HttpSettings(), sockets)
-    await listener.start()
-    try:
-        return await asyncio.get_running_loop().run_in_executor(None, client, sockets[0].getsockname()[:2])
-    finally:
-        await listener.shutdown()
+    return await serving_in_process(_router(), client)
 
 
 def _h2_answer(address: tuple[str, int], path: str) -> tuple[bytes, list[tuple[str, str]], int]:
