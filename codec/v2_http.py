@@ -73,8 +73,7 @@ def decode_request(
     else:
         view = memoryview(body)
         header, binary = view[:header_length], view[header_length:]
-    if len(header) > max_input_size:
-        check_json_size(len(header), max_input_size)
+    check_json_size(len(header), max_input_size)
     what = f"the inference request for model '{model_name}'"
     doc = loads(header, what)
     if not isinstance(doc, dict):
@@ -83,8 +82,7 @@ def decode_request(
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise invalid(f"{what}: 'id' must be a string")
-    raw_parameters = doc.get("parameters")
-    parameters = {} if raw_parameters is None else _parameters(raw_parameters, what)
+    parameters = _parameters(doc.get("parameters"), what)
     binary_output = parameters.pop("binary_data_output", False)
     if not isinstance(binary_output, bool):
         raise invalid(f"{what}: parameter 'binary_data_output' must be a boolean")
@@ -155,8 +153,7 @@ def _decode_input(
     if dtype is None:
         raise invalid(f"{what}: unknown datatype {raw.get('datatype')!r}")
     shape, count = checked_shape(raw.get("shape"), what)
-    raw_parameters = raw.get("parameters")  # with none (the usual case), no call
-    parameters = {} if raw_parameters is None else _parameters(raw_parameters, what)
+    parameters = _parameters(raw.get("parameters"), what)
     size = parameters.pop("binary_data_size", None) if parameters else None
 
     if parameters and in_shared_memory(parameters):  # its data is read from the region by the server

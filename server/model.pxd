@@ -22,3 +22,5 @@ cdef class ModelVersion:
 
     @cython.locals(spec=TensorSpec)
     cpdef _response_tensor(self, name, produced)
+
+    cpdef list _wanted_outputs(self, request)

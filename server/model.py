@@ -254,7 +254,7 @@ class ModelVersion:
         if self.stream_only:  # refused as bad input, before it is counted (as Triton refuses it)
             raise stream_only_error(self.name)
         arrays, rows = self._inputs_and_rows(request)
-        wanted = self.output_names if request.outputs is None else self._wanted_outputs(request)
+        wanted = self._wanted_outputs(request)
         scheduler = self.scheduler
         if self.cache is not None:
             produced = await self._cached(request, arrays, rows)

@@ -142,7 +142,7 @@ class H1Connection(BaseConnection):
         self.parser = httptools.HttpRequestParser(self)
         self.request: _Request | None = None  # the one being parsed
         self.head_bytes = 0  # of the request being parsed: its target and header fields
-        self.max_head_bytes = self.settings.max_head_bytes
+        self.max_head_bytes = self.settings.max_head_bytes  # a C field compiled: read at every header
         self.pending: collections.deque[tuple[_Request, bool]] = collections.deque()  # parsed, unanswered
         self.task: asyncio.Task | None = None  # the one being answered
         self.bypass: memoryview | None = None  # the rest of a body buffer the socket reads into
@@ -495,7 +495,7 @@ class H1Connection(BaseConnection):
     def _head_too_large(self) -> HttpResponse:
         return framing_error(
             self.router.fallback_errors,
-            f"request head exceeds the {self.settings.max_head_bytes}-byte limit "
+            f"request head exceeds the {self.max_head_bytes}-byte limit "
             "(raise it with --http-max-head-bytes)",
             status=431,
         )
