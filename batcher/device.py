@@ -372,26 +372,31 @@ class _CupyOps:
     ) -> dict:
         cupy = self.cupy
         torch = sys.modules.get("torch")  # a torch output can only come from a model that imported it
-        host = {}
+        host: dict[str, Any] = {}
+        on_device = []
         with cupy.cuda.Device(self.index):
-            stream.wait_event(cupy.cuda.get_current_stream().record())  # the outputs are computed there
-            with stream:
-                for name, value in outputs.items():
-                    datatype = types.get(name)
-                    if torch is not None and isinstance(value, torch.Tensor):
-                        if datatype is not None:  # cast by torch, which has bfloat16
-                            value = cast_tensor(value.detach(), getattr(torch, datatype.torch))
-                        value = torch_for_cupy(torch, value)
-                    if isinstance(value, np.ndarray) or not hasattr(value, "__dlpack__"):
-                        host[name] = value
-                        continue
-                    array = self._in_config_dtype(self._array(value), datatype)
-                    array = cupy.ascontiguousarray(array)
-                    out, buffer = pool.lease(array.nbytes)
-                    out = out.view(array.dtype).reshape(array.shape)
-                    if buffer is not None:
-                        array.get(stream=stream, out=out)
-                    host[name] = out
+            # Converted on the current (compute) stream, where the outputs were computed (`cupy.from_dlpack`
+            # makes it wait for a torch output's stream). Not under `with stream:`: CuPy 14 leaves that by
+            # making the default stream current, not the thread's own (`enter_thread`).
+            for name, value in outputs.items():
+                datatype = types.get(name)
+                if torch is not None and isinstance(value, torch.Tensor):
+                    if datatype is not None:  # cast by torch, which has bfloat16
+                        value = cast_tensor(value.detach(), getattr(torch, datatype.torch))
+                    value = torch_for_cupy(torch, value)
+                if isinstance(value, np.ndarray) or not hasattr(value, "__dlpack__"):
+                    host[name] = value
+                    continue
+                host[name] = cupy.ascontiguousarray(self._in_config_dtype(self._array(value), datatype))
+                on_device.append(name)
+            stream.wait_event(cupy.cuda.get_current_stream().record())  # after all of the above
+            for name in on_device:
+                array = host[name]
+                out, buffer = pool.lease(array.nbytes)
+                out = out.view(array.dtype).reshape(array.shape)
+                if buffer is not None:
+                    array.get(stream=stream, out=out)
+                host[name] = out
             stream.synchronize()
         return host
 

@@ -136,8 +136,8 @@ def test_dlpack_outputs_wait_for_the_stream_that_computed_them() -> None:
     `with torch.cuda.stream(stream)` in _TorchOps.to_host: torch then hands the lane stream to CuPy's
     `__dlpack__`, which makes it wait for CuPy's current stream; the lane's `wait_stream` on torch's
     current stream does not cover CuPy's. CuPy staging: guards that `cupy.from_dlpack` (_CupyOps._array)
-    runs inside `with stream:` in _CupyOps.to_host, so torch's `__dlpack__` makes the lane wait for
-    torch's current stream (the lane's `wait_event` covers CuPy's current stream only)."""
+    runs before the lane's `wait_event` on CuPy's current stream in _CupyOps.to_host: torch's `__dlpack__`
+    makes that stream wait for torch's, and the lane waits for it."""
     import cupy
     import torch
 
@@ -205,7 +205,11 @@ def test_cupy_worker_threads_get_the_device_and_a_stream_of_their_own() -> None:
     staging = staging_for("cupy")
 
     def probe() -> tuple[int, int]:
-        return cupy.cuda.get_current_stream().ptr, cupy.cuda.runtime.getDevice()
+        own = cupy.cuda.get_current_stream().ptr
+        host = staging.to_host({"z": cupy.arange(4, dtype=cupy.float32)})["z"]
+        np.testing.assert_array_equal(host, np.arange(4, dtype=np.float32))
+        assert cupy.cuda.get_current_stream().ptr == own, "to_host left another stream current"
+        return own, cupy.cuda.runtime.getDevice()
 
     (first, device_1), (second, device_2) = probe_threads(staging, probe)
     # 0: the null stream; 1 and 2: the legacy and per-thread default streams' handles
