@@ -178,10 +178,12 @@ def _decode_input(
         _too_large(name, count * dtype.size, max_input_size)
     data = raw["data"]
     kind = _NUMERIC_KINDS.get(dtype.v2)
-    # The common case, a flat list of the right JSON type: one conversion.
+    # The common case, a flat list of the right JSON type: one conversion (fromiter: no type discovery,
+    # and the shape set in place, not by a reshaped view: 0.45 against 0.57 µs for 16 INT32).
     if kind is not None and type(data) is list and len(data) == count and flat_json_of(data, kind):
         try:
-            array = np.array(data, dtype.numpy).reshape(shape)
+            array = np.fromiter(data, dtype.numpy, count)
+            array.shape = shape
         except OverflowError:
             raise invalid(f"{what}: 'data' holds values outside the range of {dtype.v2}") from None
     else:
