@@ -115,8 +115,8 @@ def decode_predict(data: bytes | memoryview) -> Predict:
         kept_spans, around, kept_spec, entries, kept_filter = skeleton
         if _around(buf, kept_spans) == around:
             views = {
-                alias: (dtype, request_view(shape, dtype.numpy, buf, start))
-                for (alias, dtype, shape), (start, _) in zip(entries, kept_spans, strict=True)
+                alias: (dtype, request_view(shape, dtype.numpy, buf, start, end - start))
+                for (alias, dtype, shape), (start, end) in zip(entries, kept_spans, strict=True)
             }
             return Predict(kept_spec, views, list(kept_filter))
     spec = ModelSpec()
@@ -224,7 +224,7 @@ def decode_tensor(
             )
         if spans is not None:
             spans.append(content)
-        return dtype, request_view(shape, dtype.numpy, buf, content[0])
+        return dtype, request_view(shape, dtype.numpy, buf, content[0], content[1] - content[0])
     return dtype, _from_typed(buf, dtype, typed, shape, count, name)
 
 

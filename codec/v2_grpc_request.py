@@ -130,7 +130,7 @@ def _from_skeleton(data: bytes, pos: int, skeleton: Skeleton) -> InferRequest | 
             dtype: DataType = entry.dtype  # type: ignore[assignment]  # a skeleton's inputs are checked
             if stop > end or length != entry.count * dtype.size:
                 return None
-            array = request_view(entry.shape, dtype.numpy, data, pos)  # type: ignore[arg-type]  # a tuple
+            array = request_view(entry.shape, dtype.numpy, data, pos, length)  # type: ignore[arg-type]  # a tuple
             tensors.append(Tensor(entry.name, dtype.v2, entry.shape, array, {}))  # type: ignore[arg-type]  # a tuple
             index += 1
             pos = stop

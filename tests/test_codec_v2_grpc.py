@@ -137,7 +137,8 @@ def test_typed_contents_extremes(datatype, values):
 
 
 def test_raw_inputs_are_zero_copy_views_of_the_message():
-    a, b = np.arange(1000, dtype="<f4"), np.arange(24, dtype="<i8").reshape(2, 3, 4)
+    # both over SMALL_COPY bytes (smaller ones are copied: test_a_small_raw_input_...)
+    a, b = np.arange(1000, dtype="<f4"), np.arange(240, dtype="<i8").reshape(2, 3, 40)
     message = request_bytes(
         input_tensor("a", "FP32", a.shape),
         input_tensor("b", "INT64", b.shape),
