@@ -60,6 +60,14 @@ def test_a_request_crosses_with_every_field() -> None:
     assert floats[0, 0] == 0
 
 
+@pytest.mark.parametrize("nbytes", [20, 28])
+def test_a_tensor_whose_bytes_do_not_fill_its_shape_is_refused(nbytes: int) -> None:
+    # too few bytes, or more than the shape holds: never a tensor over part of them
+    item = msg.Tensor("x", "INT32", [2, 3], bytes(nbytes), None)
+    with pytest.raises((ValueError, TypeError)):
+        ipc.tensor_in(item)
+
+
 def test_a_numeric_sequence_id_stays_a_number() -> None:
     request = InferRequest("m", inputs=[Tensor("I", "INT32", (1,), np.ones(1, np.int32))])
     request.sequence_id, request.sequence_flags = 2**64 - 1, 1
