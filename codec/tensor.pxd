@@ -5,6 +5,10 @@ cdef class Tensor:
     cdef public object name, datatype, shape, data, parameters
 
 
+cdef class RequestedOutput:
+    cdef public object name, binary, parameters, class_count
+
+
 cdef class InferRequest:
     cdef public object model_name, model_version, id, inputs, outputs, parameters, binary_output
     cdef public object shared_memory, trace, sequence_id, sequence_flags
