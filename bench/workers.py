@@ -4,6 +4,7 @@ Servers, all up at once on 127.0.0.1, in rounds whose order alternates (A B C, C
 
     w1, w2, ...   `python -m tensorgate.server serve` on the example repository with `--workers 1`, `2`, ...
     w2i, ...      with `--worker-models inline` too: `simple` also runs in each worker (no hop)
+    w2h           with `--every-hop`: `--workers 2 --engine-front-end false`, so every request hops
     triton        with `--triton KIT`: Triton 2.51 serving `simple` on its C++ backend
                   (../shared/triton: run its setup.sh first; TRITON_HOME as it says)
 
@@ -23,7 +24,8 @@ median of the rounds):
 
 The process hop (what a request served through a worker costs beyond one process) is the CPU per request of
 w2 less w1's, round by round: with two processes about half the requests hop, so the per-hop figure is
-twice that.
+twice that. With `--every-hop`, w2h less w1 is the hop itself (the engine answers no client: issue 38's
+goal, at most 20 µs).
 
     python -m bench.workers [--workers 1 2] [--triton ../shared/triton] [--rounds 3] [--duration 4]
 """
@@ -72,6 +74,7 @@ TARGETS = (  # (scenario, server, against, at least): the issues' req/s targets 
     ("grpc", "w2i", "w1", 1.3),
 )
 HOP_TARGET_US = 8.0
+EVERY_HOP_TARGET_US = 20.0  # issue 38: a request hopped costs at most this much more
 BINARY_TARGET = (2.5, 1.1)  # GB/s at least, peak RSS growth at most (x payload)
 
 
@@ -245,6 +248,13 @@ def report(results: dict, args) -> str:
                 f"| {name} CPU/request w2 - w1 (about half the requests hop) | {mid:+.1f} µs | "
                 f"{low:+.1f}-{high:+.1f} | <= {HOP_TARGET_US:g} µs | {yes(mid <= HOP_TARGET_US)} |"
             )
+        if "w2h" in rounds and "w1" in rounds:
+            mid, low, high = hop_us(rounds, "w2h")
+            lines.append(
+                f"| {name} CPU/request w2h - w1 (every request hops) | {mid:+.1f} µs | "
+                f"{low:+.1f}-{high:+.1f} | <= {EVERY_HOP_TARGET_US:g} µs | "
+                f"{yes(mid <= EVERY_HOP_TARGET_US)} |"
+            )
     gbs, rss = BINARY_TARGET
     for value in results.get("binary", []):
         if "error" in value:
@@ -289,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--inline", action="store_true", help="also each count over 1 with --worker-models inline (w2i, ...)"
     )
+    parser.add_argument(
+        "--every-hop", action="store_true", help="also --workers 2 --engine-front-end false (w2h): every hop"
+    )
     parser.add_argument("--triton", metavar="KIT", help="../shared/triton, set up: Triton on C++ beside ours")
     parser.add_argument("--duration", type=float, default=4.0, help="seconds per server per round")
     parser.add_argument("--rounds", type=int, default=3)
@@ -323,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
                 if args.inline and count > 1:
                     inline = [*serve_argv(), "--workers", str(count), "--worker-models", "inline"]
                     servers[f"w{count}i"] = ServerProcess(inline, cwd=ROOT)
+            if args.every_hop:
+                every = [*serve_argv(), "--workers", "2", "--engine-front-end", "false"]
+                servers["w2h"] = ServerProcess(every, cwd=ROOT)
             if args.triton:
                 servers[TRITON] = Triton(args.triton)
             for name in ("json-h1", "grpc", "json-h2"):
