@@ -97,7 +97,25 @@ def check_reserved(parameters: dict[str, Any]) -> None:
             )
 
 
-class Tensor:
+class _Record:
+    """A dataclass's equality (the same class, its FIELDS equal in order) and repr, for the records below.
+    Defining __eq__ leaves them unhashable, as a dataclass is."""
+
+    __slots__ = ()
+    FIELDS: tuple[str, ...] = ()
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        names = self.FIELDS
+        return tuple(getattr(self, n) for n in names) == tuple(getattr(other, n) for n in names)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.FIELDS)
+        return f"{type(self).__name__}({fields})"
+
+
+class Tensor(_Record):
     """A named tensor. `data` is a numpy array shaped `shape` (BYTES: an object array of bytes).
 
     Numeric data may be a zero-copy (read-only) view over the request body.
@@ -106,7 +124,7 @@ class Tensor:
     classes with their own `__init__` rather than dataclasses: compiled, each is an extension type
     (tensor.pxd) whose `__init__` fills C fields, 0.04 against 0.14 us a Tensor and 0.08 against 0.23-0.30
     an InferRequest (Cython refuses a dataclass's `slots=` and `KW_ONLY`, and its own dataclasses build
-    slower). Equality and repr are a dataclass's.
+    slower). Equality and repr are a dataclass's (_Record).
     """
 
     __slots__ = FIELDS = ("name", "datatype", "shape", "data", "parameters")
@@ -125,14 +143,8 @@ class Tensor:
         self.data = data
         self.parameters: dict[str, Any] = {} if parameters is None else parameters
 
-    def __eq__(self, other: object) -> bool:
-        return _same(self, other)
 
-    def __repr__(self) -> str:
-        return _record_repr(self)
-
-
-class RequestedOutput:
+class RequestedOutput(_Record):
     __slots__ = FIELDS = ("name", "binary", "parameters", "class_count")
 
     def __init__(
@@ -147,14 +159,8 @@ class RequestedOutput:
         self.parameters: dict[str, Any] = {} if parameters is None else parameters
         self.class_count = class_count
 
-    def __eq__(self, other: object) -> bool:
-        return _same(self, other)
 
-    def __repr__(self) -> str:
-        return _record_repr(self)
-
-
-class InferRequest:
+class InferRequest(_Record):
     __slots__ = FIELDS = (
         "model_name",
         "model_version",
@@ -202,14 +208,8 @@ class InferRequest:
         self.sequence_id = sequence_id
         self.sequence_flags = sequence_flags
 
-    def __eq__(self, other: object) -> bool:
-        return _same(self, other)
 
-    def __repr__(self) -> str:
-        return _record_repr(self)
-
-
-class InferResponse:
+class InferResponse(_Record):
     __slots__ = FIELDS = ("model_name", "model_version", "outputs", "id", "parameters")
 
     def __init__(
@@ -225,25 +225,6 @@ class InferResponse:
         self.outputs = outputs
         self.id = id
         self.parameters: dict[str, Any] = {} if parameters is None else parameters
-
-    def __eq__(self, other: object) -> bool:
-        return _same(self, other)
-
-    def __repr__(self) -> str:
-        return _record_repr(self)
-
-
-def _same(record: Any, other: Any) -> bool:
-    """A dataclass's equality: the same class, and the fields equal in order."""
-    if type(other) is not type(record):
-        return NotImplemented
-    names = record.FIELDS
-    return tuple(getattr(record, n) for n in names) == tuple(getattr(other, n) for n in names)
-
-
-def _record_repr(record: Any) -> str:
-    fields = ", ".join(f"{name}={getattr(record, name)!r}" for name in record.FIELDS)
-    return f"{type(record).__name__}({fields})"
 
 
 def checked_shape(raw: Any, what: str) -> tuple[tuple[int, ...], int]:

@@ -370,7 +370,7 @@ class H1Connection(BaseConnection):
             try:
                 if request.answer is not None:  # traced: HTTP_SEND_START and _END around it, then the trace
                     await send_timed(request.answer, self._answer(response, request, keep_alive))
-                elif not self._wrote_whole(response, request.method, keep_alive):
+                elif not self._wrote_whole(response, request.method, keep_alive):  # _answer, no coroutine
                     await self._write(response, request, keep_alive)
             except ConnectionError:
                 return
