@@ -1,7 +1,8 @@
 """The server's parts assembled from the command line: each port's router, the gRPC services, and serving
-the ports. The same parts serve in one process (`--workers 1`, server/cli.py), in the engine (what the
-workers forward to it, server/engine.py) and in each front-end worker (server/frontend.py, which serves the
-inference routes itself and forwards the others)."""
+the ports. `build` makes the whole server: one process (`--workers 1`, server/cli.py), and the engine
+(which also answers what the workers forward to it, server/engine.py). `build_worker` makes a front-end
+worker's (server/frontend.py): the front end alone (`install_front_end`, inference on every protocol,
+declared there once for REST and gRPC), every other route and method forwarded."""
 
 from __future__ import annotations
 
@@ -16,29 +17,34 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from grpclib.const import Cardinality, Handler
+
 from tensorgate.codec import purepython, v2_http
 from tensorgate.server import grpc
 from tensorgate.server.endpoints.customized import StreamingControl
 from tensorgate.server.endpoints.generate import GenerateEndpoints
-from tensorgate.server.endpoints.grps import GrpsEndpoints
+from tensorgate.server.endpoints.grps import GrpsEndpoints, GrpsPredict, install_customized
 from tensorgate.server.endpoints.monitor import MonitorEndpoints
 from tensorgate.server.endpoints.repository import RepositoryEndpoints
 from tensorgate.server.endpoints.settings import SettingsEndpoints
-from tensorgate.server.endpoints.tfserving import TFServingEndpoints
-from tensorgate.server.endpoints.v2 import V2Endpoints, error_response
+from tensorgate.server.endpoints.tfserving import TFServingEndpoints, TFServingInference
+from tensorgate.server.endpoints.v2 import V2Endpoints, V2Inference, error_response
 from tensorgate.server.engine_client import EngineClient, Forwarder, InProcess
 from tensorgate.server.grpc.inference import RawMessage
+from tensorgate.server.grps import GrpsInference, GrpsStatus
+from tensorgate.server.http.grpc_call import GrpcServices
 from tensorgate.server.http.listener import Listener, Offline, TlsFiles, address_of, bind, tls_context
 from tensorgate.server.metrics import metrics_router
 from tensorgate.server.options_transport import http_settings
 from tensorgate.server.router import Router
+from tensorgate.server.tfserving import TFServing
 
 if TYPE_CHECKING:
-    from tensorgate.server.http.grpc_call import GrpcServices
     from tensorgate.server.log_settings import LogControl
     from tensorgate.server.monitor import Monitor
     from tensorgate.server.repository import Repository
     from tensorgate.server.shared_memory import SharedMemory
+    from tensorgate.server.tracing.frontend import Sampler
     from tensorgate.server.tracing.tracer import Tracer
 
 # Where we listen is always said, whatever --log-level: with port 0 it is the only way to learn the port.
@@ -54,6 +60,19 @@ class Parts:
     grpc_services: GrpcServices
 
 
+def install_front_end(
+    args: argparse.Namespace, engine: EngineClient, tracer: Sampler, router: Router
+) -> list:
+    """What a front end answers by itself, REST and gRPC alike: inference on every protocol, through
+    `engine` (server/engine_client.py). Its routes go on `router`; its gRPC servicers are returned. This
+    is all a front-end worker builds (`build_worker`); one process and the engine build the rest beside it."""
+    V2Inference(engine, tracer, args.http_forward, args.http_max_input_size).install(router)
+    GenerateEndpoints(engine, tracer, args.http_max_input_size).install(router)
+    GrpsPredict(GrpsInference(engine, args.grps_default_model), streaming_control(args)).install(router)
+    TFServingInference(TFServing(engine)).install(router)
+    return grpc.front_end_services(engine, tracer, args.grps_default_model, args.grpc_forward)
+
+
 def build(
     args: argparse.Namespace,
     repository: Repository,
@@ -61,36 +80,27 @@ def build(
     monitor: Monitor | None,
     logs: LogControl,
     tracer: Tracer,
-    engine: EngineClient | None = None,
-    forward: Forwarder | None = None,
 ) -> Parts:
     """Every port's routes and the gRPC services over `repository` (ValueError: a customized grps path
-    that would take a built-in route's place). Inference goes through `engine`: by default the
-    repository's models in this process (server/engine_client.py). A front-end worker gives `forward`:
-    every route and method it does not serve itself then answers through the engine."""
-    engine = engine or InProcess(repository, shared_memory)
+    that would take a built-in route's place): the front end, its inference through the repository's
+    models in this process, and everything else."""
+    engine = InProcess(repository, shared_memory)
     router = Router(fallback_errors=error_response, max_body_bytes=args.max_request_bytes)
-    V2Endpoints(
-        engine, repository, shared_memory, tracer, args.http_forward, max_input_size=args.http_max_input_size
-    ).install(router)
+    front_end = install_front_end(args, engine, tracer, router)
+    V2Endpoints(repository, shared_memory).install(router)
     SettingsEndpoints(repository, logs, tracer).install(router)
-    GenerateEndpoints(engine, tracer, args.http_max_input_size).install(router)
-    streaming = StreamingControl(
-        args.grps_streaming_ctrl_mode, args.grps_streaming_ctrl_key, args.grps_streaming_res_content_type
-    )
-    grps_endpoints = GrpsEndpoints(
-        engine, repository, args.grps_default_model, streaming, args.grps_customized_predict_http
-    )
-    grps_endpoints.install(router)
+    GrpsEndpoints(GrpsStatus(repository, args.grps_default_model)).install(router)
     MonitorEndpoints(monitor).install(router)
-    TFServingEndpoints(engine, repository).install(router)
+    TFServingEndpoints(TFServing(engine)).install(router)
     RepositoryEndpoints(repository).install(router)
-    grps_endpoints.install_customized(router)  # last: it must not take a built-in route's place
+    grps = GrpsInference(engine, args.grps_default_model)
+    install_customized(router, grps, streaming_control(args), args.grps_customized_predict_http)  # last
     router.restrict(args.http_restrictions)
     routers = {"gRPC": Router(error_response, args.max_request_bytes), "HTTP": router}
     if args.allow_metrics:
         routers["Metrics"] = metrics_router(repository, monitor)
     services = grpc.services(
+        front_end,
         engine,
         repository,
         args.grps_default_model,
@@ -99,13 +109,35 @@ def build(
         logs,
         tracer,
         args.grpc_restrictions,
-        args.grpc_forward,
     )
-    if forward is not None:
-        for name, port_router in routers.items():
-            port_router.delegate(functools.partial(forward.http, name))
-        services.delegate(forward.grpc, RawMessage)
     return Parts(routers, services)
+
+
+def build_worker(
+    args: argparse.Namespace, engine: EngineClient, tracer: Sampler, forward: Forwarder
+) -> Parts:
+    """A front-end worker's ports: the front end, and every other route and gRPC method forwarded to the
+    engine (`forward`), which answers it as the one server it is (404s and 405s too)."""
+    routers = {
+        name: Router(error_response, args.max_request_bytes, functools.partial(forward.http, name))
+        for name in PORTS
+    }
+    front_end = install_front_end(args, engine, tracer, routers["HTTP"])
+    routers["HTTP"].restrict(args.http_restrictions)
+
+    def relay(path: str) -> Handler:
+        return Handler(
+            functools.partial(forward.grpc, path), Cardinality.STREAM_STREAM, RawMessage, RawMessage
+        )
+
+    services = GrpcServices(front_end, args.grpc_max_message_bytes, args.grpc_restrictions, relay)
+    return Parts(routers, services)
+
+
+def streaming_control(args: argparse.Namespace) -> StreamingControl:
+    return StreamingControl(
+        args.grps_streaming_ctrl_mode, args.grps_streaming_ctrl_key, args.grps_streaming_res_content_type
+    )
 
 
 class BindError(Exception):

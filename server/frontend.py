@@ -54,9 +54,8 @@ from tensorgate.server.link import Inbox, Link
 from tensorgate.server.log_settings import LogControl
 from tensorgate.server.model import ModelVersion
 from tensorgate.server.router import HttpRequest, HttpResponse
-from tensorgate.server.shared_memory import SharedMemory
 from tensorgate.server.tracing.frontend import Timing
-from tensorgate.server.worker_models import FrontEndRepository, LocalModels
+from tensorgate.server.worker_models import EngineTable, LocalModels
 
 log = logging.getLogger("tensorgate.worker")
 _FROM_ENGINE = msgspec.msgpack.Decoder(msg.TO_WORKER)
@@ -93,7 +92,7 @@ class LinkedEngine:
         self.next_id = 0
         self.gone = asyncio.Event()  # the link closed: the engine is gone
         self.local = LocalModels(self.link, self.gone)
-        self.repository = FrontEndRepository(self.local)
+        self.table = EngineTable(self.local)
         self.tracer = WorkerTracer(self)
         self.timed: dict[int, Trace] = {}  # inference calls timed here (while tracing is on): their traces
         self.offline = Offline()
@@ -152,7 +151,7 @@ class LinkedEngine:
     def resolve(self, name: str, version: str = "") -> ModelVersion:
         """The version a request reaches: as this worker last heard of it from the engine, or this worker's
         own instance of it, unless the engine traces (it samples and writes every trace)."""
-        found = self.repository.resolve(name, version)
+        found = self.table.resolve(name, version)
         if self.local.instances and not self.tracer.on:
             return self.local.instances.get(found, found)
         return found
@@ -342,12 +341,11 @@ class LinkedEngine:
     def _event(self, name: str, payload: Any) -> None:
         if name == "models":
             table, sequence = payload
-            self.repository.apply(table)
+            self.table.apply(table)
             self.link.send(msg.Event("ack", sequence))
             if not self.first_table.done():
                 self.first_table.set_result(None)
         elif name == "online":
-            self.repository.online = payload
             self.offline.set(not payload)
         elif name == "logs" and self.logs is not None:
             self.logs.update(payload)
@@ -480,16 +478,7 @@ async def serve(args: argparse.Namespace, logs: LogControl) -> None:
     await loop.create_unix_connection(lambda: client.link, sock=link_socket)
     await client.first_table
     # The engine samples and writes every trace (one count, one file): this process times its requests.
-    parts = assembly.build(
-        args,
-        client.repository,
-        SharedMemory(False),  # every shared-memory route is forwarded: this registry stays empty
-        None,
-        logs,
-        client.tracer,  # type: ignore[arg-type]
-        engine=client,
-        forward=client,
-    )
+    parts = assembly.build_worker(args, client, client.tracer, client)
     raise_fd_limit()
 
     async def shutdown_trigger() -> None:

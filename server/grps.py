@@ -1,5 +1,6 @@
 """The grps interface (NetEase-Media/grps): what its REST endpoints (server/endpoints/grps.py) and its
-gRPC GrpsService (server/grpc/grps.py) share.
+gRPC GrpsService (server/grpc/grps.py) share: predicting (`GrpsInference`, the front end's) and the
+server's health and metadata (`GrpsStatus`, over the repository).
 
 Every answer carries `status` {code, msg, status: SUCCESS | FAILURE}.
 """
@@ -30,27 +31,22 @@ log = logging.getLogger("tensorgate.grps")
 UNAVAILABLE = HTTP_STATUS[ErrorKind.UNAVAILABLE]
 
 
-class Grps:
-    """The grps interface over the model repository, for both front doors."""
+class GrpsInference:
+    """Predict and PredictStreaming, for both front doors, through the engine client."""
 
-    def __init__(
-        self, engine: EngineClient, repository: Repository, default_model: str | None = None
-    ) -> None:
+    def __init__(self, engine: EngineClient, default_model: str | None = None) -> None:
         self.engine = engine  # inference (server/engine_client.py)
-        self.repository = repository
-        self.default_model = default_model
-
-    # ------------------------------------------------------------------------------------ inference
+        self.default_model = default_model  # --grps-default-model
 
     def select(self, model: str) -> ModelVersion:
         """The version `name` or `name-version` names; without one, the default model."""
         if not model:
             model = self.default_model or self._only_model()
-        name, version = mapping.split_model(model, self.repository.models.__contains__)
+        name, version = mapping.split_model(model, self.engine.table.models.__contains__)
         return self.engine.resolve(name, version)
 
     def _only_model(self) -> str:
-        names = list(self.repository.models)
+        names = list(self.engine.table.models)
         if len(names) == 1:
             return names[0]
         if not names:
@@ -82,7 +78,13 @@ class Grps:
         version = self.select(payload.model)
         return version, mapping.to_infer_request(payload, version.name, version.version_str, version.inputs)
 
-    # --------------------------------------------------------------------------- health, metadata
+
+class GrpsStatus:
+    """Online and Offline, health and metadata, over the repository."""
+
+    def __init__(self, repository: Repository, default_model: str | None = None) -> None:
+        self.repository = repository
+        self.default_model = default_model  # --grps-default-model
 
     def set_online(self, online: bool) -> None:
         self.repository.online = online

@@ -15,7 +15,6 @@ import re
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
 from tensorgate.codec.errors import ErrorKind, InferError
 from tensorgate.server import restricted
@@ -24,7 +23,6 @@ log = logging.getLogger("tensorgate.http")
 
 Chunks = list[bytes | memoryview] | AsyncIterator[bytes]
 MATCHES_KEPT = 1024
-Marked = TypeVar("Marked", bound=Callable[..., Any])
 
 
 @dataclass(slots=True)
@@ -57,24 +55,6 @@ def body_response(body: bytes, content_type: bytes = b"application/json", status
 Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
 
 
-def front_end(handler: Marked) -> Marked:
-    """Marks an endpoint (a route's handler, a gRPC method) that a front-end worker serves itself
-    (inference: decoded and answered there); a worker forwards every other route and method to the engine
-    (server/frontend.py). This mark is the one place that says what a worker serves itself."""
-    handler.front_end = True  # type: ignore[attr-defined]
-    return handler
-
-
-def is_front_end(handler: Callable[..., Any]) -> bool:
-    """Whether `handler` is marked `front_end`; for a generated gRPC servicer's handler (`__rpc_<name>`,
-    which calls the servicer's `<name>`), whether that method is."""
-    if getattr(handler, "front_end", False):
-        return True
-    name = getattr(handler, "__name__", "")
-    called = getattr(getattr(handler, "__self__", None), name.removeprefix("__rpc_"), None)
-    return name.startswith("__rpc_") and getattr(called, "front_end", False)
-
-
 ErrorResponder = Callable[[InferError], HttpResponse]
 
 
@@ -97,10 +77,17 @@ def compile_path(template: str) -> re.Pattern:
 
 
 class Router:
-    def __init__(self, fallback_errors: ErrorResponder, max_body_bytes: int = 1 << 30) -> None:
+    """Routes by method and path. With `forward` (a front-end worker's, server/frontend.py), a request
+    that no route of its method takes is forwarded whole to the engine, which answers it (404 and 405
+    too) as the one server it is."""
+
+    def __init__(
+        self, fallback_errors: ErrorResponder, max_body_bytes: int = 1 << 30, forward: Handler | None = None
+    ) -> None:
         self.max_body_bytes = max_body_bytes  # what a compressed body may inflate to
         self.routes: dict[str, list[Route]] = {}  # by method: a request tries only its method's routes
         self.fallback_errors = fallback_errors
+        self.forwarded = None if forward is None else Route("", re.compile(""), forward, fallback_errors)
         # (method, path) -> its match: a server sees the same few paths again and again. Handlers
         # only read the parameters, so a match is shared. Cleared when full, so any path may come.
         self._matched: dict[tuple[str, str], tuple[Route, dict[str, str]]] = {}
@@ -122,16 +109,6 @@ class Router:
             group: (header.lower().encode("latin-1"), value.encode(), restricted.http_message(header))
             for group, (header, value) in restrictions.items()
         }
-
-    def delegate(self, handler: Handler) -> None:
-        """Every route not marked `front_end` answers with `handler` instead (a front-end worker's: through
-        the engine), its path, errors and API group kept."""
-        for method, routes in self.routes.items():
-            self.routes[method] = [
-                r if is_front_end(r.handler) else Route(r.method, r.pattern, handler, r.errors, r.group)
-                for r in routes
-            ]
-        self._matched.clear()
 
     def find(self, method: str, path: str) -> tuple[Route, dict[str, str]] | HttpResponse:
         """The route and its path parameters, or the answer when there is none (404, 405 with Allow)."""
@@ -174,6 +151,8 @@ class Router:
                     self._matched.clear()
                 matched = self._matched[method, path] = (route, found.groupdict(""))
                 return matched
+        if self.forwarded is not None:
+            return self.forwarded, {}
         allowed = [
             route
             for other, routes in self.routes.items()

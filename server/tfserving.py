@@ -23,7 +23,6 @@ from tensorgate.server.model import UNLOADED, ModelState
 if TYPE_CHECKING:
     from tensorgate.server.engine_client import EngineClient
     from tensorgate.server.model import ModelVersion, TensorSpec
-    from tensorgate.server.repository import Repository
 
 LABELS_PARAMETER = "version_labels"
 SIGNATURE_PREFIX = "signature:"
@@ -99,11 +98,11 @@ class View:
 
 
 class TFServing:
-    """The repository as TF Serving shows it; a View per model version, built once."""
+    """The models as TF Serving shows them (the engine client's table: server/engine_client.py); a View per
+    model version, built once."""
 
-    def __init__(self, engine: EngineClient, repository: Repository) -> None:
-        self.engine = engine  # inference (server/engine_client.py)
-        self.repository = repository
+    def __init__(self, engine: EngineClient) -> None:
+        self.engine = engine
         self._views: weakref.WeakKeyDictionary[ModelVersion, View] = weakref.WeakKeyDictionary()
 
     def view(self, version: ModelVersion) -> View:
@@ -114,7 +113,7 @@ class TFServing:
 
     def labeled(self, name: str, label: str) -> str:
         """The version a label names, as a string."""
-        labels = version_labels(self.repository.model(name).config, name)
+        labels = version_labels(self.engine.table.model(name).config, name)
         if label not in labels:
             raise invalid(f"Unrecognized servable version label: {label}")
         return str(labels[label])
@@ -126,7 +125,7 @@ class TFServing:
 
     def statuses(self, name: str, version: str) -> list[tuple[int, str, str]]:
         """(version, state, error message) of the version named, or of every version newest first."""
-        model = self.repository.model(name)
+        model = self.engine.table.model(name)
         if version:
             found = model.versions.get(int(version))
             if found is None:

@@ -30,6 +30,7 @@ from tensorgate.codec.trace import Trace
 from tensorgate.server import assembly
 from tensorgate.server.arena import Arena, LinkArenas
 from tensorgate.server.http import eager
+from tensorgate.server.http.grpc_call import NO_REQUEST
 from tensorgate.server.link import Credit, Inbox, Link
 from tensorgate.server.repository import Repository
 from tensorgate.server.router import HttpRequest, HttpResponse
@@ -364,11 +365,17 @@ class RelayedCall:
         self.handler = handler
         self.metadata = metadata
         self.inbox = link.inboxes[call_id]
+        self.received = 0
 
     async def recv_message(self) -> Any:
+        """The next message the worker relayed; None after the last. The worker relays every call as a
+        stream: a unary method's missing request is found here."""
         message = await self.inbox.get()
         if isinstance(message, msg.End):
+            if self.received == 0 and not self.handler.cardinality.value.client_streaming:
+                raise GRPCError(Status.INTERNAL, NO_REQUEST)
             return None
+        self.received += 1
         return self.handler.request_type.FromString(message.payload)
 
     async def send_message(self, message: Any) -> None:

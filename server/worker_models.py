@@ -1,5 +1,5 @@
 """A front-end worker's models (`--workers`, server/frontend.py): the engine's model table as the worker last
-heard it (`FrontEndRepository`: what its inference requests resolve), and the versions it runs itself
+heard it (`EngineTable`: what its inference requests resolve), and the versions it runs itself
 (`LocalModels`, with --worker-models inline), kept in step with that table, their statistics sent to the
 engine.
 """
@@ -19,13 +19,13 @@ from tensorgate.server.repository_model import Ambiguous, Model, find_model
 log = logging.getLogger("tensorgate.worker")
 
 
-class FrontEndRepository:
-    """The engine's model table as this worker last heard it: what its inference routes resolve."""
+class EngineTable:
+    """The engine's model table as this worker last heard it: what its inference routes resolve (its
+    front end's ModelTable, server/engine_client.py)."""
 
     def __init__(self, local: LocalModels) -> None:
         self.local = local  # this worker's own instances, kept in step with the table
         self.models: dict[str, Model] = {}
-        self.online = True
 
     def model(self, name: str) -> Model:
         return find_model(self.models, name)

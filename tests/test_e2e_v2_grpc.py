@@ -24,17 +24,21 @@ from grpc_helpers import (
     SERVICE,
     SUMS,
     Stub,
+    answer,
     call,
     grpc_error,
+    open_call,
     open_stream,
     outputs,
     rest,
     simple_request,
+    status_of,
     tensor,
 )
 from grpclib import GRPCError
 from grpclib.client import UnaryUnaryMethod
 from grpclib.const import Status
+from h2_wire import H2Wire
 
 import tensorgate.proto.inference as pb
 
@@ -48,6 +52,18 @@ def test_health_and_server_metadata(v2_server: ServerProcess) -> None:
     assert {"name": metadata.name, "version": metadata.version, "extensions": metadata.extensions} == rest(
         v2_server, "GET", "/v2"
     ).json()
+
+
+def test_a_unary_call_that_ends_without_its_request_is_internal(v2_server: ServerProcess) -> None:
+    """Inference and the other methods alike (with --workers, one is a worker's, the other the engine's)."""
+    with H2Wire(("127.0.0.1", v2_server.grpc_port)) as h2:
+        h2.open()
+        for stream, method in ((1, "ModelInfer"), (3, "ServerLive"), (5, "ModelMetadata")):
+            open_call(h2, stream, SERVICE + method, b"")  # END_STREAM with no message
+            assert status_of(answer(h2, stream)[0]) == (13, "the call ended without its request message")
+        open_call(h2, 7, SERVICE + "ServerLive", bytes([0, 0, 0, 0, 0]))  # one empty message: a request
+        blocks, data = answer(h2, 7)
+        assert status_of(blocks) == (0, "") and pb.ServerLiveResponse.parse(data[5:]).live
 
 
 def test_model_ready(v2_server: ServerProcess) -> None:

@@ -223,55 +223,98 @@ def test_an_answer_over_this_workers_arena_is_read_before_the_release_that_follo
     asyncio.run(scenario())
 
 
-def test_what_a_worker_serves_itself_is_inference_on_every_protocol() -> None:
-    """The endpoints marked `front_end` (server/router.py), REST and gRPC alike: a worker serves these
-    and forwards every other route and method to the engine."""
-    from tensorgate.server import grpc
-    from tensorgate.server.endpoints.generate import GenerateEndpoints
-    from tensorgate.server.endpoints.grps import GrpsEndpoints
-    from tensorgate.server.endpoints.repository import RepositoryEndpoints
-    from tensorgate.server.endpoints.tfserving import TFServingEndpoints
-    from tensorgate.server.endpoints.v2 import V2Endpoints, error_response
+def server_args(*argv: str) -> Any:
+    """`tensorgate serve`'s options as the CLI leaves them (server/cli.py serve)."""
+    from tensorgate.server.options import build_parser
+
+    args = build_parser().parse_args(list(argv))
+    args.http_restrictions = args.grpc_restrictions = {}
+    args.http_forward = args.grpc_forward = None
+    return args
+
+
+def test_a_worker_builds_only_the_front_end_and_forwards_every_other_route_and_method() -> None:
+    """What a worker serves itself is inference on every protocol, REST and gRPC alike (server/assembly.py
+    install_front_end); every other route and method, and any path it has no route for, goes to the
+    engine, which answers it (404 and 405 too) as the one server it is."""
+    from tensorgate.server import assembly
     from tensorgate.server.engine_client import InProcess
     from tensorgate.server.log_settings import LogControl, LogSettings
-    from tensorgate.server.router import Router, is_front_end
+    from tensorgate.server.router import HttpRequest, body_response
     from tensorgate.server.served_models import ServedModels
     from tensorgate.server.shared_memory import SharedMemory
     from tensorgate.server.tracing.settings import TraceSetting
     from tensorgate.server.tracing.tracer import Tracer
 
+    forwarded: list[tuple[str, ...]] = []
+
+    class Engine:
+        async def http(self, port: str, request: HttpRequest) -> Any:
+            forwarded.append((port, request.method, request.path))
+            return body_response(b"the engine's")
+
+        async def grpc(self, path: str, call: Any) -> None:
+            forwarded.append(("grpc", path))
+
+    args = server_args("--model-repository", "unused")
     repository, shared_memory, tracer = ServedModels(), SharedMemory(False), Tracer(TraceSetting())
-    engine = InProcess(repository, shared_memory)
-    router = Router(error_response)
-    V2Endpoints(engine, repository, shared_memory, tracer).install(router)  # type: ignore[arg-type]
-    GenerateEndpoints(engine, tracer).install(router)
-    GrpsEndpoints(engine, repository).install(router)  # type: ignore[arg-type]
-    TFServingEndpoints(engine, repository).install(router)  # type: ignore[arg-type]
-    RepositoryEndpoints(repository).install(router)  # type: ignore[arg-type]
-    served = {
-        f"{type(route.handler.__self__).__name__}.{route.handler.__name__}"
-        for routes in router.routes.values()
-        for route in routes
-        if is_front_end(route.handler)
-    }
+    client = InProcess(repository, shared_memory)  # an EngineClient: what the front end asks for
+    worker = assembly.build_worker(args, client, tracer, Engine())
+    routes = [route for routes in worker.routers["HTTP"].routes.values() for route in routes]
+    served = {f"{type(route.handler.__self__).__name__}.{route.handler.__name__}" for route in routes}
     assert served == {
-        "V2Endpoints.infer",
+        "V2Inference.infer",
         "GenerateEndpoints.generate",
         "GenerateEndpoints.generate_stream",
-        "GrpsEndpoints.predict",
-        "TFServingEndpoints.predict",  # TF Serving's REST verbs, with and without a version or label
-        "TFServingEndpoints.classify",
-        "TFServingEndpoints.regress",
+        "GrpsPredict.predict",
+        "TFServingInference.predict",  # TF Serving's REST verbs, with and without a version or label
+        "TFServingInference.classify",
+        "TFServingInference.regress",
     }
-    forwarded = [r for routes in router.routes.values() for r in routes if not is_front_end(r.handler)]
-    assert len(forwarded) > 20  # health, metadata, statistics, shared memory, the repository API, ...
-    logs = LogControl(LogSettings())
-    services = grpc.services(engine, repository, None, 1 << 20, shared_memory, logs, tracer)  # type: ignore[arg-type]
-    methods = sorted(path for path, handler in services.handlers.items() if is_front_end(handler.func))
-    assert methods == [
+    assert {route.method for route in routes} == {"POST"}
+    assert sorted(worker.grpc_services.handlers) == [
         "/grps.protos.v1.GrpsService/Predict",
         "/grps.protos.v1.GrpsService/PredictStreaming",
         "/inference.GRPCInferenceService/ModelInfer",
         "/inference.GRPCInferenceService/ModelStreamInfer",
         "/tensorflow.serving.PredictionService/Predict",
     ]
+
+    async def ask(port: str, method: str, path: str) -> None:
+        router = worker.routers[port]
+        found = router.find(method, path)
+        assert isinstance(found, tuple), f"{port} {method} {path} was answered by the worker"
+        answer = await router.call(found[0], HttpRequest(method, path, b"", {}))
+        assert answer.chunks == [b"the engine's"]
+
+    async def scenario() -> None:
+        await ask("HTTP", "GET", "/v2/health/ready")
+        await ask("HTTP", "GET", "/v2/models/simple/infer")  # the engine's 405, not the worker's
+        await ask("HTTP", "POST", "/no/such/path")  # the engine's 404
+        await ask("HTTP", "POST", "/v2/repository/index")
+        await ask("Metrics", "GET", "/metrics")
+        for path in ("/inference.GRPCInferenceService/ServerLive", "/no.Such/Method"):
+            handler = worker.grpc_services.handler(path)
+            assert handler is not None
+            await handler.func(None)
+
+    asyncio.run(scenario())
+    assert forwarded == [
+        ("HTTP", "GET", "/v2/health/ready"),
+        ("HTTP", "GET", "/v2/models/simple/infer"),
+        ("HTTP", "POST", "/no/such/path"),
+        ("HTTP", "POST", "/v2/repository/index"),
+        ("Metrics", "GET", "/metrics"),
+        ("grpc", "/inference.GRPCInferenceService/ServerLive"),
+        ("grpc", "/no.Such/Method"),
+    ]
+
+    # One process serves the same front end, and everything else beside it.
+    whole = assembly.build(args, repository, shared_memory, None, LogControl(LogSettings()), tracer)  # type: ignore[arg-type]
+    everything = [route for routes in whole.routers["HTTP"].routes.values() for route in routes]
+    assert {r.pattern.pattern for r in routes} < {r.pattern.pattern for r in everything}
+    assert (
+        len(everything) - len(routes) > 20
+    )  # health, metadata, statistics, shared memory, the repository API
+    assert set(worker.grpc_services.handlers) < set(whole.grpc_services.handlers)
+    assert whole.grpc_services.handler("/no.Such/Method") is None  # UNIMPLEMENTED, here

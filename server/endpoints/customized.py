@@ -36,7 +36,7 @@ from tensorgate.codec.errors import InferError, invalid
 from tensorgate.server.router import HttpRequest, HttpResponse, Router
 
 if TYPE_CHECKING:
-    from tensorgate.server.grps import Grps
+    from tensorgate.server.grps import GrpsInference
 
 log = logging.getLogger("tensorgate.grps")
 
@@ -114,7 +114,7 @@ class HttpContext:
 
 
 class CustomizedHttp:
-    def __init__(self, grps: Grps, control: StreamingControl) -> None:
+    def __init__(self, grps: GrpsInference, control: StreamingControl) -> None:
         self.grps = grps
         self.control = control
 

@@ -14,7 +14,8 @@ is codec/generate.py.
   generator is closed (the transport closes the event stream, which closes it).
 - A traced request gets Triton's front-end timestamps (server/tracing/frontend.py): /generate as an
   infer; /generate_stream a pair of send timestamps per event, as Triton's (TimedEvents).
-- With --workers a worker serves both itself (`front_end`), its model in the engine. There, a streaming
+- With --workers a worker serves both itself (they are the front end's, server/assembly.py), its model
+  in the engine. There, a streaming
   model's request that decodes but that the engine refuses before the model runs is an error event,
   not the JSON error: the worker cannot tell that refusal from a failure as the first answer.
 """
@@ -38,8 +39,8 @@ from tensorgate.codec.generate import (
     sse_error,
 )
 from tensorgate.codec.v2_http import MAX_INPUT_SIZE
-from tensorgate.server.endpoints.v2 import error_response, json_response, sample
-from tensorgate.server.router import HttpRequest, HttpResponse, Router, body_response, front_end
+from tensorgate.server.endpoints.v2 import MODEL, error_response, json_response, sample
+from tensorgate.server.router import HttpRequest, HttpResponse, Router, body_response
 from tensorgate.server.tracing.frontend import (
     HTTP_SEND_END,
     HTTP_SEND_START,
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     from tensorgate.codec.trace import Trace
     from tensorgate.server.engine_client import EngineClient
     from tensorgate.server.model import ModelVersion
-    from tensorgate.server.tracing.tracer import Tracer
+    from tensorgate.server.tracing.frontend import Sampler
 
 log = logging.getLogger("tensorgate.generate")
 
@@ -63,15 +64,14 @@ ONE_RESPONSE = (
 
 
 class GenerateEndpoints:
-    def __init__(self, engine: EngineClient, tracer: Tracer, max_input_size: int = MAX_INPUT_SIZE) -> None:
+    def __init__(self, engine: EngineClient, tracer: Sampler, max_input_size: int = MAX_INPUT_SIZE) -> None:
         self.engine = engine
         self.tracer = tracer
         self.max_input_size = max_input_size  # --http-max-input-size
 
     def install(self, router: Router) -> None:
-        model = "/v2/models/{model}[/versions/{version}]"
-        router.add("POST", model + "/generate", self.generate, error_response)
-        router.add("POST", model + "/generate_stream", self.generate_stream, error_response)
+        router.add("POST", MODEL + "/generate", self.generate, error_response)
+        router.add("POST", MODEL + "/generate_stream", self.generate_stream, error_response)
 
     def _request(self, request: HttpRequest) -> tuple[ModelVersion, InferRequest]:
         name, version = request.params["model"], parse_version(request.params["version"])
@@ -82,7 +82,6 @@ class GenerateEndpoints:
             infer_request.trace = sample(self.tracer, name, request.headers)
         return found, infer_request
 
-    @front_end
     async def generate(self, request: HttpRequest) -> HttpResponse:
         model_version, infer_request = self._request(request)
         trace = infer_request.trace
@@ -107,7 +106,6 @@ class GenerateEndpoints:
             trace.stamp_front(INFER_RESPONSE_COMPLETE, perf_counter_ns())
         return body_response(body, JSON_CONTENT_TYPE)
 
-    @front_end
     async def generate_stream(self, request: HttpRequest) -> HttpResponse:
         model_version, infer_request = self._request(request)
         trace = infer_request.trace
@@ -178,7 +176,7 @@ class TimedEvents:
     sending, here from the event handed to the transport to its asking for the next), when `stamping`
     (a request our transport received). Closing it (the transports always do) finishes the trace."""
 
-    def __init__(self, events: AsyncIterator[bytes], tracer: Tracer, trace: Trace, stamping: bool) -> None:
+    def __init__(self, events: AsyncIterator[bytes], tracer: Sampler, trace: Trace, stamping: bool) -> None:
         self.events = events
         self.tracer = tracer
         self.trace = trace

@@ -16,12 +16,10 @@ from tensorgate.codec import grps as wire
 from tensorgate.codec import grps_answers as answers
 from tensorgate.codec.errors import ErrorKind, InferError, invalid
 from tensorgate.server.endpoints.customized import CustomizedHttp, StreamingControl
-from tensorgate.server.grps import Grps
-from tensorgate.server.router import HttpRequest, HttpResponse, Router, body_response, front_end
+from tensorgate.server.router import HttpRequest, HttpResponse, Router, body_response
 
 if TYPE_CHECKING:
-    from tensorgate.server.engine_client import EngineClient
-    from tensorgate.server.repository import Repository
+    from tensorgate.server.grps import GrpsInference, GrpsStatus
 
 log = logging.getLogger("tensorgate.grps")
 
@@ -40,18 +38,48 @@ def error_response(error: InferError) -> HttpResponse:
     return status_response(answers.status_code(error), error.message)
 
 
-class GrpsEndpoints:
-    def __init__(
-        self,
-        engine: EngineClient,
-        repository: Repository,
-        default_model: str | None = None,
-        streaming: StreamingControl | None = None,
-        customized_path: str | None = None,
-    ) -> None:
-        self.grps = Grps(engine, repository, default_model)
+def install_customized(
+    router: Router, grps: GrpsInference, streaming: StreamingControl, path: str | None
+) -> None:
+    """--grps-customized-predict-http, once every other route is in (it may not take one's place)."""
+    if path:
+        CustomizedHttp(grps, streaming).install(router, path, error_response)
+
+
+class GrpsPredict:
+    """POST /grps/v1/infer/predict: the front end's, through the engine client."""
+
+    def __init__(self, grps: GrpsInference, streaming: StreamingControl | None = None) -> None:
+        self.grps = grps
         self.streaming = streaming or StreamingControl()
-        self.customized_path = customized_path
+
+    def install(self, router: Router) -> None:
+        router.add("POST", ROOT + "/infer/predict", self.predict, error_response)
+
+    async def predict(self, request: HttpRequest) -> HttpResponse:
+        query = _query(request.query)
+        content_type = request.headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+        if content_type == OCTET_STREAM:
+            payload = wire.payload_from_bytes(request.body)
+        else:
+            payload = wire.payload_from_json(request.body)
+        payload.model = payload.model or query.get("model", "")  # the body's model wins
+        return_ndarray = _flag(query, "return-ndarray")
+        if self.streaming.wants(request):
+            stream = await self.grps.predict_stream(payload, return_ndarray)
+            content_type = self.streaming.content_type.encode()
+            return HttpResponse(answers.OK, [(b"content-type", content_type)], _chunks(stream))
+        answer = await self.grps.predict(payload, return_ndarray)
+        if answer.kind == wire.BIN_DATA:
+            return body_response(answer.data, OCTET_STREAM, answers.OK)
+        return body_response(answers.answer_json(answer))
+
+
+class GrpsEndpoints:
+    """Online and Offline, health and metadata, over the repository."""
+
+    def __init__(self, grps: GrpsStatus) -> None:
+        self.grps = grps
 
     def install(self, router: Router) -> None:
         both, post = ("GET", "POST"), ("POST",)
@@ -60,17 +88,11 @@ class GrpsEndpoints:
             (both, "/health/offline", self.offline),
             (both, "/health/live", self.live),
             (both, "/health/ready", self.ready),
-            (post, "/infer/predict", self.predict),
             (both, "/metadata/server", self.server_metadata),
             (post, "/metadata/model", self.model_metadata),
         ):
             for method in methods:
                 router.add(method, ROOT + path, handler, error_response)
-
-    def install_customized(self, router: Router) -> None:
-        """The customized predict path, once every other route is in (it may not take one's place)."""
-        if self.customized_path:
-            CustomizedHttp(self.grps, self.streaming).install(router, self.customized_path, error_response)
 
     async def online(self, request: HttpRequest) -> HttpResponse:
         self.grps.set_online(True)
@@ -97,25 +119,6 @@ class GrpsEndpoints:
         return body_response(
             answers.answer_json(answers.Answer(wire.STR_DATA, self.grps.model_metadata(name)))
         )
-
-    @front_end
-    async def predict(self, request: HttpRequest) -> HttpResponse:
-        query = _query(request.query)
-        content_type = request.headers.get(b"content-type", b"").split(b";")[0].strip().lower()
-        if content_type == OCTET_STREAM:
-            payload = wire.payload_from_bytes(request.body)
-        else:
-            payload = wire.payload_from_json(request.body)
-        payload.model = payload.model or query.get("model", "")  # the body's model wins
-        return_ndarray = _flag(query, "return-ndarray")
-        if self.streaming.wants(request):
-            stream = await self.grps.predict_stream(payload, return_ndarray)
-            content_type = self.streaming.content_type.encode()
-            return HttpResponse(answers.OK, [(b"content-type", content_type)], _chunks(stream))
-        answer = await self.grps.predict(payload, return_ndarray)
-        if answer.kind == wire.BIN_DATA:
-            return body_response(answer.data, OCTET_STREAM, answers.OK)
-        return body_response(answers.answer_json(answer))
 
 
 async def _chunks(stream: AsyncGenerator[answers.Answer, None]) -> AsyncIterator[bytes]:

@@ -10,15 +10,15 @@ from tensorgate.codec import tfserving
 from tensorgate.codec.errors import InferError, invalid
 from tensorgate.codec.tensor import InferResponse
 from tensorgate.codec.tfserving import TensorInfo
-from tensorgate.server.router import HttpRequest, HttpResponse, Router, body_response, front_end
+from tensorgate.server.router import HttpRequest, HttpResponse, Router, body_response
 from tensorgate.server.tfserving import TFServing, View
 
 if TYPE_CHECKING:
-    from tensorgate.server.engine_client import EngineClient
     from tensorgate.server.model import ModelVersion
-    from tensorgate.server.repository import Repository
 
 VERBS = ("predict", "classify", "regress")
+VERSIONED = "/v1/models/{model}[/versions/{version}]"
+LABELED = "/v1/models/{model}/labels/{label}"
 # Every method gets the catch-all, so nothing under /v1/ is answered 405 or with another protocol's body.
 METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
 
@@ -28,45 +28,35 @@ def error_response(error: InferError) -> HttpResponse:
     return body_response(body, status=status)
 
 
-class TFServingEndpoints:
-    def __init__(self, engine: EngineClient, repository: Repository) -> None:
-        self.repository = repository
-        self.tf = TFServing(engine, repository)
+def version_named(tf: TFServing, request: HttpRequest) -> str:
+    """The version the URL names, by number or by label; "" when it names none (the latest ready)."""
+    params = request.params
+    name, label, version = params["model"], params.get("label"), params.get("version")
+    if ":" in name:
+        raise _malformed(request)
+    if label:
+        return tf.labeled(name, label)
+    if not version:
+        return ""
+    if not (version.isascii() and version.isdigit()):
+        raise _malformed(request)
+    return version
+
+
+class TFServingInference:
+    """predict, classify and regress: the front end's, through the engine client."""
+
+    def __init__(self, tf: TFServing) -> None:
+        self.tf = tf
 
     def install(self, router: Router) -> None:
-        versioned = "/v1/models/{model}[/versions/{version}]"
-        labeled = "/v1/models/{model}/labels/{label}"
         for verb in VERBS:
-            for base in (versioned, labeled):
+            for base in (VERSIONED, LABELED):
                 router.add("POST", f"{base}:{verb}", getattr(self, verb), error_response)
-        for base in (versioned, labeled):
-            router.add("GET", base + "/metadata", self.metadata, error_response)
-            router.add("GET", base, self.status, error_response)
-        for method in METHODS:
-            router.add(method, "/v1[/{*rest}]", self.malformed, error_response)
-
-    # ------------------------------------------------------------------------------------------ helpers
-
-    def _version(self, request: HttpRequest) -> str:
-        """The version the URL names, by number or by label; "" when it names none (the latest ready)."""
-        params = request.params
-        name, label, version = params["model"], params.get("label"), params.get("version")
-        if ":" in name:
-            raise _malformed(request)
-        if label:
-            return self.tf.labeled(name, label)
-        if not version:
-            return ""
-        if not (version.isascii() and version.isdigit()):
-            raise _malformed(request)
-        return version
 
     def _resolve(self, request: HttpRequest) -> tuple[ModelVersion, View]:
-        return self.tf.resolve(request.params["model"], self._version(request))
+        return self.tf.resolve(request.params["model"], version_named(self.tf, request))
 
-    # ------------------------------------------------------------------------------------------ endpoints
-
-    @front_end
     async def predict(self, request: HttpRequest) -> HttpResponse:
         model_version, view = self._resolve(request)
         doc = tfserving.loads(request.body, "the request body")
@@ -77,11 +67,9 @@ class TFServingEndpoints:
         response = None if infer_request is None else await self.tf.engine.infer(model_version, infer_request)
         return body_response(tfserving.encode_predict(response, view.outputs, columnar))
 
-    @front_end
     async def classify(self, request: HttpRequest) -> HttpResponse:
         return await self._examples(request, tfserving.classify_outputs, tfserving.encode_classify)
 
-    @front_end
     async def regress(self, request: HttpRequest) -> HttpResponse:
         return await self._examples(request, tfserving.regress_output, tfserving.encode_regress)
 
@@ -101,12 +89,27 @@ class TFServingEndpoints:
         response = None if infer_request is None else await self.tf.engine.infer(model_version, infer_request)
         return body_response(encode(response, names, view.outputs))
 
+
+class TFServingEndpoints:
+    """A model's status and metadata, and TF Serving's answer to any other path under /v1/. Installed
+    after TFServingInference: its catch-all takes what no verb took."""
+
+    def __init__(self, tf: TFServing) -> None:
+        self.tf = tf
+
+    def install(self, router: Router) -> None:
+        for base in (VERSIONED, LABELED):
+            router.add("GET", base + "/metadata", self.metadata, error_response)
+            router.add("GET", base, self.status, error_response)
+        for method in METHODS:
+            router.add(method, "/v1[/{*rest}]", self.malformed, error_response)
+
     async def status(self, request: HttpRequest) -> HttpResponse:
-        statuses = self.tf.statuses(request.params["model"], self._version(request))
+        statuses = self.tf.statuses(request.params["model"], version_named(self.tf, request))
         return body_response(tfserving.model_status([tfserving.version_status(*s) for s in statuses]))
 
     async def metadata(self, request: HttpRequest) -> HttpResponse:
-        model_version, view = self._resolve(request)
+        model_version, view = self.tf.resolve(request.params["model"], version_named(self.tf, request))
         body = tfserving.model_metadata(
             model_version.name, model_version.version_str, self.tf.signature_defs(view)
         )

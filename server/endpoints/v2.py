@@ -1,5 +1,6 @@
-"""KServe v2 REST endpoints: health, server and model metadata, model config, statistics, infer, and
-Triton's system and CUDA shared-memory extensions."""
+"""KServe v2 REST endpoints: infer (`V2Inference`, the front end's, through the engine client), and health,
+server and model metadata, model config, statistics, and Triton's system and CUDA shared-memory extensions
+(`V2Endpoints`, over the repository)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from tensorgate.codec import v2_http
 from tensorgate.codec.errors import InferError, http_status, invalid, parse_version
 from tensorgate.codec.v2_http import HEADER_LENGTH_BYTES, decode_request, encode_response, parse_header_length
 from tensorgate.server import __version__, header_forwarding, identity
-from tensorgate.server.router import HttpRequest, HttpResponse, Router, body_response, front_end
+from tensorgate.server.router import HttpRequest, HttpResponse, Router, body_response
 from tensorgate.server.shared_memory import CUDA, SYSTEM, decode_handle
 from tensorgate.server.statistics import model_statistics
 from tensorgate.server.tracing.frontend import INFER_RESPONSE_COMPLETE, http_received
@@ -27,7 +28,9 @@ if TYPE_CHECKING:
     from tensorgate.server.model import ModelVersion
     from tensorgate.server.repository import Repository
     from tensorgate.server.shared_memory import SharedMemory
-    from tensorgate.server.tracing.tracer import Tracer
+    from tensorgate.server.tracing.frontend import Sampler
+
+MODEL = "/v2/models/{model}[/versions/{version}]"
 
 # Server metadata's extensions: exactly those implemented, in Triton's words and order (core server.cc).
 EXTENSIONS = [
@@ -57,7 +60,7 @@ def error_response(error: InferError) -> HttpResponse:
     return json_response({"error": error.message}, http_status(error))
 
 
-def sample(tracer: Tracer, model: str, headers: dict[bytes, bytes]) -> Trace | None:
+def sample(tracer: Sampler, model: str, headers: dict[bytes, bytes]) -> Trace | None:
     """The trace of a request when the tracer takes it; in OpenTelemetry mode its W3C trace context
     headers (the parent of its trace) go with it."""
     if tracer.otel is None:
@@ -65,35 +68,77 @@ def sample(tracer: Tracer, model: str, headers: dict[bytes, bytes]) -> Trace | N
     return tracer.sample(model, headers.get(b"traceparent"), headers.get(b"tracestate"))
 
 
-class V2Endpoints:
+class V2Inference:
+    """v2 infer, decoded and answered in the front end (server/engine_client.py)."""
+
     def __init__(
         self,
         engine: EngineClient,
-        repository: Repository,
-        shared_memory: SharedMemory,
-        tracer: Tracer,
+        tracer: Sampler,
         forward: re.Pattern | None = None,
         max_input_size: int = v2_http.MAX_INPUT_SIZE,
     ) -> None:
-        self.engine = engine  # inference (server/engine_client.py); the rest reads the repository
-        self.repository = repository
-        self.shared_memory = shared_memory
+        self.engine = engine
         self.tracer = tracer  # Triton's trace extension: `on` while any request may be traced
         self.forward = forward  # --http-header-forward-pattern
         self.max_input_size = max_input_size  # --http-max-input-size
 
     def install(self, router: Router) -> None:
-        model = "/v2/models/{model}[/versions/{version}]"
+        router.add("POST", MODEL + "/infer", self.infer, error_response)
+
+    async def infer(self, request: HttpRequest) -> HttpResponse:
+        params, body = request.params, request.body
+        name, version = params["model"], parse_version(params["version"])
+        model_version = self.engine.resolve(name, version)
+        header_length = parse_header_length(request.headers.get(HEADER_LENGTH_BYTES), len(body))
+        infer_request = decode_request(body, header_length, name, version, self.max_input_size)
+        if self.forward is not None:
+            infer_request.parameters.update(header_forwarding.from_headers(self.forward, request.headers))
+        if self.tracer.on:
+            infer_request.trace = sample(self.tracer, name, request.headers)
+            if infer_request.trace is not None:
+                return await self._infer_traced(model_version, infer_request, request)
+        response = await self.engine.infer(model_version, infer_request)
+        headers, chunks = encode_response(response, infer_request)
+        return HttpResponse(200, headers, chunks)
+
+    async def _infer_traced(
+        self, model_version: ModelVersion, infer_request: InferRequest, request: HttpRequest
+    ) -> HttpResponse:
+        trace = infer_request.trace
+        assert trace is not None  # infer checked it
+        # our transports stamp the answer's sending (its error's too) and then finish the trace
+        handed = http_received(self.tracer, trace, request)
+        try:
+            response = await self.engine.infer(model_version, infer_request)
+        except asyncio.CancelledError:
+            self.tracer.finish(trace)  # the client left: no answer goes out
+            raise
+        finally:
+            if not handed:
+                self.tracer.finish(trace)
+        headers, chunks = encode_response(response, infer_request)
+        trace.stamp_front(INFER_RESPONSE_COMPLETE, perf_counter_ns())
+        return HttpResponse(200, headers, chunks)
+
+
+class V2Endpoints:
+    """Health, metadata, configuration, statistics and the shared-memory registry, over the repository."""
+
+    def __init__(self, repository: Repository, shared_memory: SharedMemory) -> None:
+        self.repository = repository
+        self.shared_memory = shared_memory
+
+    def install(self, router: Router) -> None:
         for method, template, handler in (
             ("GET", "/v2", self.server_metadata),
             ("GET", "/v2/health/live", self.live),
             ("GET", "/v2/health/ready", self.ready),
             # before the model routes: /v2/models/stats is the statistics of all models, as in Triton
             ("GET", "/v2/models[/{model}[/versions/{version}]]/stats", self.model_stats),
-            ("GET", model, self.model_metadata),
-            ("GET", model + "/ready", self.model_ready),
-            ("GET", model + "/config", self.model_config),
-            ("POST", model + "/infer", self.infer),
+            ("GET", MODEL, self.model_metadata),
+            ("GET", MODEL + "/ready", self.model_ready),
+            ("GET", MODEL + "/config", self.model_config),
         ):
             router.add(method, template, handler, error_response)
         for kind in (SYSTEM, CUDA):
@@ -132,42 +177,6 @@ class V2Endpoints:
         version = parse_version(request.params["version"])
         await self.repository.gather_stats()
         return json_response(model_statistics(self.repository, request.params["model"], version))
-
-    @front_end
-    async def infer(self, request: HttpRequest) -> HttpResponse:
-        params, body = request.params, request.body
-        name, version = params["model"], parse_version(params["version"])
-        model_version = self.engine.resolve(name, version)
-        header_length = parse_header_length(request.headers.get(HEADER_LENGTH_BYTES), len(body))
-        infer_request = decode_request(body, header_length, name, version, self.max_input_size)
-        if self.forward is not None:
-            infer_request.parameters.update(header_forwarding.from_headers(self.forward, request.headers))
-        if self.tracer.on:
-            infer_request.trace = sample(self.tracer, name, request.headers)
-            if infer_request.trace is not None:
-                return await self._infer_traced(model_version, infer_request, request)
-        response = await self.engine.infer(model_version, infer_request)
-        headers, chunks = encode_response(response, infer_request)
-        return HttpResponse(200, headers, chunks)
-
-    async def _infer_traced(
-        self, model_version: ModelVersion, infer_request: InferRequest, request: HttpRequest
-    ) -> HttpResponse:
-        trace = infer_request.trace
-        assert trace is not None  # infer checked it
-        # our transports stamp the answer's sending (its error's too) and then finish the trace
-        handed = http_received(self.tracer, trace, request)
-        try:
-            response = await self.engine.infer(model_version, infer_request)
-        except asyncio.CancelledError:
-            self.tracer.finish(trace)  # the client left: no answer goes out
-            raise
-        finally:
-            if not handed:
-                self.tracer.finish(trace)
-        headers, chunks = encode_response(response, infer_request)
-        trace.stamp_front(INFER_RESPONSE_COMPLETE, perf_counter_ns())
-        return HttpResponse(200, headers, chunks)
 
     # ------------------------------------------------------------------------------- shared memory
 

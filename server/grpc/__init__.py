@@ -1,14 +1,16 @@
 """gRPC services (handlers, not transport: server/http/grpc_call.py serves them on our HTTP/2 layer).
 
-`services()` lists every servicer the server offers; each protocol module adds its own here.
+`front_end_services()` lists the servicers of a front end (inference: what a front-end worker answers by
+itself), `services()` every servicer the server offers; each protocol module adds its own here.
 """
 
 import re
+from typing import Any
 
 from tensorgate.server.engine_client import EngineClient
-from tensorgate.server.grpc.grps import GrpsService
+from tensorgate.server.grpc.grps import GrpsPredictService, GrpsService
 from tensorgate.server.grpc.health import HealthService
-from tensorgate.server.grpc.inference import InferenceService
+from tensorgate.server.grpc.inference import InferenceFrontEnd, InferenceService
 from tensorgate.server.grpc.reflection import (
     DESCRIPTORS,
     Descriptors,
@@ -16,16 +18,31 @@ from tensorgate.server.grpc.reflection import (
     ReflectionV1,
     ReflectionV1Alpha,
 )
-from tensorgate.server.grpc.tfserving import PredictionService
+from tensorgate.server.grpc.tfserving import PredictFrontEnd, PredictionService
+from tensorgate.server.grps import GrpsInference, GrpsStatus
 from tensorgate.server.http.grpc_call import GrpcServices
 from tensorgate.server.log_settings import LogControl
 from tensorgate.server.repository import Repository
 from tensorgate.server.restricted import Restrictions
 from tensorgate.server.shared_memory import SharedMemory
+from tensorgate.server.tfserving import TFServing
+from tensorgate.server.tracing.frontend import Sampler
 from tensorgate.server.tracing.tracer import Tracer
 
 
+def front_end_services(
+    engine: EngineClient, tracer: Sampler, grps_default_model: str | None, forward: re.Pattern | None = None
+) -> list[Any]:
+    """The methods a front end answers by itself: inference, through `engine` (server/assembly.py)."""
+    return [
+        InferenceFrontEnd(engine, tracer, forward),
+        GrpsPredictService(GrpsInference(engine, grps_default_model)),
+        PredictFrontEnd(TFServing(engine)),
+    ]
+
+
 def services(
+    front_end: list[Any],
     engine: EngineClient,
     repository: Repository,
     grps_default_model: str | None,
@@ -34,16 +51,16 @@ def services(
     logs: LogControl,
     tracer: Tracer,
     restrictions: Restrictions | None = None,
-    forward: re.Pattern | None = None,
 ) -> GrpcServices:
-    """The services served on --grpc-port and, over HTTP/2, on --http-port."""
+    """The services served on --grpc-port and, over HTTP/2, on --http-port: the front end's and the rest."""
     health = HealthService(repository)
     reflection = Reflection(Descriptors(DESCRIPTORS.read_bytes()))
     served = GrpcServices(
         [
-            InferenceService(engine, repository, shared_memory, logs, tracer, forward),
-            GrpsService(engine, repository, grps_default_model),
-            PredictionService(engine, repository),
+            *front_end,
+            InferenceService(repository, shared_memory, logs, tracer),
+            GrpsService(GrpsStatus(repository, grps_default_model)),
+            PredictionService(TFServing(engine), repository),
             health,
             ReflectionV1(reflection),
             ReflectionV1Alpha(reflection),

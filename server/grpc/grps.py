@@ -9,14 +9,13 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
+from grpclib.const import Handler
+
 import tensorgate.proto.grps.protos.v1 as pb
 from tensorgate.codec import grps as wire
 from tensorgate.codec import grps_answers as answers
 from tensorgate.codec.errors import ErrorKind, InferError
-from tensorgate.server.engine_client import EngineClient
-from tensorgate.server.grps import Grps
-from tensorgate.server.repository import Repository
-from tensorgate.server.router import front_end
+from tensorgate.server.grps import GrpsInference, GrpsStatus
 
 log = logging.getLogger("tensorgate.grps")
 
@@ -30,13 +29,19 @@ def _failure(error: Exception, rpc_name: str) -> pb.GrpsMessage:
     return answers.error_message(InferError(ErrorKind.INTERNAL, f"internal error serving {rpc_name}"))
 
 
-class GrpsService(pb.GrpsServiceBase):
-    def __init__(
-        self, engine: EngineClient, repository: Repository, default_model: str | None = None
-    ) -> None:
-        self.grps = Grps(engine, repository, default_model)
+PREDICTS = frozenset(("/grps.protos.v1.GrpsService/Predict", "/grps.protos.v1.GrpsService/PredictStreaming"))
 
-    @front_end
+
+class GrpsPredictService(pb.GrpsServiceBase):
+    """Predict and PredictStreaming: the front end's, through the engine client."""
+
+    def __init__(self, grps: GrpsInference) -> None:
+        self.grps = grps
+
+    def __mapping__(self) -> dict[str, Handler]:
+        mapping = super().__mapping__()
+        return {path: handler for path, handler in mapping.items() if path in PREDICTS}
+
     async def predict(self, message: pb.GrpsMessage) -> pb.GrpsMessage:
         try:
             answer = await self.grps.predict(wire.payload_from_message(message))
@@ -44,7 +49,6 @@ class GrpsService(pb.GrpsServiceBase):
         except Exception as e:
             return _failure(e, "Predict")
 
-    @front_end
     async def predict_streaming(self, message: pb.GrpsMessage) -> AsyncIterator[pb.GrpsMessage]:
         try:
             stream = await self.grps.predict_stream(wire.payload_from_message(message))
@@ -53,6 +57,17 @@ class GrpsService(pb.GrpsServiceBase):
                     yield answers.answer_message(answer)
         except Exception as e:
             yield _failure(e, "PredictStreaming")
+
+
+class GrpsService(pb.GrpsServiceBase):
+    """The other methods, over the repository."""
+
+    def __init__(self, grps: GrpsStatus) -> None:
+        self.grps = grps
+
+    def __mapping__(self) -> dict[str, Handler]:
+        mapping = super().__mapping__()
+        return {path: handler for path, handler in mapping.items() if path not in PREDICTS}
 
     async def online(self, message: pb.GrpsMessage) -> pb.GrpsMessage:
         self.grps.set_online(True)

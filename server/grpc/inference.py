@@ -1,4 +1,6 @@
-"""KServe v2 / Triton `inference.GRPCInferenceService`: thin calls into the Repository.
+"""KServe v2 / Triton `inference.GRPCInferenceService`: ModelInfer and ModelStreamInfer (`InferenceFrontEnd`,
+the front end's, through the engine client), and every other method (`InferenceService`, thin calls into
+the repository).
 
 ModelInfer and ModelStreamInfer take the request bytes as the transport received them (RawMessage) and
 decode them with codec.v2_grpc, zero-copy; a ModelInfer answer goes out as the pieces codec.v2_grpc
@@ -28,10 +30,9 @@ from tensorgate.server.grpc.stream_infer import SHUTTING_DOWN, StreamInfer
 from tensorgate.server.http.grpc_call import GrpcCall
 from tensorgate.server.log_settings import LogControl
 from tensorgate.server.repository import Repository
-from tensorgate.server.router import front_end
 from tensorgate.server.shared_memory import CUDA, SYSTEM, SharedMemory
 from tensorgate.server.statistics import model_statistics
-from tensorgate.server.tracing.frontend import INFER_RESPONSE_COMPLETE, grpc_received
+from tensorgate.server.tracing.frontend import INFER_RESPONSE_COMPLETE, Sampler, grpc_received
 from tensorgate.server.tracing.settings import changes_from_grpc
 from tensorgate.server.tracing.tracer import Tracer, check_model, sample_grpc
 
@@ -95,39 +96,23 @@ def _choice(value: pb.LogSettingsRequestSettingValue) -> Any:
     return value.string_param
 
 
+INFERS = (SERVICE + "ModelInfer", SERVICE + "ModelStreamInfer")
+
+
 class InferenceService(pb.GrpcInferenceServiceBase):
+    """Every method but ModelInfer and ModelStreamInfer (InferenceFrontEnd's), over the repository."""
+
     def __init__(
-        self,
-        engine: EngineClient,
-        repository: Repository,
-        shared_memory: SharedMemory,
-        logs: LogControl,
-        tracer: Tracer,
-        forward: re.Pattern | None = None,
+        self, repository: Repository, shared_memory: SharedMemory, logs: LogControl, tracer: Tracer
     ) -> None:
-        self.engine = engine  # inference (server/engine_client.py); the rest reads the repository
         self.repository = repository
         self.shared_memory = shared_memory
         self.logs = logs  # Triton's logging extension (LogSettings)
-        self.tracer = tracer  # Triton's trace extension (TraceSetting, and the requests it samples)
-        self.forward = forward  # --grpc-header-forward-pattern
-        self._streams: set[StreamInfer] = set()  # open ModelStreamInfer calls, stopped on shutdown
-        self._closing = False
+        self.tracer = tracer  # Triton's trace extension (TraceSetting)
 
     def __mapping__(self) -> dict[str, Handler]:
-        mapping = super().__mapping__()
-        raw = (RawMessage, RawMessage)
-        mapping[SERVICE + "ModelInfer"] = Handler(self._model_infer, Cardinality.UNARY_UNARY, *raw)
-        mapping[SERVICE + "ModelStreamInfer"] = Handler(
-            self._model_stream_infer, Cardinality.STREAM_STREAM, *raw
-        )
-        return mapping
-
-    def begin_shutdown(self) -> None:
-        """Open streams take no more requests: each answers those it has read, then ends UNAVAILABLE."""
-        self._closing = True
-        for stream in list(self._streams):
-            stream.stop()
+        mapping = super().__mapping__()  # (not in the comprehension: compiled, it has no super())
+        return {path: handler for path, handler in mapping.items() if path not in INFERS}
 
     # ------------------------------------------------------------------------------- health, metadata
 
@@ -294,9 +279,32 @@ class InferenceService(pb.GrpcInferenceServiceBase):
         }
         return pb.TraceSettingResponse(settings=settings)
 
+
+class InferenceFrontEnd:
+    """ModelInfer and ModelStreamInfer: the front end's, through the engine client."""
+
+    def __init__(self, engine: EngineClient, tracer: Sampler, forward: re.Pattern | None = None) -> None:
+        self.engine = engine  # inference (server/engine_client.py)
+        self.tracer = tracer  # the requests it samples (Triton's trace extension)
+        self.forward = forward  # --grpc-header-forward-pattern
+        self._streams: set[StreamInfer] = set()  # open ModelStreamInfer calls, stopped on shutdown
+        self._closing = False
+
+    def __mapping__(self) -> dict[str, Handler]:
+        raw = (RawMessage, RawMessage)
+        return {
+            SERVICE + "ModelInfer": Handler(self._model_infer, Cardinality.UNARY_UNARY, *raw),
+            SERVICE + "ModelStreamInfer": Handler(self._model_stream_infer, Cardinality.STREAM_STREAM, *raw),
+        }
+
+    def begin_shutdown(self) -> None:
+        """Open streams take no more requests: each answers those it has read, then ends UNAVAILABLE."""
+        self._closing = True
+        for stream in list(self._streams):
+            stream.stop()
+
     # ---------------------------------------------------------------------------------- ModelInfer
 
-    @front_end
     async def _model_infer(self, call: GrpcCall) -> None:
         message = await call.recv_message()
         try:
@@ -318,7 +326,6 @@ class InferenceService(pb.GrpcInferenceServiceBase):
 
     # ----------------------------------------------------------------------------- ModelStreamInfer
 
-    @front_end
     async def _model_stream_infer(self, call: GrpcCall) -> None:
         if self._closing:
             raise GRPCError(Status.UNAVAILABLE, SHUTTING_DOWN)

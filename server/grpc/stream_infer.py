@@ -48,9 +48,10 @@ from tensorgate.server.tracing.frontend import (
     GRPC_WAITREAD_END,
     GRPC_WAITREAD_START,
     INFER_RESPONSE_COMPLETE,
+    Sampler,
     ns,
 )
-from tensorgate.server.tracing.tracer import Tracer, sample_grpc
+from tensorgate.server.tracing.tracer import sample_grpc
 
 log = logging.getLogger("tensorgate.grpc")
 
@@ -66,7 +67,7 @@ class StreamInfer:
         engine: EngineClient,
         call: GrpcCall,
         raw_message: type,
-        tracer: Tracer,
+        tracer: Sampler,
         forward: re.Pattern | None = None,
     ) -> None:
         self.forward = forward  # --grpc-header-forward-pattern: the call's metadata into each request

@@ -29,11 +29,9 @@ from tensorgate.codec.tfserving import TensorInfo
 from tensorgate.proto.google.protobuf import Any
 from tensorgate.proto.tensorflow.error import Code
 from tensorgate.server.grpc.inference import RawMessage, grpc_error
-from tensorgate.server.router import front_end
 from tensorgate.server.tfserving import TFServing, View
 
 if TYPE_CHECKING:
-    from tensorgate.server.engine_client import EngineClient
     from tensorgate.server.http.grpc_call import GrpcCall
     from tensorgate.server.model import ModelVersion
     from tensorgate.server.repository import Repository
@@ -54,6 +52,10 @@ def _version(spec: tfserving_grpc.ModelSpec, service: TFServing) -> str:
     if spec.version_label:
         return service.labeled(spec.name, spec.version_label)
     return "" if spec.version is None else str(spec.version)
+
+
+def _resolved(service: TFServing, spec: tfserving_grpc.ModelSpec) -> tuple[ModelVersion, View]:
+    return service.resolve(spec.name, _version(spec, service))
 
 
 def _spec_of(message: pb.ModelSpec | None) -> tfserving_grpc.ModelSpec:
@@ -105,17 +107,59 @@ def _features(example: tf.Example) -> dict[str, list]:
     return found
 
 
+class PredictFrontEnd:
+    """tensorflow.serving.PredictionService's Predict: the front end's, through the engine client."""
+
+    def __init__(self, tf: TFServing) -> None:
+        self.tf = tf
+
+    def __mapping__(self) -> dict[str, Handler]:
+        return {
+            PREDICTION + "Predict": Handler(self._predict, Cardinality.UNARY_UNARY, RawMessage, RawMessage)
+        }
+
+    async def _predict(self, call: GrpcCall) -> None:
+        message = await call.recv_message()
+        try:
+            request = tfserving_grpc.decode_predict(message.data)
+            model_version, view = _resolved(self.tf, request.spec)
+            signature = request.spec.signature_name
+            outputs = view.outputs_for(signature)
+            if request.output_filter:
+                outputs = _filtered(
+                    request.output_filter, outputs if outputs is not None else list(view.outputs)
+                )
+            infer_request = tfserving.decode_tensors(
+                request.inputs, view.inputs, model_version.name, model_version.version_str, outputs
+            )
+            response = await self.tf.engine.infer(model_version, infer_request)
+            answered = [
+                (
+                    t.name,
+                    t.datatype,
+                    tfserving.output_array(t, view.outputs.get(t.name), bf16_as_float32=False),
+                )
+                for t in response.outputs
+            ]
+            spec = tfserving_grpc.encode_model_spec(
+                model_version.name, model_version.version, signature or tfserving.DEFAULT_SIGNATURE
+            )
+            answer = tfserving_grpc.encode_predict(answered, spec)
+        except Exception as e:
+            raise grpc_error(e, "Predict") from None
+        await call.send_message(RawMessage(answer))
+
+
 class PredictionService:
-    """tensorflow.serving.PredictionService and ModelService (one servicer: they share the repository's
+    """The rest of tensorflow.serving.PredictionService, and ModelService (one servicer: they share the
     TF Serving view)."""
 
-    def __init__(self, engine: EngineClient, repository: Repository) -> None:
-        self.repository = repository
-        self.tf = TFServing(engine, repository)
+    def __init__(self, tf: TFServing, repository: Repository) -> None:
+        self.repository = repository  # ModelService's reload
+        self.tf = tf
 
     def __mapping__(self) -> dict[str, Handler]:
         unary = {
-            PREDICTION + "Predict": self._predict,
             PREDICTION + "Classify": self._unary(pb.ClassificationRequest, self.classify),
             PREDICTION + "Regress": self._unary(pb.RegressionRequest, self.regress),
             PREDICTION + "MultiInference": self._unary(pb.MultiInferenceRequest, self.multi_inference),
@@ -151,50 +195,13 @@ class PredictionService:
 
         return handle
 
-    def _resolve(self, spec: tfserving_grpc.ModelSpec) -> tuple[ModelVersion, View]:
-        return self.tf.resolve(spec.name, _version(spec, self.tf))
-
-    # ------------------------------------------------------------------------------------------ Predict
-
-    @front_end
-    async def _predict(self, call: GrpcCall) -> None:
-        message = await call.recv_message()
-        try:
-            request = tfserving_grpc.decode_predict(message.data)
-            model_version, view = self._resolve(request.spec)
-            signature = request.spec.signature_name
-            outputs = view.outputs_for(signature)
-            if request.output_filter:
-                outputs = _filtered(
-                    request.output_filter, outputs if outputs is not None else list(view.outputs)
-                )
-            infer_request = tfserving.decode_tensors(
-                request.inputs, view.inputs, model_version.name, model_version.version_str, outputs
-            )
-            response = await self.tf.engine.infer(model_version, infer_request)
-            answered = [
-                (
-                    t.name,
-                    t.datatype,
-                    tfserving.output_array(t, view.outputs.get(t.name), bf16_as_float32=False),
-                )
-                for t in response.outputs
-            ]
-            spec = tfserving_grpc.encode_model_spec(
-                model_version.name, model_version.version, signature or tfserving.DEFAULT_SIGNATURE
-            )
-            answer = tfserving_grpc.encode_predict(answered, spec)
-        except Exception as e:
-            raise grpc_error(e, "Predict") from None
-        await call.send_message(RawMessage(answer))
-
     # ------------------------------------------------------------------------------------------ examples
 
     async def _examples(
         self, spec: tfserving_grpc.ModelSpec, given: pb.Input | None, method: str
     ) -> tuple[ModelVersion, pb.ClassificationResult | pb.RegressionResult]:
         """Runs a classify or regress on the examples: the model version that ran, and its result."""
-        model_version, view = self._resolve(spec)
+        model_version, view = _resolved(self.tf, spec)
         selected = view.outputs_for(spec.signature_name)
         available = list(view.outputs) if selected is None else selected
         pick = tfserving.classify_outputs if method == CLASSIFY else tfserving.regress_output
@@ -265,7 +272,7 @@ class PredictionService:
         for field in request.metadata_field:
             if field != "signature_def":
                 raise invalid(f"Metadata field {field} is not supported")
-        model_version, view = self._resolve(spec)
+        model_version, view = _resolved(self.tf, spec)
         defs = {
             name: tf.SignatureDef(
                 inputs={i.name: _tensor_info(i) for i in inputs},

@@ -3,7 +3,7 @@
 # read and write its state as C fields.
 
 cdef class GrpcServices:
-    cdef public object servicers, handlers, max_message_bytes, restricted, names
+    cdef public object servicers, forward, handlers, max_message_bytes, restricted, names
 
 
 cdef class GrpcCall:

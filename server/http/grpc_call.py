@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 import logging
 from collections.abc import Callable
 from time import monotonic
@@ -53,7 +52,6 @@ from tensorgate.server.http.grpc_wire import (
     too_large,
 )
 from tensorgate.server.http.h2_frames import NO_ERROR, StreamReset
-from tensorgate.server.router import is_front_end
 from tensorgate.server.tracing.frontend import Answer, Timing
 
 if TYPE_CHECKING:
@@ -66,6 +64,7 @@ log = logging.getLogger("tensorgate.grpc")
 INFER_PATHS = frozenset(
     ("/inference.GRPCInferenceService/ModelInfer", "/inference.GRPCInferenceService/ModelStreamInfer")
 )
+NO_REQUEST = "the call ended without its request message"
 SMALL_MESSAGE = 16 << 10  # messages up to this go out as one DATA frame with no task, when they fit
 
 ANSWER_HEAD = [(b"content-type", CONTENT_TYPE), (b"grpc-accept-encoding", ACCEPT_ENCODING)]
@@ -79,15 +78,20 @@ _OK_TRAILERS = hpack_encode.encode(None, status_fields(Status.OK, None))
 class GrpcServices:
     """Every method of the servicers (betterproto2 service bases, or anything with grpclib's
     `__mapping__`), by path; the message size limit; what shutdown tells the services. What opens an
-    HTTP/2 stream as a call (connection.CallOpener): a POST with content-type application/grpc."""
+    HTTP/2 stream as a call (connection.CallOpener): a POST with content-type application/grpc.
+
+    With `forward` (a front-end worker's, server/frontend.py), a method no servicer here has is answered
+    by the handler `forward(path)` gives (the engine's, its messages relayed whole)."""
 
     def __init__(
         self,
         servicers: list[Any],
         max_message_bytes: int,
         restrictions: restricted.Restrictions | None = None,
+        forward: Callable[[str], Handler] | None = None,
     ) -> None:
         self.servicers = servicers
+        self.forward = forward
         self.handlers: dict[str, Handler] = {}
         for servicer in servicers:
             self.handlers.update(servicer.__mapping__())
@@ -109,13 +113,12 @@ class GrpcServices:
         call.task = connection.loop.create_task(call.run())
         return call
 
-    def delegate(self, forward: Callable[[str, GrpcCall], Any], message_type: type) -> None:
-        """Every method not marked `front_end` is answered by `forward(path, call)` instead (a front-end
-        worker's: the engine, its messages relayed whole as `message_type`)."""
-        for path, handler in list(self.handlers.items()):
-            if not is_front_end(handler.func):
-                relay = functools.partial(forward, path)
-                self.handlers[path] = Handler(relay, handler.cardinality, message_type, message_type)
+    def handler(self, path: str) -> Handler | None:
+        """The method `path` names; None when it is not served (UNIMPLEMENTED)."""
+        found = self.handlers.get(path)
+        if found is None and self.forward is not None:
+            return self.forward(path)
+        return found
 
     def begin_shutdown(self) -> None:
         for servicer in self.servicers:
@@ -153,7 +156,7 @@ class GrpcCall:
     def __init__(self, connection: H2Connection, stream: Stream, services: GrpcServices) -> None:
         self.connection = connection
         self.stream = stream
-        self.handler = services.handlers.get(stream.path)
+        self.handler = services.handler(stream.path)
         self.restriction = services.restricted.get(stream.path) if services.restricted else None
         self.max_bytes = services.max_message_bytes
         self.reader = MessageReader(self.max_bytes)
@@ -276,7 +279,7 @@ class GrpcCall:
                 raise self.failure
             if self.ended:
                 if self.received == 0 and not cast(Handler, self.handler).cardinality.value.client_streaming:
-                    raise GRPCError(Status.INTERNAL, "the call ended without its request message")
+                    raise GRPCError(Status.INTERNAL, NO_REQUEST)
                 return None
             self.waiter = self.connection.loop.create_future()
             try:

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable
 from time import perf_counter_ns
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tensorgate.server.router import HttpRequest
 
 if TYPE_CHECKING:
     from tensorgate.codec.trace import Trace
-    from tensorgate.server.tracing.tracer import Tracer
 
 # Triton's names (http_server.cc, grpc/infer_handler.cc)
 HTTP_RECV_START, HTTP_RECV_END = "HTTP_RECV_START", "HTTP_RECV_END"
@@ -65,13 +64,25 @@ def ns(seconds: float) -> int:
     return round(seconds * 1e9)
 
 
+class Sampler(Protocol):
+    """The tracer as a front end's inference endpoints see it: the server's Tracer (server/tracing/tracer.py)
+    in one process, a worker's WorkerTracer (server/frontend.py), whose engine samples."""
+
+    on: bool  # while any request may be traced
+    otel: Any  # the OpenTelemetry settings in that mode (a request's traceparent is read), else None
+
+    def sample(self, model: str, traceparent: Any = None, tracestate: Any = None) -> Trace | None: ...
+
+    def finish(self, trace: Trace | None) -> None: ...
+
+
 class Answer:
     """A traced request's trace until its answer is out: its transport stamps the sending and finishes
     the trace (`sent`), or finishes it unsent (`dropped`: the client left, the answer failed)."""
 
     __slots__ = ("tracer", "trace", "start_name", "end_name", "start_ns")
 
-    def __init__(self, tracer: Tracer, trace: Trace, start_name: str, end_name: str) -> None:
+    def __init__(self, tracer: Sampler, trace: Trace, start_name: str, end_name: str) -> None:
         self.tracer = tracer
         self.trace = trace
         self.start_name = start_name
@@ -93,7 +104,7 @@ class Answer:
         self.tracer.finish(self.trace)
 
 
-def http_received(tracer: Tracer, trace: Trace, request: HttpRequest) -> bool:
+def http_received(tracer: Sampler, trace: Trace, request: HttpRequest) -> bool:
     """A traced REST request: its receipt stamped (HTTP_RECV_START, HTTP_RECV_END) and its trace handed
     to its transport, which finishes it. False for a request no transport of ours received (one a
     worker forwarded to the engine): its endpoint finishes the trace."""
@@ -106,7 +117,7 @@ def http_received(tracer: Tracer, trace: Trace, request: HttpRequest) -> bool:
     return True
 
 
-def grpc_received(tracer: Tracer, trace: Trace, call: TimedCall) -> None:
+def grpc_received(tracer: Sampler, trace: Trace, call: TimedCall) -> None:
     """A traced ModelInfer call: its receipt stamped (GRPC_WAITREAD_START, GRPC_WAITREAD_END) and its
     trace handed to the call, which finishes it once its status is out."""
     if call.started and call.read:

@@ -25,7 +25,7 @@ import orjson
 from tensorgate.codec.errors import InferError, invalid
 from tensorgate.codec.trace import Trace, triton_json, valid_traceparent
 from tensorgate.server.tracing.config import OtelConfig
-from tensorgate.server.tracing.frontend import Timing
+from tensorgate.server.tracing.frontend import Sampler, Timing
 from tensorgate.server.tracing.settings import OPENTELEMETRY, TraceSetting, derive, with_count
 
 if TYPE_CHECKING:
@@ -205,7 +205,7 @@ class Tracer:
             self.exporter.close()
 
 
-def sample_grpc(tracer: Tracer, model: str, metadata: dict[str, Any]) -> Trace | None:
+def sample_grpc(tracer: Sampler, model: str, metadata: dict[str, Any]) -> Trace | None:
     """`Tracer.sample` for a gRPC call: its W3C trace context from its metadata, in OpenTelemetry mode."""
     if tracer.otel is None:
         return tracer.sample(model)
