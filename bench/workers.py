@@ -5,6 +5,8 @@ Servers, all up at once on 127.0.0.1, in rounds whose order alternates (A B C, C
     w1, w2, ...   `python -m tensorgate.server serve` on the example repository with `--workers 1`, `2`, ...
     w2i, ...      with `--worker-models inline` too: `simple` also runs in each worker (no hop)
     w2h           with `--every-hop`: `--workers 2 --engine-front-end false`, so every request hops
+    bw1, bw2h     with `--baseline DIR`: w1 (and with `--every-hop` w2h) from another checkout, as its tree
+                  is built (a worktree of an earlier commit): the hop before and after a change, in one run
     triton        with `--triton KIT`: Triton 2.51 serving `simple` on its C++ backend
                   (../shared/triton: run its setup.sh first; TRITON_HOME as it says)
 
@@ -27,7 +29,7 @@ w2 less w1's, round by round: with two processes about half the requests hop, so
 twice that. With `--every-hop`, w2h less w1 is the hop itself (the engine answers no client: issue 38's
 goal, at most 20 µs).
 
-    python -m bench.workers [--workers 1 2] [--triton ../shared/triton] [--rounds 3] [--duration 4]
+    python -m bench.workers [--workers 1 2] [--baseline DIR] [--triton ../shared/triton] [--rounds 3]
 """
 
 import argparse
@@ -48,7 +50,7 @@ from bench.grpc_bench import grpc_body
 from bench.grpc_bench import h2load as grpc_h2load
 from bench.grpc_load import INFER_PATH
 from bench.grpc_load import infer_request as grpc_request
-from bench.procs import ServerProcess, cpu_clock, memory_kib, process_tree, serve_argv
+from bench.procs import ServerProcess, checkout_env, cpu_clock, memory_kib, process_tree, serve_argv
 from bench.transport import (
     _run,
     alternating_rounds,
@@ -248,13 +250,14 @@ def report(results: dict, args) -> str:
                 f"| {name} CPU/request w2 - w1 (about half the requests hop) | {mid:+.1f} µs | "
                 f"{low:+.1f}-{high:+.1f} | <= {HOP_TARGET_US:g} µs | {yes(mid <= HOP_TARGET_US)} |"
             )
-        if "w2h" in rounds and "w1" in rounds:
-            mid, low, high = hop_us(rounds, "w2h")
-            lines.append(
-                f"| {name} CPU/request w2h - w1 (every request hops) | {mid:+.1f} µs | "
-                f"{low:+.1f}-{high:+.1f} | <= {EVERY_HOP_TARGET_US:g} µs | "
-                f"{yes(mid <= EVERY_HOP_TARGET_US)} |"
-            )
+        for every, one, where in (("w2h", "w1", ""), ("bw2h", "bw1", ", the baseline")):
+            if every in rounds and one in rounds:
+                mid, low, high = hop_us(rounds, every, one)
+                lines.append(
+                    f"| {name} CPU/request {every} - {one} (every request hops{where}) | {mid:+.1f} µs | "
+                    f"{low:+.1f}-{high:+.1f} | <= {EVERY_HOP_TARGET_US:g} µs | "
+                    f"{yes(mid <= EVERY_HOP_TARGET_US)} |"
+                )
     gbs, rss = BINARY_TARGET
     for value in results.get("binary", []):
         if "error" in value:
@@ -302,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--every-hop", action="store_true", help="also --workers 2 --engine-front-end false (w2h): every hop"
     )
+    parser.add_argument("--baseline", metavar="DIR", help="another checkout, built: its w1 (and w2h) beside")
     parser.add_argument("--triton", metavar="KIT", help="../shared/triton, set up: Triton on C++ beside ours")
     parser.add_argument("--duration", type=float, default=4.0, help="seconds per server per round")
     parser.add_argument("--rounds", type=int, default=3)
@@ -336,9 +340,15 @@ def main(argv: list[str] | None = None) -> int:
                 if args.inline and count > 1:
                     inline = [*serve_argv(), "--workers", str(count), "--worker-models", "inline"]
                     servers[f"w{count}i"] = ServerProcess(inline, cwd=ROOT)
+            every = [*serve_argv(), "--workers", "2", "--engine-front-end", "false"]
             if args.every_hop:
-                every = [*serve_argv(), "--workers", "2", "--engine-front-end", "false"]
                 servers["w2h"] = ServerProcess(every, cwd=ROOT)
+            if args.baseline:
+                baseline = os.path.abspath(args.baseline)
+                env = checkout_env(baseline)
+                servers["bw1"] = ServerProcess([*serve_argv(), "--workers", "1"], cwd=baseline, env=env)
+                if args.every_hop:
+                    servers["bw2h"] = ServerProcess(every, cwd=baseline, env=env)
             if args.triton:
                 servers[TRITON] = Triton(args.triton)
             for name in ("json-h1", "grpc", "json-h2"):
