@@ -50,7 +50,7 @@ STATS_TIMEOUT = 1.0  # seconds the statistics wait for the workers' own counts (
 
 
 def model_table(repository: Repository, inline: bool = False) -> list:
-    """What a worker needs of each model to resolve requests (frontend.EngineTable.apply). With
+    """What a worker needs of each model to resolve requests (worker_models.EngineTable.apply). With
     `inline` (--worker-models inline), each version a worker may run itself carries its load's serial (a
     reload's is new), the others 0."""
     return [
