@@ -223,16 +223,6 @@ def test_an_answer_over_this_workers_arena_is_read_before_the_release_that_follo
     asyncio.run(scenario())
 
 
-def server_args(*argv: str) -> Any:
-    """`tensorgate serve`'s options as the CLI leaves them (server/cli.py serve)."""
-    from tensorgate.server.options import build_parser
-
-    args = build_parser().parse_args(list(argv))
-    args.http_restrictions = args.grpc_restrictions = {}
-    args.http_forward = args.grpc_forward = None
-    return args
-
-
 def test_a_worker_builds_only_the_front_end_and_forwards_every_other_route_and_method() -> None:
     """What a worker serves itself is inference on every protocol, REST and gRPC alike (server/assembly.py
     install_front_end); every other route and method, and any path it has no route for, goes to the
@@ -240,6 +230,7 @@ def test_a_worker_builds_only_the_front_end_and_forwards_every_other_route_and_m
     from tensorgate.server import assembly
     from tensorgate.server.engine_client import InProcess
     from tensorgate.server.log_settings import LogControl, LogSettings
+    from tensorgate.server.options import build_parser
     from tensorgate.server.router import HttpRequest, body_response
     from tensorgate.server.served_models import ServedModels
     from tensorgate.server.shared_memory import SharedMemory
@@ -256,7 +247,9 @@ def test_a_worker_builds_only_the_front_end_and_forwards_every_other_route_and_m
         async def grpc(self, path: str, call: Any) -> None:
             forwarded.append(("grpc", path))
 
-    args = server_args("--model-repository", "unused")
+    args = build_parser().parse_args(["--model-repository", "unused"])
+    args.http_restrictions = args.grpc_restrictions = {}  # as server/cli.py leaves them
+    args.http_forward = args.grpc_forward = None
     repository, shared_memory, tracer = ServedModels(), SharedMemory(False), Tracer(TraceSetting())
     client = InProcess(repository, shared_memory)  # an EngineClient: what the front end asks for
     worker = assembly.build_worker(args, client, tracer, Engine())
