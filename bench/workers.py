@@ -334,15 +334,18 @@ def main(argv: list[str] | None = None) -> int:
         if "binary" in args.only:
             files["binary"] = binary_body(args.binary_mib, directory)
         servers: dict = {}
+        # Beside a baseline, ours start as its do (a link tree on PYTHONPATH): only their code differs
+        ours = checkout_env(ROOT) if args.baseline else None
         try:
             for count in args.workers:
-                servers[f"w{count}"] = ServerProcess([*serve_argv(), "--workers", str(count)], cwd=ROOT)
+                plain = [*serve_argv(), "--workers", str(count)]
+                servers[f"w{count}"] = ServerProcess(plain, cwd=ROOT, env=ours)
                 if args.inline and count > 1:
                     inline = [*serve_argv(), "--workers", str(count), "--worker-models", "inline"]
-                    servers[f"w{count}i"] = ServerProcess(inline, cwd=ROOT)
+                    servers[f"w{count}i"] = ServerProcess(inline, cwd=ROOT, env=ours)
             every = [*serve_argv(), "--workers", "2", "--engine-front-end", "false"]
             if args.every_hop:
-                servers["w2h"] = ServerProcess(every, cwd=ROOT)
+                servers["w2h"] = ServerProcess(every, cwd=ROOT, env=ours)
             if args.baseline:
                 baseline = os.path.abspath(args.baseline)
                 env = checkout_env(baseline)
