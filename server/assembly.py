@@ -66,11 +66,12 @@ def install_front_end(
     """What a front end answers by itself, REST and gRPC alike: inference on every protocol, through
     `engine` (server/engine_client.py). Its routes go on `router`; its gRPC servicers are returned. This
     is all a front-end worker builds (`build_worker`); one process and the engine build the rest beside it."""
+    grps, tf = GrpsInference(engine, args.grps_default_model), TFServing(engine)  # REST's and gRPC's
     V2Inference(engine, tracer, args.http_forward, args.http_max_input_size).install(router)
     GenerateEndpoints(engine, tracer, args.http_max_input_size).install(router)
-    GrpsPredict(GrpsInference(engine, args.grps_default_model), streaming_control(args)).install(router)
-    TFServingInference(TFServing(engine)).install(router)
-    return grpc.front_end_services(engine, tracer, args.grps_default_model, args.grpc_forward)
+    GrpsPredict(grps, streaming_control(args)).install(router)
+    TFServingInference(tf).install(router)
+    return grpc.front_end_services(engine, tracer, grps, tf, args.grpc_forward)
 
 
 def build(

@@ -31,14 +31,15 @@ from tensorgate.server.tracing.tracer import Tracer
 
 
 def front_end_services(
-    engine: EngineClient, tracer: Sampler, grps_default_model: str | None, forward: re.Pattern | None = None
+    engine: EngineClient,
+    tracer: Sampler,
+    grps: GrpsInference,
+    tf: TFServing,
+    forward: re.Pattern | None = None,
 ) -> list[Any]:
-    """The methods a front end answers by itself: inference, through `engine` (server/assembly.py)."""
-    return [
-        InferenceFrontEnd(engine, tracer, forward),
-        GrpsPredictService(GrpsInference(engine, grps_default_model)),
-        PredictFrontEnd(TFServing(engine)),
-    ]
+    """The methods a front end answers by itself: inference, through `engine` (server/assembly.py); grps
+    and TF Serving's are shared with their REST endpoints."""
+    return [InferenceFrontEnd(engine, tracer, forward), GrpsPredictService(grps), PredictFrontEnd(tf)]
 
 
 def services(
